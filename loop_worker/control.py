@@ -1,0 +1,60 @@
+"""Cancel, pause, resume and approval decisions for one running turn.
+
+The durable service feeds a :class:`TurnControl` from the control subject (and from the
+control KV when a turn is redelivered); in one process, callers use its methods
+directly. The engine only waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from schemas import ApprovalDecision
+
+
+class TurnControl:
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.cancel_reason = ""
+        self._running = asyncio.Event()
+        self._running.set()
+        self._decisions: dict[str, ApprovalDecision] = {}
+        self._decided = asyncio.Condition()
+
+    # -- what controllers call ----------------------------------------------------
+
+    def cancel(self, reason: str = "") -> None:
+        self.cancel_reason = reason or "cancelled"
+        self.cancelled.set()
+        self._running.set()  # a paused loop must wake up to see the cancel
+
+    def pause(self) -> None:
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    async def decide(self, decision: ApprovalDecision) -> None:
+        async with self._decided:
+            self._decisions[decision.call_id] = decision
+            self._decided.notify_all()
+
+    # -- what the engine calls ----------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    async def wait_running(self) -> None:
+        """Return when not paused (at once if running); a cancel also wakes it."""
+        await self._running.wait()
+
+    async def wait_decision(self, call_id: str, timeout: float) -> ApprovalDecision | None:
+        """The decision for ``call_id``, or ``None`` when ``timeout`` passes first."""
+        async with self._decided:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._decided.wait_for(lambda: call_id in self._decisions)
+            except TimeoutError:
+                return None
+            return self._decisions[call_id]

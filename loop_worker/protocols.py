@@ -1,0 +1,75 @@
+"""The engine's view of the world: four small Protocols.
+
+The agent loop engine (``engine.py``) is pure: it reaches the LLM, the tools, the event
+stream and the session store only through these. ``inmemory.py`` implements the last
+three for one process (tests, benchmarks, embedding as a library); ``nats.py`` (the
+durable service) implements them over NATS; ``llm.py`` implements :class:`LLM` with the
+``openai`` client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolCallRequest, ToolResult, ToolSpec
+from schemas.events import Event, Usage
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished LLM response: all text, all tool calls (assembled), usage."""
+
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    model: str = ""
+    latency_ms: float = 0.0
+
+
+#: Called with each text fragment as it streams in (raw: thinking tags included).
+OnDelta = Callable[[str], Awaitable[None]]
+#: Called before each retry: (attempt, reason, delay_s, model).
+OnRetry = Callable[[int, str, float, str], Awaitable[None]]
+
+
+class LLM(Protocol):
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        model: str | None = None,
+        on_delta: OnDelta | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> Completion:
+        """Stream one response. Retries and falls back internally; raises
+        ``loop_worker.errors.LLMError`` when every attempt of every model failed.
+        Cancelling the awaiting task closes the stream."""
+        ...
+
+
+class ToolDispatcher(Protocol):
+    async def tools(self) -> Sequence[ToolSpec]:
+        """The tools the model may call (local and MCP, from every pool)."""
+        ...
+
+    async def call(self, request: ToolCallRequest) -> ToolResult:
+        """Run one call and return its result. Tool failures are results with
+        ``status`` ``error`` or ``timeout``, never exceptions."""
+        ...
+
+
+class EventSink(Protocol):
+    async def emit(self, event: Event) -> None: ...
+
+
+class SessionStore(Protocol):
+    async def load(self, tenant: str, session: str) -> SessionSnapshot | None: ...
+
+    async def save(self, snapshot: SessionSnapshot) -> None:
+        """Store a checkpoint. Implementations check revisions: a save that would
+        overwrite a newer snapshot raises ``loop_worker.errors.StaleSessionError``."""
+        ...

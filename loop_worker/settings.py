@@ -1,0 +1,48 @@
+"""Settings of the loop worker: the LLM endpoint and the loop's limits.
+
+Read once at start by ``loopmesh.settings.load`` from the ``[llm]`` and ``[loop]``
+tables of the TOML file and ``LOOPMESH_LLM__*`` / ``LOOPMESH_LOOP__*`` variables.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    base_url: str | None = None  # None: the openai client's default (or OPENAI_BASE_URL)
+    api_key: str | None = None
+    model: str = "gpt-4o-mini"
+    fallback_models: tuple[str, ...] = ()
+    timeout_s: Positive = 60.0
+    max_retries: Count = 3  # per model, on 429 / 5xx / timeouts / cut streams
+    backoff_initial_s: Positive = 0.5
+    backoff_max_s: Positive = 8.0
+    temperature: float | None = None
+    max_tokens: int | None = None
+    fallback_message: str = (
+        "I could not reach a language model to answer this. Please try again later."
+    )
+
+
+class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 20
+    iteration_warning_at: Count = 3  # warn when this many iterations remain
+    tool_format: Literal["native", "text"] = "native"
+    instructions: str = ""  # the operator's instructions, first in the system prompt
+    context_budget_tokens: Annotated[int, msgspec.Meta(ge=256)] = 16_000
+    tool_result_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 6_000
+    tool_timeout_s: Positive = 60.0
+    approval_timeout_s: Positive = 300.0
+    circuit_breaker_threshold: Annotated[int, msgspec.Meta(ge=1)] = 3
+    empty_response_retries: Count = 2
+    max_continuation_nudges: Count = 3
+    max_deflection_nudges: Count = 3
+    summarize_with_llm: bool = True
+    hooks: tuple[str, ...] = ()  # import paths: "package.module:object"
+    approval_tools: tuple[str, ...] = ()  # "server.tool" names that need a person's approval

@@ -1,0 +1,65 @@
+"""The loopmesh wire contract: every message and event, subjects, streams and buckets.
+
+Depends on msgspec only, so any service (or another project) can import it alone.
+"""
+
+from .codec import DecodeError, decode, encode
+from .events import EVENT_NAMES, EVENT_TYPES, AnyEvent, Event
+from .ids import InvalidIdError, call_id, check_token, is_token, new_id, safe_token
+from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall
+from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
+from .subjects import Subjects, catalog_key, session_key
+from .types import SCHEMA_VERSION, Token
+from .wire import (
+    ApprovalDecision,
+    Cancel,
+    Control,
+    Pause,
+    Resume,
+    ToolCallRequest,
+    ToolResult,
+    ToolSpec,
+    Turn,
+    WireError,
+)
+
+__all__ = [
+    "EVENT_NAMES",
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "AnyEvent",
+    "ApprovalDecision",
+    "Cancel",
+    "ChatMessage",
+    "ConsumerDef",
+    "Control",
+    "DecodeError",
+    "Definitions",
+    "Event",
+    "InvalidIdError",
+    "KVDef",
+    "Pause",
+    "PlanStep",
+    "Resume",
+    "SessionSnapshot",
+    "StreamDef",
+    "Subjects",
+    "Token",
+    "ToolCall",
+    "ToolCallRequest",
+    "ToolResult",
+    "ToolSpec",
+    "Turn",
+    "WireError",
+    "call_id",
+    "catalog_key",
+    "check_token",
+    "decode",
+    "definitions",
+    "encode",
+    "is_token",
+    "new_id",
+    "pool_consumer",
+    "safe_token",
+    "session_key",
+]

@@ -1,0 +1,48 @@
+"""JSON encoding and decoding of wire types, with one encoder and one decoder per type."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+
+
+class DecodeError(ValueError):
+    """Bytes that are not a valid message of the expected type.
+
+    ``.type_name`` names what was expected; the message says what was wrong, with the
+    path of the bad field (msgspec's wording, e.g. ``Expected `str`, got `int` - at `$.id```).
+    """
+
+    def __init__(self, type_name: str, detail: str) -> None:
+        self.type_name = type_name
+        self.detail = detail
+        super().__init__(f"invalid {type_name}: {detail}")
+
+
+def encode(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+@cache
+def decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def decode(data: bytes | bytearray | memoryview | str, type_: type[T]) -> T:
+    """Decode ``data`` as ``type_`` (a Struct or a union of them); raise :class:`DecodeError`."""
+    try:
+        return decoder(type_).decode(data)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise DecodeError(_name(type_), str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise DecodeError(_name(type_), f"malformed JSON: {exc}") from None
+
+
+def _name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or str(type_)

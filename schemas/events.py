@@ -1,0 +1,237 @@
+"""Events: one tagged union (``type``) published to ``<prefix>.events.<tenant>.<session>.<type>``.
+
+Every event carries the schema version, tenant, session, turn id, iteration and a
+timestamp. The stream sequence is an event's id for readers that resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from .messages import PlanStep
+from .types import SCHEMA_VERSION, Timestamp, Token
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    v: int = SCHEMA_VERSION
+    tenant: Token
+    session: Token
+    turn_id: Token
+    iteration: int = 0
+    ts: Timestamp = 0.0
+
+    @property
+    def type(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class TurnAccepted(Event, tag="turn_accepted"):
+    input: str = ""
+
+
+class LoopStart(Event, tag="loop_start"):
+    max_iterations: int = 0
+    model: str = ""
+    resumed: bool = False
+    worker: str = ""
+
+
+class LoopIteration(Event, tag="loop_iteration"):
+    max_iterations: int = 0
+
+
+class LLMRequest(Event, tag="llm_request"):
+    model: str = ""
+    attempt: int = 1
+    messages: int = 0
+    tokens: int = 0
+    tools: int = 0
+
+
+class LLMResponse(Event, tag="llm_response"):
+    model: str = ""
+    content: str = ""
+    tool_calls: int = 0
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    latency_ms: float = 0.0
+
+
+class ThinkingStart(Event, tag="thinking_start"):
+    pass
+
+
+class ThinkingDelta(Event, tag="thinking_delta"):
+    text: str = ""
+
+
+class ThinkingEnd(Event, tag="thinking_end"):
+    text: str = ""
+
+
+class ContentDelta(Event, tag="content_delta"):
+    text: str = ""
+
+
+class Message(Event, tag="message"):
+    role: str = "assistant"
+    content: str = ""
+
+
+class ToolCallEvent(Event, tag="tool_call"):
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] = {}
+
+
+class ToolResultEvent(Event, tag="tool_result"):
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    content: str = ""
+    truncated: bool = False
+    duration_ms: float = 0.0
+
+
+class ToolErrorEvent(Event, tag="tool_error"):
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    code: str = ""
+    message: str = ""
+
+
+class ToolTimeout(Event, tag="tool_timeout"):
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    timeout_s: float = 0.0
+
+
+class NoToolCall(Event, tag="no_tool_call"):
+    content: str = ""
+
+
+class PlanUpdate(Event, tag="plan_update"):
+    plan: tuple[PlanStep, ...] = ()
+
+
+class ContextBudget(Event, tag="context_budget"):
+    tokens: int = 0
+    budget: int = 0
+    messages: int = 0
+
+
+class MemoryPruned(Event, tag="memory_pruned"):
+    removed: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summary: str = ""
+
+
+class ApprovalRequired(Event, tag="approval_required"):
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] = {}
+    timeout_s: float = 0.0
+
+
+class ApprovalDecided(Event, tag="approval_decision"):
+    call_id: str
+    approved: bool = False
+    reason: str = ""
+
+
+class Question(Event, tag="question"):
+    text: str = ""
+
+
+class Retry(Event, tag="retry"):
+    what: str = "llm"
+    attempt: int = 1
+    reason: str = ""
+    delay_s: float = 0.0
+    model: str = ""
+
+
+class Paused(Event, tag="paused"):
+    pass
+
+
+class Resumed(Event, tag="resumed"):
+    pass
+
+
+EndReason = Literal[
+    "task_completion",
+    "ask_question",
+    "converse",
+    "max_iterations",
+    "cancelled",
+    "circuit_open",
+    "forced_summary",
+    "llm_failed",
+    "budget_exceeded",
+    "error",
+]
+
+
+class LoopEnd(Event, tag="loop_end"):
+    reason: EndReason
+    content: str = ""
+    iterations: int = 0
+    error: str | None = None
+
+
+class Error(Event, tag="error"):
+    code: str = ""
+    message: str = ""
+    fatal: bool = False
+
+
+AnyEvent = (
+    TurnAccepted
+    | LoopStart
+    | LoopIteration
+    | LLMRequest
+    | LLMResponse
+    | ThinkingStart
+    | ThinkingDelta
+    | ThinkingEnd
+    | ContentDelta
+    | Message
+    | ToolCallEvent
+    | ToolResultEvent
+    | ToolErrorEvent
+    | ToolTimeout
+    | NoToolCall
+    | PlanUpdate
+    | ContextBudget
+    | MemoryPruned
+    | ApprovalRequired
+    | ApprovalDecided
+    | Question
+    | Retry
+    | Paused
+    | Resumed
+    | LoopEnd
+    | Error
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+
+#: Every event type name, in the order above.
+EVENT_NAMES: tuple[str, ...] = tuple(
+    t.__struct_config__.tag  # type: ignore[misc]
+    for t in EVENT_TYPES
+)

@@ -1,0 +1,55 @@
+"""Export the JSON Schema of every wire type into ``schemas/jsonschema/``.
+
+Run ``python -m schemas.export`` after changing a wire type; a test fails while the
+checked-in files are stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from . import events, messages, wire
+
+EXPORT_DIR = Path(__file__).parent / "jsonschema"
+
+#: The wire types other languages publish or read, by file name.
+WIRE_TYPES: dict[str, Any] = {
+    "Turn": wire.Turn,
+    "ToolCallRequest": wire.ToolCallRequest,
+    "ToolResult": wire.ToolResult,
+    "ToolSpec": wire.ToolSpec,
+    "Control": wire.Control,
+    "SessionSnapshot": messages.SessionSnapshot,
+    "Event": events.AnyEvent,
+}
+
+
+def render() -> dict[str, str]:
+    """File name → JSON text for every wire type."""
+    out = {}
+    for name, type_ in WIRE_TYPES.items():
+        schema = msgspec.json.schema(type_)
+        schema["title"] = name
+        out[f"{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    return out
+
+
+def main() -> int:
+    EXPORT_DIR.mkdir(exist_ok=True)
+    rendered = render()
+    for stale in EXPORT_DIR.glob("*.json"):
+        if stale.name not in rendered:
+            stale.unlink()
+    for name, text in rendered.items():
+        (EXPORT_DIR / name).write_text(text)
+    print(f"wrote {len(rendered)} schemas to {EXPORT_DIR}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""Streams, consumers and KV buckets as data. The runtime provisions them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .subjects import Subjects
+
+
+class StreamDef(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "workqueue", "interest"] = "limits"
+    storage: Literal["file", "memory"] = "file"
+    max_age_s: float = 0.0  # 0 means forever
+    duplicate_window_s: float = 120.0
+    max_msg_size: int = -1
+    replicas: int = 1
+    description: str = ""
+
+
+class ConsumerDef(msgspec.Struct, frozen=True, kw_only=True):
+    stream: str
+    durable: str
+    filter_subject: str | None = None
+    ack_wait_s: float = 30.0
+    max_deliver: int = -1
+    max_ack_pending: int = 10_000
+    description: str = ""
+
+
+class KVDef(msgspec.Struct, frozen=True, kw_only=True):
+    bucket: str
+    ttl_s: float = 0.0  # 0 means keys never expire
+    history: int = 1
+    max_value_size: int = -1
+    replicas: int = 1
+    description: str = ""
+
+
+class Definitions(msgspec.Struct, frozen=True, kw_only=True):
+    streams: tuple[StreamDef, ...]
+    consumers: tuple[ConsumerDef, ...]
+    buckets: tuple[KVDef, ...]
+
+
+def definitions(
+    subjects: Subjects = Subjects(),
+    *,
+    events_max_age_s: float = 7 * 24 * 3600.0,
+    duplicate_window_s: float = 120.0,
+    turn_ack_wait_s: float = 30.0,
+    lease_ttl_s: float = 30.0,
+    effects_ttl_s: float = 24 * 3600.0,
+    replicas: int = 1,
+) -> Definitions:
+    """Everything loopmesh needs on a NATS server, for one prefix.
+
+    Pool consumers are not listed: each tool worker provisions its own pool's
+    consumer with :func:`pool_consumer`.
+    """
+    s = subjects
+    return Definitions(
+        streams=(
+            StreamDef(
+                name=s.turns_stream,
+                subjects=(s.all_turns,),
+                retention="workqueue",
+                duplicate_window_s=duplicate_window_s,
+                replicas=replicas,
+                description="user turns; Nats-Msg-Id is the turn id",
+            ),
+            StreamDef(
+                name=s.tools_stream,
+                subjects=(s.all_tools,),
+                retention="workqueue",
+                duplicate_window_s=duplicate_window_s,
+                replicas=replicas,
+                description="tool-call requests; Nats-Msg-Id is the call id",
+            ),
+            StreamDef(
+                name=s.events_stream,
+                subjects=(s.all_events,),
+                retention="limits",
+                max_age_s=events_max_age_s,
+                duplicate_window_s=duplicate_window_s,
+                replicas=replicas,
+                description="every event of every turn",
+            ),
+        ),
+        consumers=(
+            ConsumerDef(
+                stream=s.turns_stream,
+                durable=s.turns_consumer,
+                ack_wait_s=turn_ack_wait_s,
+                description="loop workers share this consumer",
+            ),
+        ),
+        buckets=(
+            KVDef(bucket=s.sessions_bucket, history=1, replicas=replicas,
+                  description="session snapshots"),
+            KVDef(bucket=s.leases_bucket, ttl_s=lease_ttl_s, replicas=replicas,
+                  description="one loop worker per session"),
+            KVDef(bucket=s.effects_bucket, ttl_s=effects_ttl_s, replicas=replicas,
+                  description="finished tool calls by call id"),
+            KVDef(bucket=s.catalog_bucket, replicas=replicas,
+                  description="tool specs by <server>.<tool>"),
+            KVDef(bucket=s.control_bucket, ttl_s=effects_ttl_s, replicas=replicas,
+                  description="cancel/pause/approval state by session"),
+        ),
+    )
+
+
+def pool_consumer(subjects: Subjects, pool: str, *, ack_wait_s: float = 30.0) -> ConsumerDef:
+    """The durable pull consumer that the workers of one tool pool share."""
+    return ConsumerDef(
+        stream=subjects.tools_stream,
+        durable=subjects.pool_consumer(pool),
+        filter_subject=subjects.pool_tools(pool),
+        ack_wait_s=ack_wait_s,
+        description=f"tool pool {pool}",
+    )

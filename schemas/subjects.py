@@ -1,0 +1,119 @@
+"""Subject builders. Every id is checked before it becomes part of a subject."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ids import check_token
+
+DEFAULT_PREFIX = "loopmesh"
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subjects, stream names and bucket names under one prefix (default ``loopmesh``)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_token(self.prefix, "prefix")
+
+    # -- subjects -------------------------------------------------------------------
+
+    def turn(self, tenant: str, session: str) -> str:
+        return f"{self.prefix}.turns.{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+
+    def tool(self, pool: str, server: str, tool: str) -> str:
+        return (
+            f"{self.prefix}.tools.{check_token(pool, 'pool')}."
+            f"{check_token(server, 'server')}.{check_token(tool, 'tool')}"
+        )
+
+    def event(self, tenant: str, session: str, type: str) -> str:
+        return (
+            f"{self.prefix}.events.{check_token(tenant, 'tenant')}."
+            f"{check_token(session, 'session')}.{check_token(type, 'event type')}"
+        )
+
+    def control(self, tenant: str, session: str) -> str:
+        return f"{self.prefix}.control.{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+
+    # -- wildcards for subscriptions and stream definitions ----------------------------
+
+    @property
+    def all_turns(self) -> str:
+        return f"{self.prefix}.turns.>"
+
+    @property
+    def all_tools(self) -> str:
+        return f"{self.prefix}.tools.>"
+
+    def pool_tools(self, pool: str) -> str:
+        return f"{self.prefix}.tools.{check_token(pool, 'pool')}.>"
+
+    @property
+    def all_events(self) -> str:
+        return f"{self.prefix}.events.>"
+
+    def session_events(self, tenant: str, session: str) -> str:
+        return (
+            f"{self.prefix}.events.{check_token(tenant, 'tenant')}."
+            f"{check_token(session, 'session')}.*"
+        )
+
+    @property
+    def all_control(self) -> str:
+        return f"{self.prefix}.control.>"
+
+    # -- names of streams, consumers and buckets ------------------------------------
+
+    def _name(self, suffix: str) -> str:
+        return f"{self.prefix.upper().replace('-', '_')}_{suffix}"
+
+    @property
+    def turns_stream(self) -> str:
+        return self._name("TURNS")
+
+    @property
+    def tools_stream(self) -> str:
+        return self._name("TOOLS")
+
+    @property
+    def events_stream(self) -> str:
+        return self._name("EVENTS")
+
+    @property
+    def turns_consumer(self) -> str:
+        return "loop-workers"
+
+    def pool_consumer(self, pool: str) -> str:
+        return f"pool-{check_token(pool, 'pool')}"
+
+    @property
+    def sessions_bucket(self) -> str:
+        return f"{self.prefix}-sessions"
+
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.prefix}-leases"
+
+    @property
+    def effects_bucket(self) -> str:
+        return f"{self.prefix}-effects"
+
+    @property
+    def catalog_bucket(self) -> str:
+        return f"{self.prefix}-catalog"
+
+    @property
+    def control_bucket(self) -> str:
+        return f"{self.prefix}-control"
+
+
+def session_key(tenant: str, session: str) -> str:
+    """The KV key of a session: ``<tenant>.<session>``."""
+    return f"{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+
+
+def catalog_key(server: str, tool: str) -> str:
+    return f"{check_token(server, 'server')}.{check_token(tool, 'tool')}"

@@ -1,0 +1,23 @@
+"""Annotated field types shared by every wire struct."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from .ids import TOKEN_PATTERN
+
+#: A subject-safe identifier (tenant, session, turn, call, pool, server, tool).
+Token = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=TOKEN_PATTERN,
+        description="1-64 characters from A-Z a-z 0-9 _ -",
+    ),
+]
+
+#: Seconds since the Unix epoch.
+Timestamp = Annotated[float, msgspec.Meta(ge=0, description="seconds since the Unix epoch")]
+
+SCHEMA_VERSION = 1

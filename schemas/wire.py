@@ -1,0 +1,124 @@
+"""Messages that travel between services: turns, tool calls and their results,
+tool specs for the catalog, and control messages."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from .types import Timestamp, Token
+
+
+class WireError(msgspec.Struct, frozen=True, kw_only=True):
+    """An error that crosses the wire: a stable code and a message a person can act on.
+
+    Codes: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``tool_exception``,
+    ``mcp_error``, ``circuit_open``, ``cancelled``, ``unavailable``, ``rejected``,
+    ``invalid_request``.
+    """
+
+    code: str
+    message: str
+
+
+class Turn(msgspec.Struct, frozen=True, kw_only=True):
+    """A user turn, published to ``<prefix>.turns.<tenant>.<session>``.
+
+    ``id`` is also the ``Nats-Msg-Id``, so publishing the same turn twice is deduplicated.
+    """
+
+    id: Token
+    tenant: Token
+    session: Token
+    input: str
+    created_at: Timestamp = 0.0
+    instructions: str | None = None
+    model: str | None = None
+    max_iterations: int | None = None
+    metadata: dict[str, str] = {}
+
+
+class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call, published to ``<prefix>.tools.<pool>.<server>.<tool>``.
+
+    ``call_id`` is deterministic (turn, iteration, index) and is the ``Nats-Msg-Id``
+    and the key of the call's effect record: a repeated call returns the recorded
+    result instead of running again. ``reply_to`` is the requester's inbox.
+    """
+
+    call_id: Token
+    tenant: Token
+    session: Token
+    turn_id: Token
+    iteration: int = 0
+    server: Token
+    tool: Token
+    arguments: dict[str, Any] = {}
+    timeout_s: float | None = None
+    reply_to: str | None = None
+    created_at: Timestamp = 0.0
+
+
+ToolStatus = Literal["ok", "error", "timeout"]
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of a tool call: the reply to the requester and the effect record."""
+
+    call_id: Token
+    status: ToolStatus = "ok"
+    content: str = ""
+    error: WireError | None = None
+    server: str = ""
+    tool: str = ""
+    duration_ms: float = 0.0
+    worker: str = ""
+    finished_at: Timestamp = 0.0
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as the catalog lists it under ``<server>.<tool>``."""
+
+    server: Token
+    name: Token
+    description: str = ""
+    input_schema: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    pool: Token = "default"
+    timeout_s: float = 30.0
+    needs_approval: bool = False
+    title: str | None = None
+    updated_at: Timestamp = 0.0
+
+
+# -- control ----------------------------------------------------------------------------
+
+
+class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    tenant: Token
+    session: Token
+    turn_id: Token | None = None
+    at: Timestamp = 0.0
+
+
+class Cancel(_Control, tag="cancel"):
+    reason: str = ""
+
+
+class Pause(_Control, tag="pause"):
+    pass
+
+
+class Resume(_Control, tag="resume"):
+    pass
+
+
+class ApprovalDecision(_Control, tag="approval"):
+    call_id: Token
+    approved: bool
+    reason: str = ""
+
+
+Control = Cancel | Pause | Resume | ApprovalDecision
