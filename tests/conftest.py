@@ -1,0 +1,29 @@
+"""Fixtures every test package shares: a real nats-server per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from loopmesh.server import NatsServer
+
+
+@pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
+    """A fresh nats-server with JetStream on free ports and a temporary store."""
+    async with NatsServer(tmp_path / "nats") as server:
+        yield server
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
+    """A client connected to :func:`nats_server`."""
+    client = await nats.connect(nats_server.url)
+    try:
+        yield client
+    finally:
+        await client.close()
