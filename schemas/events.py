@@ -228,6 +228,15 @@ AnyEvent = (
     | Error
 )
 
+def tool_event_msg_id(call_id: str, type: str) -> str:
+    """The ``Nats-Msg-Id`` of a call's ``tool_result`` / ``tool_error`` / ``tool_timeout``.
+
+    Both the tool worker that ran the call and the engine that awaited it publish this
+    event; the shared id lets JetStream keep one.
+    """
+    return f"{call_id}:{type}"
+
+
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
 
 #: Every event type name, in the order above.

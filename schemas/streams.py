@@ -54,6 +54,7 @@ def definitions(
     turn_ack_wait_s: float = 30.0,
     lease_ttl_s: float = 30.0,
     effects_ttl_s: float = 24 * 3600.0,
+    catalog_ttl_s: float = 30.0,
     replicas: int = 1,
 ) -> Definitions:
     """Everything loopmesh needs on a NATS server, for one prefix.
@@ -105,8 +106,8 @@ def definitions(
                   description="one loop worker per session"),
             KVDef(bucket=s.effects_bucket, ttl_s=effects_ttl_s, replicas=replicas,
                   description="finished tool calls by call id"),
-            KVDef(bucket=s.catalog_bucket, replicas=replicas,
-                  description="tool specs by <server>.<tool>"),
+            KVDef(bucket=s.catalog_bucket, ttl_s=catalog_ttl_s, replicas=replicas,
+                  description="tool specs by <server>.<tool>; live workers refresh them"),
             KVDef(bucket=s.control_bucket, ttl_s=effects_ttl_s, replicas=replicas,
                   description="cancel/pause/approval state by session"),
         ),
