@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any, TypeVar
 
 import msgspec
@@ -29,15 +28,22 @@ def encode(obj: Any) -> bytes:
     return _encoder.encode(obj)
 
 
-@cache
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
 def decoder(type_: Any) -> msgspec.json.Decoder[Any]:
-    return msgspec.json.Decoder(type_)
+    """The decoder for ``type_``, built on first use and kept."""
+    dec = _decoders.get(type_)
+    if dec is None:
+        dec = _decoders[type_] = msgspec.json.Decoder(type_)
+    return dec
 
 
 def decode(data: bytes | bytearray | memoryview | str, type_: type[T]) -> T:
     """Decode ``data`` as ``type_`` (a Struct or a union of them); raise :class:`DecodeError`."""
     try:
-        return decoder(type_).decode(data)  # type: ignore[no-any-return]
+        result: T = decoder(type_).decode(data)
+        return result
     except msgspec.ValidationError as exc:
         raise DecodeError(_name(type_), str(exc)) from None
     except msgspec.DecodeError as exc:

@@ -6,6 +6,7 @@ timestamp. The stream sequence is an event's id for readers that resume.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 import msgspec
@@ -33,22 +34,22 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     total_tokens: int = 0
 
 
-class TurnAccepted(Event, tag="turn_accepted"):
+class TurnAccepted(Event, tag="turn_accepted", frozen=True, kw_only=True):
     input: str = ""
 
 
-class LoopStart(Event, tag="loop_start"):
+class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):
     max_iterations: int = 0
     model: str = ""
     resumed: bool = False
     worker: str = ""
 
 
-class LoopIteration(Event, tag="loop_iteration"):
+class LoopIteration(Event, tag="loop_iteration", frozen=True, kw_only=True):
     max_iterations: int = 0
 
 
-class LLMRequest(Event, tag="llm_request"):
+class LLMRequest(Event, tag="llm_request", frozen=True, kw_only=True):
     model: str = ""
     attempt: int = 1
     messages: int = 0
@@ -56,7 +57,7 @@ class LLMRequest(Event, tag="llm_request"):
     tools: int = 0
 
 
-class LLMResponse(Event, tag="llm_response"):
+class LLMResponse(Event, tag="llm_response", frozen=True, kw_only=True):
     model: str = ""
     content: str = ""
     tool_calls: int = 0
@@ -65,35 +66,35 @@ class LLMResponse(Event, tag="llm_response"):
     latency_ms: float = 0.0
 
 
-class ThinkingStart(Event, tag="thinking_start"):
+class ThinkingStart(Event, tag="thinking_start", frozen=True, kw_only=True):
     pass
 
 
-class ThinkingDelta(Event, tag="thinking_delta"):
+class ThinkingDelta(Event, tag="thinking_delta", frozen=True, kw_only=True):
     text: str = ""
 
 
-class ThinkingEnd(Event, tag="thinking_end"):
+class ThinkingEnd(Event, tag="thinking_end", frozen=True, kw_only=True):
     text: str = ""
 
 
-class ContentDelta(Event, tag="content_delta"):
+class ContentDelta(Event, tag="content_delta", frozen=True, kw_only=True):
     text: str = ""
 
 
-class Message(Event, tag="message"):
+class Message(Event, tag="message", frozen=True, kw_only=True):
     role: str = "assistant"
     content: str = ""
 
 
-class ToolCallEvent(Event, tag="tool_call"):
+class ToolCallEvent(Event, tag="tool_call", frozen=True, kw_only=True):
     call_id: str
     server: str = ""
     tool: str = ""
     arguments: dict[str, Any] = {}
 
 
-class ToolResultEvent(Event, tag="tool_result"):
+class ToolResultEvent(Event, tag="tool_result", frozen=True, kw_only=True):
     call_id: str
     server: str = ""
     tool: str = ""
@@ -102,7 +103,7 @@ class ToolResultEvent(Event, tag="tool_result"):
     duration_ms: float = 0.0
 
 
-class ToolErrorEvent(Event, tag="tool_error"):
+class ToolErrorEvent(Event, tag="tool_error", frozen=True, kw_only=True):
     call_id: str
     server: str = ""
     tool: str = ""
@@ -110,35 +111,35 @@ class ToolErrorEvent(Event, tag="tool_error"):
     message: str = ""
 
 
-class ToolTimeout(Event, tag="tool_timeout"):
+class ToolTimeout(Event, tag="tool_timeout", frozen=True, kw_only=True):
     call_id: str
     server: str = ""
     tool: str = ""
     timeout_s: float = 0.0
 
 
-class NoToolCall(Event, tag="no_tool_call"):
+class NoToolCall(Event, tag="no_tool_call", frozen=True, kw_only=True):
     content: str = ""
 
 
-class PlanUpdate(Event, tag="plan_update"):
+class PlanUpdate(Event, tag="plan_update", frozen=True, kw_only=True):
     plan: tuple[PlanStep, ...] = ()
 
 
-class ContextBudget(Event, tag="context_budget"):
+class ContextBudget(Event, tag="context_budget", frozen=True, kw_only=True):
     tokens: int = 0
     budget: int = 0
     messages: int = 0
 
 
-class MemoryPruned(Event, tag="memory_pruned"):
+class MemoryPruned(Event, tag="memory_pruned", frozen=True, kw_only=True):
     removed: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
     summary: str = ""
 
 
-class ApprovalRequired(Event, tag="approval_required"):
+class ApprovalRequired(Event, tag="approval_required", frozen=True, kw_only=True):
     call_id: str
     server: str = ""
     tool: str = ""
@@ -146,17 +147,17 @@ class ApprovalRequired(Event, tag="approval_required"):
     timeout_s: float = 0.0
 
 
-class ApprovalDecided(Event, tag="approval_decision"):
+class ApprovalDecided(Event, tag="approval_decision", frozen=True, kw_only=True):
     call_id: str
     approved: bool = False
     reason: str = ""
 
 
-class Question(Event, tag="question"):
+class Question(Event, tag="question", frozen=True, kw_only=True):
     text: str = ""
 
 
-class Retry(Event, tag="retry"):
+class Retry(Event, tag="retry", frozen=True, kw_only=True):
     what: str = "llm"
     attempt: int = 1
     reason: str = ""
@@ -164,11 +165,11 @@ class Retry(Event, tag="retry"):
     model: str = ""
 
 
-class Paused(Event, tag="paused"):
+class Paused(Event, tag="paused", frozen=True, kw_only=True):
     pass
 
 
-class Resumed(Event, tag="resumed"):
+class Resumed(Event, tag="resumed", frozen=True, kw_only=True):
     pass
 
 
@@ -186,14 +187,14 @@ EndReason = Literal[
 ]
 
 
-class LoopEnd(Event, tag="loop_end"):
+class LoopEnd(Event, tag="loop_end", frozen=True, kw_only=True):
     reason: EndReason
     content: str = ""
     iterations: int = 0
     error: str | None = None
 
 
-class Error(Event, tag="error"):
+class Error(Event, tag="error", frozen=True, kw_only=True):
     code: str = ""
     message: str = ""
     fatal: bool = False
@@ -228,6 +229,7 @@ AnyEvent = (
     | Error
 )
 
+
 def tool_event_msg_id(call_id: str, type: str) -> str:
     """The ``Nats-Msg-Id`` of a call's ``tool_result`` / ``tool_error`` / ``tool_timeout``.
 
@@ -237,7 +239,7 @@ def tool_event_msg_id(call_id: str, type: str) -> str:
     return f"{call_id}:{type}"
 
 
-EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__  # type: ignore[attr-defined]
+EVENT_TYPES: tuple[type[Event], ...] = typing.get_args(AnyEvent)
 
 #: Every event type name, in the order above.
 EVENT_NAMES: tuple[str, ...] = tuple(

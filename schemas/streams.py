@@ -47,7 +47,7 @@ class Definitions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def definitions(
-    subjects: Subjects = Subjects(),
+    subjects: Subjects | None = None,
     *,
     events_max_age_s: float = 7 * 24 * 3600.0,
     duplicate_window_s: float = 120.0,
@@ -62,7 +62,7 @@ def definitions(
     Pool consumers are not listed: each tool worker provisions its own pool's
     consumer with :func:`pool_consumer`.
     """
-    s = subjects
+    s = subjects or Subjects()
     return Definitions(
         streams=(
             StreamDef(
@@ -100,16 +100,36 @@ def definitions(
             ),
         ),
         buckets=(
-            KVDef(bucket=s.sessions_bucket, history=1, replicas=replicas,
-                  description="session snapshots"),
-            KVDef(bucket=s.leases_bucket, ttl_s=lease_ttl_s, replicas=replicas,
-                  description="one loop worker per session"),
-            KVDef(bucket=s.effects_bucket, ttl_s=effects_ttl_s, replicas=replicas,
-                  description="finished tool calls by call id"),
-            KVDef(bucket=s.catalog_bucket, ttl_s=catalog_ttl_s, replicas=replicas,
-                  description="tool specs by <server>.<tool>; live workers refresh them"),
-            KVDef(bucket=s.control_bucket, ttl_s=effects_ttl_s, replicas=replicas,
-                  description="cancel/pause/approval state by session"),
+            KVDef(
+                bucket=s.sessions_bucket,
+                history=1,
+                replicas=replicas,
+                description="session snapshots",
+            ),
+            KVDef(
+                bucket=s.leases_bucket,
+                ttl_s=lease_ttl_s,
+                replicas=replicas,
+                description="one loop worker per session",
+            ),
+            KVDef(
+                bucket=s.effects_bucket,
+                ttl_s=effects_ttl_s,
+                replicas=replicas,
+                description="finished tool calls by call id",
+            ),
+            KVDef(
+                bucket=s.catalog_bucket,
+                ttl_s=catalog_ttl_s,
+                replicas=replicas,
+                description="tool specs by <server>.<tool>; live workers refresh them",
+            ),
+            KVDef(
+                bucket=s.control_bucket,
+                ttl_s=effects_ttl_s,
+                replicas=replicas,
+                description="cancel/pause/approval state by session",
+            ),
         ),
     )
 

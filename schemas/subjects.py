@@ -21,7 +21,7 @@ class Subjects:
     # -- subjects -------------------------------------------------------------------
 
     def turn(self, tenant: str, session: str) -> str:
-        return f"{self.prefix}.turns.{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+        return f"{self.prefix}.turns.{_pair(tenant, session)}"
 
     def tool(self, pool: str, server: str, tool: str) -> str:
         return (
@@ -36,7 +36,7 @@ class Subjects:
         )
 
     def control(self, tenant: str, session: str) -> str:
-        return f"{self.prefix}.control.{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+        return f"{self.prefix}.control.{_pair(tenant, session)}"
 
     # -- wildcards for subscriptions and stream definitions ----------------------------
 
@@ -110,9 +110,13 @@ class Subjects:
         return f"{self.prefix}-control"
 
 
+def _pair(tenant: str, session: str) -> str:
+    return f"{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+
+
 def session_key(tenant: str, session: str) -> str:
     """The KV key of a session: ``<tenant>.<session>``."""
-    return f"{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
+    return _pair(tenant, session)
 
 
 def catalog_key(server: str, tool: str) -> str:

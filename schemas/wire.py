@@ -103,19 +103,19 @@ class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     at: Timestamp = 0.0
 
 
-class Cancel(_Control, tag="cancel"):
+class Cancel(_Control, tag="cancel", frozen=True, kw_only=True):
     reason: str = ""
 
 
-class Pause(_Control, tag="pause"):
+class Pause(_Control, tag="pause", frozen=True, kw_only=True):
     pass
 
 
-class Resume(_Control, tag="resume"):
+class Resume(_Control, tag="resume", frozen=True, kw_only=True):
     pass
 
 
-class ApprovalDecision(_Control, tag="approval"):
+class ApprovalDecision(_Control, tag="approval", frozen=True, kw_only=True):
     call_id: Token
     approved: bool
     reason: str = ""
