@@ -1,4 +1,4 @@
-"""Fixtures every test package shares: a real nats-server per test."""
+"""Fixtures every test package shares: a real nats-server and a fake LLM per test."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from nats.aio.client import Client
 
 from loopmesh.server import NatsServer
+from tests.fake_llm import FakeLLM
 
 
 @pytest.fixture
@@ -27,3 +28,10 @@ async def nc(nats_server: NatsServer) -> AsyncIterator[Client]:
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def fake_llm() -> AsyncIterator[FakeLLM]:
+    """A fake OpenAI-compatible server on a free loopback port; script it per test."""
+    async with FakeLLM() as server:
+        yield server

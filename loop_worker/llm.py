@@ -1,0 +1,298 @@
+"""The :class:`~loop_worker.protocols.LLM` over any OpenAI-compatible endpoint.
+
+Every response is streamed (``stream_options.include_usage``): text fragments go to
+``on_delta`` as they arrive; tool-call fragments are assembled per ``index``. The
+``openai`` client runs with ``max_retries=0``; retries are ours:
+
+    for each model (the requested one, then ``settings.fallback_models``):
+        up to 1 + ``settings.max_retries`` attempts; between them, after a 429, a 5xx,
+        a timeout, a connection error or a stream cut short, wait ``Retry-After``
+        (capped at ``backoff_max_s``) or a full-jitter exponential backoff.
+        400 / 401 / 403 / 404 / 422 and other client errors: the next model at once.
+    every model failed: ``LLMError``.
+
+Fragments that a failed attempt already passed to ``on_delta`` are not taken back:
+``on_retry`` tells the caller to drop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, cast
+
+import openai
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+
+from schemas import ChatMessage, ToolCall
+from schemas.events import Usage
+
+from .errors import LLMError
+from .protocols import Completion, OnDelta, OnRetry
+from .settings import LLMSettings
+
+
+class StreamCutError(Exception):
+    """The stream ended before the model finished (no ``finish_reason``)."""
+
+
+def to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Our messages as chat-completions ``messages``."""
+    return [_to_openai(m) for m in messages]
+
+
+def _to_openai(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.role == "assistant" and m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id or ""
+    elif m.name:
+        out["name"] = m.name
+    return out
+
+
+class OpenAILLM:
+    """``async with OpenAILLM(settings) as llm: await llm.complete(messages)``."""
+
+    def __init__(
+        self,
+        settings: LLMSettings,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self._owns_client = client is None
+        self._client = client or openai.AsyncOpenAI(
+            base_url=settings.base_url,
+            api_key=settings.api_key or "not-needed",
+            max_retries=0,
+            timeout=settings.timeout_s,
+        )
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._closed = False
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        model: str | None = None,
+        on_delta: OnDelta | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> Completion:
+        s = self.settings
+        models = list(dict.fromkeys([model or s.model, *s.fallback_models]))
+        payload = to_openai_messages(messages)
+        failures: list[str] = []
+        attempts = 0
+        last: BaseException | None = None
+        for name in models:
+            for attempt in range(1, s.max_retries + 2):
+                attempts += 1
+                try:
+                    return await self._attempt(name, payload, tools, on_delta)
+                except (openai.APIError, StreamCutError) as exc:
+                    last = exc
+                    if not _retryable(exc) or attempt > s.max_retries:
+                        break
+                    delay = self._delay(attempt, exc)
+                    if on_retry is not None:
+                        await on_retry(attempt, _describe(exc), delay, name)
+                    await self._sleep(delay)
+            failures.append(f"{name}: {_describe(last)}")
+        raise LLMError(
+            f"every model failed after {attempts} attempts: " + "; ".join(failures),
+            attempts=attempts,
+            last=last,
+        )
+
+    async def _attempt(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        on_delta: OnDelta | None,
+    ) -> Completion:
+        s = self.settings
+        started = time.perf_counter()
+        stream = await self._client.chat.completions.create(
+            model=model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            stream=True,
+            stream_options={"include_usage": True},
+            tools=cast(Any, list(tools)) if tools else openai.omit,
+            temperature=openai.omit if s.temperature is None else s.temperature,
+            max_tokens=openai.omit if s.max_tokens is None else s.max_tokens,
+        )
+        content: list[str] = []
+        calls = ToolCallAssembler()
+        finish: str | None = None
+        usage: Usage | None = None
+        answered = ""
+        async with stream:  # closes the HTTP response on every exit, cancellation too
+            async for chunk in stream:
+                answered = answered or getattr(chunk, "model", None) or ""
+                usage = _usage(chunk) or usage
+                for choice in (getattr(chunk, "choices", None) or ())[:1]:
+                    finish = choice.finish_reason or finish
+                    if (delta := choice.delta) is None:  # some servers' last chunk
+                        continue
+                    if delta.content:
+                        content.append(delta.content)
+                        if on_delta is not None:
+                            await on_delta(delta.content)
+                    for fragment in delta.tool_calls or ():
+                        calls.add(fragment)
+        if finish is None:
+            raise StreamCutError("the stream ended before the model finished")
+        return Completion(
+            content="".join(content),
+            tool_calls=calls.result(),
+            finish_reason=finish,
+            usage=usage,
+            model=answered or model,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _delay(self, attempt: int, exc: BaseException) -> float:
+        s = self.settings
+        retry_after = _retry_after(exc)
+        if retry_after is not None:
+            return min(retry_after, s.backoff_max_s)
+        return self._rng.uniform(0, min(s.backoff_max_s, s.backoff_initial_s * 2 ** (attempt - 1)))
+
+    async def aclose(self) -> None:
+        """Close the client if this object made it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> OpenAILLM:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class ToolCallAssembler:
+    """Builds whole tool calls from streamed fragments, defensively.
+
+    A fragment with an ``index`` belongs to that index's call. One without continues the
+    latest call, unless it brings a different ``id``, or a ``function.name`` while the
+    latest call already has one: then it starts a new call. Calls without an id get
+    ``call_<n>`` (``n``: position in the response). Arguments are concatenated as text.
+    """
+
+    def __init__(self) -> None:
+        self._calls: list[dict[str, Any]] = []
+        self._by_index: dict[int, dict[str, Any]] = {}
+
+    def add(self, fragment: Any) -> None:
+        index: int | None = getattr(fragment, "index", None)
+        ident: str | None = getattr(fragment, "id", None)
+        function = getattr(fragment, "function", None)
+        name: str | None = getattr(function, "name", None)
+        arguments: str | None = getattr(function, "arguments", None)
+        call = self._by_index.get(index) if index is not None else self._latest()
+        if call is not None and (
+            (ident and call["id"] and ident != call["id"])
+            or (index is None and name and call["name"])
+        ):
+            call = None
+        if call is None:
+            call = {"id": None, "name": None, "arguments": []}
+            self._calls.append(call)
+            if index is not None:
+                self._by_index[index] = call
+        call["id"] = call["id"] or ident
+        call["name"] = call["name"] or name
+        if arguments:
+            call["arguments"].append(arguments)
+
+    def _latest(self) -> dict[str, Any] | None:
+        return self._calls[-1] if self._calls else None
+
+    def result(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(
+                id=c["id"] or f"call_{n}",
+                name=c["name"] or "",
+                arguments="".join(c["arguments"]) or "{}",
+            )
+            for n, c in enumerate(self._calls)
+        )
+
+
+def _usage(chunk: ChatCompletionChunk) -> Usage | None:
+    u = getattr(chunk, "usage", None)
+    if u is None:
+        return None
+    return Usage(
+        prompt_tokens=u.prompt_tokens or 0,
+        completion_tokens=u.completion_tokens or 0,
+        total_tokens=u.total_tokens or 0,
+    )
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+    # timeouts, connection errors, errors inside the stream, cut streams
+    return not isinstance(exc, openai.APIResponseValidationError)
+
+
+def _describe(exc: BaseException | None) -> str:
+    match exc:
+        case openai.APIStatusError(body={"message": str(message)}):
+            return f"HTTP {exc.status_code}: {message}"
+        case openai.APIStatusError():
+            return f"HTTP {exc.status_code}: {exc.message}"
+        case openai.APITimeoutError():
+            return "timed out"
+        case openai.APIConnectionError():
+            cause = exc.__cause__
+            return f"connection error: {cause}" if cause else "connection error"
+        case StreamCutError():
+            return "stream cut short"
+        case None:
+            return "not attempted"
+        case _:
+            return f"{type(exc).__name__}: {exc}"
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    headers = exc.response.headers
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            return max(0.0, float(ms) / 1000)
+        if (value := headers.get("retry-after")) is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (ValueError, TypeError):
+        return None

@@ -1,0 +1,276 @@
+"""A fake OpenAI-compatible server on loopback, scripted per test.
+
+``POST /v1/chat/completions`` answers each request with the next scripted reply (SSE
+chunks shaped like OpenAI's when ``stream`` is true, one JSON object otherwise);
+``GET /v1/models`` lists ``models``. Replies are built with :func:`text`,
+:func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty` and
+:func:`auto`. ``python -m tests.fake_llm --port N [--script FILE.json]`` serves the
+same app in its own process, answering in ``auto`` mode once the script is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tests.fake_replies import (
+    Auto,
+    Cut,
+    Empty,
+    Error,
+    Hang,
+    Reply,
+    Text,
+    ToolCalls,
+    auto,
+    cut,
+    empty,
+    error,
+    hang,
+    resolve_auto,
+    text,
+    tool_calls,
+)
+from tests.fake_stream import ReplyResponse
+
+__all__ = [
+    "Auto",
+    "Cut",
+    "Empty",
+    "Error",
+    "FakeLLM",
+    "Hang",
+    "Reply",
+    "Text",
+    "ToolCalls",
+    "auto",
+    "cut",
+    "empty",
+    "error",
+    "hang",
+    "text",
+    "tool_calls",
+]
+
+_DROPPED_ON_PURPOSE = (
+    "ASGI callable returned without completing response.",  # cut(), or closing mid-stream
+    "ASGI callable returned without starting response.",  # closing during hang()
+)
+
+
+class _DropCutLog(logging.Filter):
+    """Hide uvicorn's complaints about the replies the fake ends on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in _DROPPED_ON_PURPOSE
+
+
+class _Server(uvicorn.Server):
+    """uvicorn stopped by an event: no signal handlers, no 0.1 s polling on the way out."""
+
+    def __init__(self, config: uvicorn.Config, stop: asyncio.Event) -> None:
+        super().__init__(config)
+        self._stop = stop
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+    async def main_loop(self) -> None:
+        await self.on_tick(0)  # the Date header
+        await self._stop.wait()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # idle ones close now, busy ones after their reply
+        if self.server_state.tasks:
+            await asyncio.wait(list(self.server_state.tasks), timeout=5)
+        for _ in range(2):  # closed transports report connection_lost on the next turns
+            await asyncio.sleep(0)
+
+
+class FakeLLM:
+    """The server; ``async with FakeLLM() as fake`` starts it on a free loopback port."""
+
+    def __init__(
+        self,
+        *replies: Reply,
+        default: Reply | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        models: tuple[str, ...] = ("fake-model",),
+    ) -> None:
+        self.default = default
+        self.models = models
+        self.requests: list[dict[str, Any]] = []
+        self.disconnects = 0  # requests whose client went away before the reply ended
+        self._script: list[Reply] = list(replies)
+        self._changed = asyncio.Condition()
+        self._closing = asyncio.Event()
+        self._ids = itertools.count(1)
+        # proto IPPROTO_TCP (not 0) so that asyncio sets TCP_NODELAY on accepted
+        # connections: without it Nagle + delayed ACKs add 40 ms to every reply
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.base_url = f"http://{self.host}:{self.port}/v1"
+        self._filter = _DropCutLog()
+        self._task: asyncio.Task[None] | None = None
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies; each request takes the next one."""
+        self._script.extend(replies)
+
+    async def wait_requests(self, n: int, timeout: float = 5) -> None:
+        """Return once ``n`` requests have arrived; ``TimeoutError`` after ``timeout``."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: len(self.requests) >= n)
+
+    async def wait_disconnects(self, n: int, timeout: float = 5) -> None:
+        """Return once ``n`` clients have hung up on an unfinished reply."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: self.disconnects >= n)
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._sock.listen(128)  # connections queue in the backlog until uvicorn accepts
+        logging.getLogger("uvicorn.error").addFilter(self._filter)
+        config = uvicorn.Config(
+            self.app,
+            http="h11",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+        server = _Server(config, self._closing)
+        self._task = asyncio.create_task(server.serve(sockets=[self._sock]))
+
+    async def aclose(self) -> None:
+        """Stop serving: unfinished replies end at once. Idempotent."""
+        self._closing.set()
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                await task
+        finally:
+            self._sock.close()
+            logging.getLogger("uvicorn.error").removeFilter(self._filter)
+
+    async def __aenter__(self) -> FakeLLM:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _completions(self, request: Request) -> Response:
+        body = await request.json()
+        async with self._changed:
+            self.requests.append(body)
+            self._changed.notify_all()
+        reply = self._script.pop(0) if self._script else self.default
+        if reply is None:
+            return JSONResponse(_error_body("script exhausted", 500), status_code=500)
+        if isinstance(reply, Auto):
+            reply = resolve_auto(body)
+        return ReplyResponse(
+            reply,
+            body,
+            ident=f"chatcmpl-{next(self._ids)}",
+            closing=self._closing,
+            on_disconnect=self._disconnected,
+        )
+
+    async def _disconnected(self) -> None:
+        async with self._changed:
+            self.disconnects += 1
+            self._changed.notify_all()
+
+    async def _models(self, request: Request) -> Response:
+        now = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": now, "owned_by": "fake"} for m in self.models
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+
+def _error_body(message: str, status: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "fake_error", "code": str(status)}}
+
+
+_BUILDERS = {
+    "text": text,
+    "tool_calls": lambda *, calls=(), **kw: tool_calls(*(tuple(c) for c in calls), **kw),
+    "error": error,
+    "hang": hang,
+    "cut": cut,
+    "empty": empty,
+    "auto": auto,
+}
+
+
+def load_script(path: str) -> list[Reply]:
+    """Read replies from JSON: ``[{"kind": "text", "content": "hi"}, {"kind": "tool_calls",
+    "calls": [["name", {"arg": 1}]]}, {"kind": "error", "status": 429}, ...]``."""
+    with open(path, encoding="utf-8") as f:
+        items = json.load(f)
+    return list(_iter_replies(items))
+
+
+def _iter_replies(items: list[dict[str, Any]]) -> Iterator[Reply]:
+    for item in items:
+        kwargs = dict(item)
+        yield _BUILDERS[kwargs.pop("kind")](**kwargs)
+
+
+async def _serve(port: int, replies: list[Reply]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FakeLLM(*replies, default=auto(), port=port) as fake:
+        print(f"fake LLM serving {fake.base_url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.fake_llm", description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--script", help="JSON file of replies served before auto mode")
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.port, load_script(args.script) if args.script else []))
+
+
+if __name__ == "__main__":
+    main()

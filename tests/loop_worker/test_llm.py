@@ -1,0 +1,306 @@
+"""OpenAILLM through the real ``openai`` client against the fake server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import openai
+import pytest
+
+from loop_worker.errors import LLMError
+from loop_worker.llm import OpenAILLM, to_openai_messages
+from loop_worker.settings import LLMSettings
+from schemas import ChatMessage, ToolCall
+from schemas.events import Usage
+from tests.fake_llm import FakeLLM, cut, empty, error, hang, text, tool_calls
+
+HI = [ChatMessage(role="user", content="hi")]
+TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+
+
+class Recorder:
+    """Collects what the LLM reports: deltas, retries and (instead of waiting) sleeps."""
+
+    def __init__(self) -> None:
+        self.deltas: list[str] = []
+        self.retries: list[tuple[int, str, float, str]] = []
+        self.sleeps: list[float] = []
+
+    async def on_delta(self, text: str) -> None:
+        self.deltas.append(text)
+
+    async def on_retry(self, attempt: int, reason: str, delay: float, model: str) -> None:
+        self.retries.append((attempt, reason, delay, model))
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+@pytest.fixture
+def rec() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def make_llm(fake_llm: FakeLLM, rec: Recorder) -> AsyncIterator[Callable[..., OpenAILLM]]:
+    made: list[OpenAILLM] = []
+
+    def make(rng: random.Random | None = None, **settings: Any) -> OpenAILLM:
+        defaults: dict[str, Any] = {
+            "base_url": fake_llm.base_url,
+            "api_key": "test",
+            "model": "primary",
+            "timeout_s": 5.0,
+            "backoff_initial_s": 0.01,
+            "backoff_max_s": 8.0,
+        }
+        llm = OpenAILLM(LLMSettings(**{**defaults, **settings}), sleep=rec.sleep, rng=rng)
+        made.append(llm)
+        return llm
+
+    yield make
+    for llm in made:
+        await llm.aclose()
+
+
+async def test_text_streams_to_on_delta_in_order_and_is_returned_whole(fake_llm, make_llm, rec):
+    fake_llm.script(text("streaming makes agents feel alive", chunk_size=4))
+    result = await make_llm().complete(HI, on_delta=rec.on_delta)
+
+    assert rec.deltas[:3] == ["stre", "amin", "g ma"]
+    assert "".join(rec.deltas) == result.content == "streaming makes agents feel alive"
+    assert (result.finish_reason, result.model, result.tool_calls) == ("stop", "primary", ())
+    assert result.latency_ms > 0
+    sent = fake_llm.requests[0]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["messages"] == [{"role": "user", "content": "hi"}]
+    assert "tools" not in sent and "temperature" not in sent
+
+
+async def test_two_tool_calls_are_assembled_from_their_fragments(fake_llm, make_llm):
+    fake_llm.script(
+        tool_calls(("search", {"query": "nats kv"}), ("add", {"a": 1, "b": 2}), content="Let me.")
+    )
+    result = await make_llm().complete(HI, tools=TOOLS)
+
+    assert result.content == "Let me."
+    assert result.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
+        ("search", {"query": "nats kv"}),
+        ("add", {"a": 1, "b": 2}),
+    ]
+    assert [c.id for c in result.tool_calls] == ["call_chatcmpl-1_0", "call_chatcmpl-1_1"]
+    assert fake_llm.requests[0]["tools"] == TOOLS
+
+
+@pytest.mark.parametrize(
+    ("omit", "ids"),
+    [
+        ({"omit_index": True}, ["call_chatcmpl-1_0", "call_chatcmpl-1_1"]),
+        ({"omit_id": True}, ["call_0", "call_1"]),
+        ({"omit_index": True, "omit_id": True}, ["call_0", "call_1"]),
+    ],
+)
+async def test_tool_calls_without_index_or_id_are_still_assembled(fake_llm, make_llm, omit, ids):
+    fake_llm.script(tool_calls(("search", {"query": "a long query"}), ("add", {"a": 1}), **omit))
+    result = await make_llm().complete(HI, tools=TOOLS)
+    assert result.tool_calls == (
+        ToolCall(id=ids[0], name="search", arguments='{"query": "a long query"}'),
+        ToolCall(id=ids[1], name="add", arguments='{"a": 1}'),
+    )
+
+
+async def test_usage_from_the_last_chunk_is_recorded(fake_llm, make_llm):
+    fake_llm.script(text("hello"), text("hello", usage=False))
+    llm = make_llm()
+    assert (await llm.complete(HI)).usage == Usage(
+        prompt_tokens=1, completion_tokens=2, total_tokens=3
+    )
+    assert (await llm.complete(HI)).usage is None
+
+
+async def test_an_empty_reply_is_returned_as_it_is(fake_llm, make_llm, rec):
+    fake_llm.script(empty())
+    result = await make_llm().complete(HI, on_retry=rec.on_retry)
+    assert (result.content, result.tool_calls, result.finish_reason) == ("", (), "stop")
+    assert rec.retries == []
+
+
+async def test_a_429_is_retried_once_then_succeeds(fake_llm, make_llm, rec):
+    fake_llm.script(error(429, "slow down"), text("ok"))
+    result = await make_llm().complete(HI, on_retry=rec.on_retry)
+
+    assert result.content == "ok"
+    [(attempt, reason, delay, model)] = rec.retries
+    assert (attempt, model) == (1, "primary")
+    assert "429" in reason and "slow down" in reason
+    assert rec.sleeps == [delay]
+    assert 0 <= delay <= 0.01
+
+
+@pytest.mark.parametrize(("retry_after", "waited"), [(3, 3.0), (0.25, 0.25), (60, 8.0)])
+async def test_retry_after_is_honoured_up_to_the_backoff_cap(
+    fake_llm, make_llm, rec, retry_after, waited
+):
+    fake_llm.script(error(503, retry_after=retry_after), text("ok"))
+    await make_llm(backoff_max_s=8.0).complete(HI, on_retry=rec.on_retry)
+    assert rec.sleeps == [waited]
+    assert rec.retries[0][2] == waited
+
+
+async def test_backoff_grows_exponentially_with_full_jitter(fake_llm, make_llm, rec):
+    fake_llm.script(error(500), error(500), error(500), text("ok"))
+    await make_llm(rng=random.Random(7), max_retries=3, backoff_initial_s=1.0).complete(HI)
+
+    expected = random.Random(7)
+    assert rec.sleeps == [expected.uniform(0, cap) for cap in (1.0, 2.0, 4.0)]
+
+
+async def test_spent_retries_fall_back_to_the_next_model(fake_llm, make_llm, rec):
+    fake_llm.script(error(500), error(500), error(500), text("from the fallback"))
+    llm = make_llm(max_retries=2, fallback_models=("backup",))
+    result = await llm.complete(HI, on_retry=rec.on_retry)
+
+    assert [r["model"] for r in fake_llm.requests] == ["primary"] * 3 + ["backup"]
+    assert (result.content, result.model) == ("from the fallback", "backup")
+    assert [(a, m) for a, _, _, m in rec.retries] == [(1, "primary"), (2, "primary")]
+
+
+async def test_a_model_argument_replaces_the_primary(fake_llm, make_llm):
+    fake_llm.script(error(500), text("ok"))
+    llm = make_llm(max_retries=0, fallback_models=("backup",))
+    await llm.complete(HI, model="special")
+    assert [r["model"] for r in fake_llm.requests] == ["special", "backup"]
+
+
+async def test_when_every_model_fails_the_error_names_each(fake_llm, make_llm):
+    fake_llm.script(error(500, "boom"), error(500, "boom"), error(429), error(503, "down"))
+    llm = make_llm(max_retries=1, fallback_models=("backup",))
+    with pytest.raises(LLMError) as failed:
+        await llm.complete(HI)
+
+    message = str(failed.value)
+    assert "primary: HTTP 500: boom" in message
+    assert "backup: HTTP 503: down" in message
+    assert failed.value.attempts == 4
+    assert isinstance(failed.value.last, openai.InternalServerError)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+async def test_a_client_error_goes_to_the_next_model_without_retrying(
+    fake_llm, make_llm, rec, status
+):
+    fake_llm.script(error(status, "nope"), text("ok"))
+    result = await make_llm(fallback_models=("backup",)).complete(HI, on_retry=rec.on_retry)
+    assert [r["model"] for r in fake_llm.requests] == ["primary", "backup"]
+    assert result.content == "ok"
+    assert rec.retries == [] and rec.sleeps == []
+
+
+async def test_a_client_error_on_the_last_model_raises_at_once(fake_llm, make_llm):
+    fake_llm.script(error(400, "bad request"))
+    with pytest.raises(LLMError, match="primary: HTTP 400: bad request") as failed:
+        await make_llm(max_retries=3).complete(HI)
+    assert failed.value.attempts == 1
+
+
+async def test_a_timeout_is_retried(fake_llm, make_llm, rec):
+    fake_llm.script(hang(30), text("ok"))
+    result = await make_llm(timeout_s=0.2).complete(HI, on_retry=rec.on_retry)
+    assert result.content == "ok"
+    assert [r[1] for r in rec.retries] == ["timed out"]
+
+
+async def test_a_stream_cut_short_is_retried(fake_llm, make_llm, rec):
+    fake_llm.script(cut("a partial answer that never ends", after_chunks=2), text("whole"))
+    result = await make_llm().complete(HI, on_delta=rec.on_delta, on_retry=rec.on_retry)
+
+    assert result.content == "whole"
+    assert "connection error" in rec.retries[0][1]
+    assert rec.deltas == ["a partia", "l answer", "whole"]  # the caller drops on retry
+
+
+async def test_cancelling_closes_the_stream_promptly(fake_llm, make_llm, rec):
+    fake_llm.script(text("tick " * 200, chunk_size=5, delay_s=1))
+    first = asyncio.Event()
+
+    async def on_delta(text: str) -> None:
+        first.set()
+
+    task = asyncio.create_task(make_llm().complete(HI, on_delta=on_delta))
+    async with asyncio.timeout(5):
+        await first.wait()
+    cancelled_at = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - cancelled_at < 0.25
+    await fake_llm.wait_disconnects(1, timeout=2)
+
+
+async def test_cancelling_while_waiting_for_headers_hangs_up(fake_llm, make_llm):
+    fake_llm.script(hang(30))
+    task = asyncio.create_task(make_llm().complete(HI))
+    await fake_llm.wait_requests(1)
+    cancelled_at = time.perf_counter()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.perf_counter() - cancelled_at < 0.25
+    await fake_llm.wait_disconnects(1, timeout=2)
+
+
+async def test_a_one_megabyte_reply_streams_in_many_chunks(fake_llm, make_llm, rec):
+    big = "".join(f"line {i:07d} of a long answer\n" for i in range(40_000))[: 1 << 20]
+    fake_llm.script(text(big, chunk_size=1024))
+    result = await make_llm().complete(HI, on_delta=rec.on_delta)
+    assert len(rec.deltas) == 1024
+    assert result.content == big
+
+
+def test_messages_become_chat_completion_dicts():
+    messages = [
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content="add", name="ada"),
+        ChatMessage(
+            role="assistant", tool_calls=(ToolCall(id="c1", name="add", arguments='{"a":1}'),)
+        ),
+        ChatMessage(role="tool", content="1", tool_call_id="c1", name="add"),
+        ChatMessage(role="assistant", content="it is 1"),
+    ]
+    assert to_openai_messages(messages) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "add", "name": "ada"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a":1}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "1", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "it is 1"},
+    ]
+
+
+async def test_closing_is_idempotent_and_leaves_a_given_client_open(fake_llm):
+    fake_llm.script(text("still open"))
+    async with openai.AsyncOpenAI(base_url=fake_llm.base_url, api_key="t", max_retries=0) as c:
+        async with OpenAILLM(LLMSettings(), client=c) as llm:
+            pass
+        await llm.aclose()
+        assert not c.is_closed()
+        assert (await OpenAILLM(LLMSettings(), client=c).complete(HI)).content == "still open"
+    owned = OpenAILLM(LLMSettings(base_url=fake_llm.base_url))
+    await owned.aclose()
+    await owned.aclose()
+    assert owned._client.is_closed()
