@@ -1,10 +1,11 @@
 """Errors of the shared runtime.
 
-    LoopmeshError
-    ├── ConfigError            a settings file or variable is invalid (``.source``, ``.detail``)
-    ├── NatsServerError        the embedded nats-server could not start or stop
-    │   └── NatsServerNotFound the binary is missing (``.searched``)
-    └── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
+LoopmeshError
+├── ConfigError            a settings file or variable is invalid (``.source``, ``.detail``)
+├── NatsServerError        the embedded nats-server could not start or stop
+│   └── NatsServerNotFound the binary is missing (``.searched``)
+├── NatsConnectError       the first connection to NATS failed (``.url``)
+└── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
 """
 
 from __future__ import annotations
@@ -39,3 +40,13 @@ class ProvisionError(LoopmeshError):
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class NatsConnectError(LoopmeshError):
+    def __init__(self, url: str, cause: BaseException) -> None:
+        reason = str(cause) or type(cause).__name__
+        super().__init__(
+            f"cannot connect to NATS at {url}: {reason}. Is nats-server running there? "
+            "Start one with `loopmesh up`, or give the right --nats-url."
+        )
+        self.url = url

@@ -31,7 +31,10 @@ _READY = b"Server is ready"
 
 def find_binary() -> str:
     """The nats-server binary: beside this Python first, then on ``PATH``."""
-    candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    candidates = [
+        Path(sys.executable).parent / "nats-server",
+        Path(sys.prefix) / "bin" / "nats-server",
+    ]
     for path in candidates:
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
@@ -95,6 +98,7 @@ class NatsServer:
         self._proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it in order
         )  # fmt: skip
         try:
             await self._wait_ready()
@@ -123,7 +127,9 @@ class NatsServer:
             self.monitor_port = int(m.group(1))
         async with httpx.AsyncClient() as http:
             while True:
-                r = await http.get(f"{self.monitor_url}/healthz", params={"js-enabled-only": "true"})
+                r = await http.get(
+                    f"{self.monitor_url}/healthz", params={"js-enabled-only": "true"}
+                )
                 if r.status_code == 200:
                     return
                 if time.monotonic() > deadline:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -39,11 +39,19 @@ def decoder(type_: Any) -> msgspec.json.Decoder[Any]:
     return dec
 
 
-def decode(data: bytes | bytearray | memoryview | str, type_: type[T]) -> T:
+Data = bytes | bytearray | memoryview | str
+
+
+@overload
+def decode(data: Data, type_: type[T]) -> T: ...
+@overload
+def decode(data: Data, type_: Any) -> Any: ...
+
+
+def decode(data: Data, type_: Any) -> Any:
     """Decode ``data`` as ``type_`` (a Struct or a union of them); raise :class:`DecodeError`."""
     try:
-        result: T = decoder(type_).decode(data)
-        return result
+        return decoder(type_).decode(data)
     except msgspec.ValidationError as exc:
         raise DecodeError(_name(type_), str(exc)) from None
     except msgspec.DecodeError as exc:

@@ -1,0 +1,184 @@
+"""The ``loopmesh`` command.
+
+Commands are a registry of name → module. A command's module is imported only to build
+its parser or run it, so a service that is not installed (or not written yet) costs
+nothing and says so plainly. Each module exposes::
+
+    HELP: str
+    def configure(parser: argparse.ArgumentParser) -> None: ...
+    async def main(args: argparse.Namespace) -> int: ...
+
+Every command also gets the common options ``--config``, ``--nats-url``,
+``--log-level`` and ``--log-json``; :func:`config_from_args` reads a service's settings
+with them applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, TypeVar, cast
+
+import msgspec
+
+from .errors import LoopmeshError
+from .log import setup_logging
+from .settings import CONFIG_VAR, load
+
+T = TypeVar("T")
+
+#: Command name → the module that implements it.
+COMMANDS: dict[str, str] = {
+    "up": "loopmesh.up",
+    "loop-worker": "loop_worker.cli",
+    "tool-worker": "tool_worker.cli",
+    "gateway": "gateway.cli",
+    "run": "loop_worker.client",
+    "tools": "tool_worker.cli_catalog",
+}
+
+DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."
+EPILOG = f"""\
+settings:
+  Every command reads one TOML file (--config, else ${CONFIG_VAR}) whose top-level
+  tables ([nats], [llm], [loop], ...) configure the services; a variable
+  LOOPMESH_<TABLE>__<FIELD> overrides one field, e.g. LOOPMESH_LOOP__MAX_ITERATIONS=5.
+
+Run `loopmesh COMMAND --help` for a command's own options.
+"""
+
+
+class CommandUnavailable(Exception):
+    def __init__(self, name: str, module: str, reason: str) -> None:
+        super().__init__(f"command {name!r} is not installed ({module}: {reason})")
+        self.name = name
+
+
+def load_command(name: str) -> ModuleType:
+    """Import the module of command ``name``; raise :class:`CommandUnavailable`."""
+    path = COMMANDS[name]
+    try:
+        module = importlib.import_module(path)
+    except ModuleNotFoundError as exc:
+        if exc.name and (path == exc.name or path.startswith(exc.name + ".")):
+            raise CommandUnavailable(name, path, "module not found") from None
+        raise CommandUnavailable(name, path, f"missing dependency {exc.name!r}") from None
+    except ImportError as exc:
+        raise CommandUnavailable(name, path, f"cannot import: {exc}") from None
+    for attr in ("HELP", "configure", "main"):
+        if not hasattr(module, attr):
+            raise CommandUnavailable(name, path, f"defines no {attr}")
+    return module
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
+    """``--config``, ``--nats-url``, ``--log-level``, ``--log-json``. With ``suppress``
+    the options set nothing unless given, so a subcommand's copy does not reset a value
+    given before the command name."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    group = parser.add_argument_group("common options")
+    group.add_argument(
+        "--config", metavar="PATH", default=default(None),
+        help=f"TOML settings file (default: ${CONFIG_VAR}, else built-in defaults)",
+    )  # fmt: skip
+    group.add_argument(
+        "--nats-url", metavar="URL", default=default(None),
+        help="NATS server URL(s), comma-separated; overrides [nats] url",
+    )  # fmt: skip
+    group.add_argument(
+        "--log-level", metavar="LEVEL", default=default("INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO)",
+    )  # fmt: skip
+    group.add_argument(
+        "--log-json", action="store_true", default=default(False),
+        help="log JSON lines instead of key=value",
+    )  # fmt: skip
+
+
+def build_parser(modules: dict[str, ModuleType]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loopmesh",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common_options(parser)
+    sub = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    for name, module in modules.items():
+        help_text: str = module.HELP
+        command = sub.add_parser(
+            name, help=help_text.split("\n\n")[0], description=help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        add_common_options(command, suppress=True)
+        module.configure(command)
+    return parser
+
+
+def config_from_args(type_: type[T], args: argparse.Namespace) -> T:
+    """Load ``type_`` (see :func:`loopmesh.settings.load`) from ``--config`` and the
+    environment, then apply ``--nats-url`` to its ``nats`` table if it has one."""
+    config = load(type_, getattr(args, "config", None))
+    url = getattr(args, "nats_url", None)
+    nats = getattr(config, "nats", None)
+    if url and nats is not None:
+        replaced: Any = msgspec.structs.replace(
+            cast(Any, config), nats=msgspec.structs.replace(nats, url=url)
+        )
+        return cast(T, replaced)
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = _command_name(argv)
+    modules: dict[str, ModuleType] = {}
+    if chosen is not None:
+        try:
+            modules[chosen] = load_command(chosen)
+        except CommandUnavailable as exc:
+            print(f"loopmesh: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        for name in COMMANDS:
+            try:
+                modules[name] = load_command(name)
+            except CommandUnavailable:
+                continue  # listed only once it can run
+    parser = build_parser(modules)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        setup_logging(args.log_level, args.log_json)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        return int(asyncio.run(modules[args.command].main(args)) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except LoopmeshError as exc:
+        print(f"loopmesh {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _command_name(argv: list[str]) -> str | None:
+    """The registered command named in ``argv``, skipping common options' values."""
+    takes_value = {"--config", "--nats-url", "--log-level"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None

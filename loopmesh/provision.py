@@ -1,0 +1,220 @@
+"""Provisioning: make the NATS server hold the streams, consumers and buckets of
+:mod:`schemas.streams`, idempotently.
+
+Each ``ensure_*`` creates what is missing, applies safe changes (max age or TTL,
+duplicate window, description, message size, replicas, ack wait, delivery limits) and
+returns what it did ("" when nothing changed). A change that would lose data —
+another retention policy or storage type, dropping subjects that hold messages, a
+shorter KV history, turning a pull consumer into something else — is refused with
+:class:`~loopmesh.errors.ProvisionError`, and the server is left untouched::
+
+    actions = await provision(nc.jetstream(), definitions(Subjects("loopmesh")))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import APIError, NotFoundError
+
+from schemas.streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions
+from schemas.subjects import Subjects
+
+from .errors import ProvisionError
+from .settings import NatsSettings
+
+_RETENTION = {
+    "limits": js_api.RetentionPolicy.LIMITS,
+    "workqueue": js_api.RetentionPolicy.WORK_QUEUE,
+    "interest": js_api.RetentionPolicy.INTEREST,
+}
+_STORAGE = {"file": js_api.StorageType.FILE, "memory": js_api.StorageType.MEMORY}
+_KV_DUPLICATE_WINDOW_S = 120.0
+
+
+async def provision(js: JetStreamContext, defs: Definitions) -> list[str]:
+    """Ensure every stream, consumer and bucket of ``defs``; return what was done."""
+    actions = [await ensure_stream(js, s) for s in defs.streams]
+    actions += [await ensure_consumer(js, c) for c in defs.consumers]
+    actions += [await ensure_bucket(js, b) for b in defs.buckets]
+    return [a for a in actions if a]
+
+
+async def provision_all(nc: Client, settings: NatsSettings) -> list[str]:
+    """Provision everything loopmesh needs under ``settings.prefix``."""
+    defs = definitions(
+        Subjects(settings.prefix),
+        events_max_age_s=settings.events_max_age_s,
+        replicas=settings.replicas,
+    )
+    return await provision(nc.jetstream(), defs)
+
+
+async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
+    # The server refuses a duplicate window longer than the stream keeps messages.
+    window = min(s.duplicate_window_s, s.max_age_s) if s.max_age_s else s.duplicate_window_s
+    want: dict[str, Any] = {
+        "subjects": list(s.subjects),
+        "max_age": s.max_age_s,
+        "duplicate_window": window,
+        "max_msg_size": s.max_msg_size,
+        "num_replicas": s.replicas,
+        "description": s.description or None,
+    }
+    retention, storage = _RETENTION[s.retention], _STORAGE[s.storage]
+    info = await _stream_info(js, s.name)
+    if info is None:
+        config = js_api.StreamConfig(name=s.name, retention=retention, storage=storage, **want)
+        await _call(f"create stream {s.name}", js.add_stream(config))
+        return f"created stream {s.name}"
+    have = info.config
+    if have.retention != retention:
+        raise ProvisionError(
+            s.name,
+            f"stream {s.name} has {_v(have.retention)} retention, the definition wants "
+            f"{_v(retention)}: changing it would lose the stream's messages "
+            f"({info.state.messages}); migrate or delete the stream by hand",
+        )
+    if have.storage != storage:
+        raise ProvisionError(
+            s.name,
+            f"stream {s.name} has {_v(have.storage)} storage, the definition wants "
+            f"{_v(storage)}: changing it would lose the stream's messages "
+            f"({info.state.messages}); migrate or delete the stream by hand",
+        )
+    for dropped in sorted(set(have.subjects or ()) - set(s.subjects)):
+        held = await _messages_on(js, s.name, dropped)
+        if held:
+            raise ProvisionError(
+                s.name,
+                f"stream {s.name} would stop covering subject {dropped!r}, which holds "
+                f"{held} messages that would become unreachable; purge them first",
+            )
+    changes = _diff(have, want)
+    if not changes:
+        return ""
+    await _call(f"update stream {s.name}", js.update_stream(have.evolve(**want)))
+    return f"updated stream {s.name} ({changes})"
+
+
+async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
+    """A durable pull consumer with explicit ack."""
+    want: dict[str, Any] = {
+        "ack_wait": c.ack_wait_s,
+        "max_deliver": c.max_deliver,
+        "max_ack_pending": c.max_ack_pending,
+        "filter_subject": c.filter_subject,
+        "description": c.description or None,
+    }
+    name = f"{c.stream}/{c.durable}"
+    try:
+        info = await js.consumer_info(c.stream, c.durable)
+    except NotFoundError:
+        config = js_api.ConsumerConfig(
+            durable_name=c.durable,
+            ack_policy=js_api.AckPolicy.EXPLICIT,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            **want,
+        )
+        await _call(f"create consumer {name}", js.add_consumer(c.stream, config))
+        return f"created consumer {name}"
+    have = info.config
+    if have.deliver_subject or have.ack_policy != js_api.AckPolicy.EXPLICIT:
+        raise ProvisionError(
+            c.durable,
+            f"consumer {name} exists but is not a pull consumer with explicit ack; "
+            "replacing it would drop its delivery state: delete it by hand",
+        )
+    changes = _diff(have, want)
+    if not changes:
+        return ""
+    await _call(f"update consumer {name}", js.add_consumer(c.stream, have.evolve(**want)))
+    return f"updated consumer {name} ({changes})"
+
+
+async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
+    """A KV bucket; ``ttl_s`` is the bucket's TTL (0: keys never expire)."""
+    stream = f"KV_{b.bucket}"
+    want: dict[str, Any] = {
+        "max_age": b.ttl_s,
+        "max_msgs_per_subject": b.history,
+        "max_msg_size": b.max_value_size,
+        "num_replicas": b.replicas,
+        "description": b.description or None,
+    }
+    info = await _stream_info(js, stream)
+    if info is None:
+        config = js_api.KeyValueConfig(
+            bucket=b.bucket,
+            description=b.description or None,
+            history=b.history,
+            ttl=b.ttl_s or None,
+            max_value_size=b.max_value_size,
+            replicas=b.replicas,
+        )
+        await _call(f"create bucket {b.bucket}", js.create_key_value(config))
+        return f"created bucket {b.bucket}"
+    have = info.config
+    if b.history < have.max_msgs_per_subject:
+        raise ProvisionError(
+            b.bucket,
+            f"bucket {b.bucket} keeps {have.max_msgs_per_subject} revisions per key, the "
+            f"definition wants {b.history}: shrinking it would delete older revisions; "
+            "change it by hand if that is intended",
+        )
+    changes = _diff(have, want)
+    if not changes:
+        return ""
+    window = min(_KV_DUPLICATE_WINDOW_S, b.ttl_s) if b.ttl_s else _KV_DUPLICATE_WINDOW_S
+    update = have.evolve(**want, duplicate_window=window)
+    await _call(f"update bucket {b.bucket}", js.update_stream(update))
+    return f"updated bucket {b.bucket} ({changes})"
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+async def _stream_info(js: JetStreamContext, name: str) -> js_api.StreamInfo | None:
+    try:
+        return await js.stream_info(name)
+    except NotFoundError:
+        return None
+
+
+async def _messages_on(js: JetStreamContext, stream: str, subject: str) -> int:
+    """How many messages of ``stream`` are on subjects matching ``subject``."""
+    info = await js.stream_info(stream, subjects_filter=subject)
+    return sum((info.state.subjects or {}).values()) if info.state.subjects else 0
+
+
+async def _call(what: str, op: Any) -> Any:
+    try:
+        return await op
+    except APIError as exc:
+        name = what.rsplit(" ", 1)[-1]
+        raise ProvisionError(name, f"cannot {what}: {exc.description or exc}") from exc
+
+
+def _diff(have: Any, want: dict[str, Any]) -> str:
+    """The fields of ``have`` that differ from ``want``, as ``field a → b, ...``."""
+    changed = []
+    for field, new in want.items():
+        old = getattr(have, field)
+        if not _same(old, new):
+            changed.append(f"{field} {old!r} → {new!r}")
+    return ", ".join(changed)
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, float) or isinstance(new, float):
+        return abs((old or 0.0) - (new or 0.0)) < 1e-6
+    if old in (None, "") and new in (None, ""):
+        return True
+    return bool(old == new)
+
+
+def _v(policy: Any) -> str:
+    return str(getattr(policy, "value", policy))

@@ -1,0 +1,165 @@
+"""Settings: one TOML file shared by every service, overlaid by ``LOOPMESH_*`` variables.
+
+A service describes its configuration as a frozen Struct whose fields are the TOML
+file's top-level tables, each a Struct with defaults::
+
+    class Config(msgspec.Struct, frozen=True, kw_only=True):
+        nats: NatsSettings = NatsSettings()
+        loop: LoopSettings = LoopSettings()
+
+    config = load(Config)  # reads $LOOPMESH_CONFIG, then LOOPMESH_LOOP__MAX_ITERATIONS=5 etc.
+
+Tables of the file that the service does not know are ignored, so one file serves
+every service; unknown fields inside a known table are errors. This module is the only
+place that reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import msgspec.inspect as mi
+
+from schemas.ids import TOKEN_PATTERN
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "LOOPMESH_"
+CONFIG_VAR = "LOOPMESH_CONFIG"
+
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    url: str | None = None  # None: start an embedded server where a command supports it
+    prefix: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "loopmesh"
+    name: str = "loopmesh"
+    connect_timeout_s: Positive = 5.0
+    reconnect_wait_s: Positive = 0.5
+    creds_file: str | None = None
+    store_dir: str = ".loopmesh/nats"  # the embedded server's JetStream store
+    events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600  # 0: forever
+    replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+
+
+def load(
+    type_: type[T], path: str | Path | None = None, *, env: Mapping[str, str] | None = None
+) -> T:
+    """Read ``type_`` from a TOML file and ``LOOPMESH_<TABLE>__<FIELD>`` variables.
+
+    The file is ``path``, else ``$LOOPMESH_CONFIG``, else none. Raises
+    :class:`~loopmesh.errors.ConfigError` naming the file or variable, the field's path
+    and the expected type.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_VAR):
+        path = env[CONFIG_VAR]
+    tables = _table_types(type_)
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        data = {k: v for k, v in _read_toml(Path(path)).items() if k in tables}
+    overridden = _overlay_env(data, tables, env)
+    try:
+        return msgspec.convert(data, type_, strict=False)
+    except msgspec.ValidationError as exc:
+        if overridden and path is None:
+            source = "environment (" + ", ".join(overridden) + ")"
+        raise ConfigError(source, str(exc)) from None
+
+
+def env_var(table: str, field: str) -> str:
+    """The variable that overrides ``[table] field``: ``LOOPMESH_TABLE__FIELD``."""
+    return f"{ENV_PREFIX}{table.upper()}__{field.upper()}"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+
+
+def _table_types(type_: type[Any]) -> dict[str, Any]:
+    """Table name → the table's type, for each field of the top-level Struct."""
+    try:
+        return {f.encode_name: f.type for f in msgspec.structs.fields(type_)}
+    except TypeError:
+        raise TypeError(f"{type_!r} is not a msgspec Struct type") from None
+
+
+def _overlay_env(data: dict[str, Any], tables: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    """Set each ``LOOPMESH_<TABLE>__<FIELD>`` of a known table into ``data``; return the
+    names of the variables applied. A value is converted to its field's type here, so
+    a bad one is reported against its variable."""
+    applied = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX) or "__" not in var:
+            continue
+        table, _, field = var[len(ENV_PREFIX) :].lower().partition("__")
+        if table not in tables:
+            continue  # another service's table
+        fields = _struct_fields(tables[table])
+        if field not in fields:
+            known = ", ".join(sorted(fields)) or "none"
+            raise ConfigError(var, f"unknown setting `{table}.{field}` (known: {known})")
+        value = _from_env(env[var], fields[field], var, f"{table}.{field}")
+        section = data.get(table)
+        if not isinstance(section, dict):
+            section = data[table] = {}
+        section[field] = value
+        applied.append(var)
+    return applied
+
+
+def _struct_fields(type_: Any) -> dict[str, Any]:
+    info = _unwrap(mi.type_info(type_))
+    if not isinstance(info, mi.StructType):
+        return {}
+    return {f.encode_name: f.type for f in msgspec.structs.fields(info.cls)}
+
+
+def _unwrap(info: mi.Type) -> mi.Type:
+    """The one non-None member of an optional type, else the type itself."""
+    if isinstance(info, mi.UnionType):
+        members = [t for t in info.types if not isinstance(t, mi.NoneType)]
+        if len(members) == 1:
+            return members[0]
+    return info
+
+
+_SEQUENCES = (mi.ListType, mi.TupleType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)
+_MAPPINGS = (mi.DictType, mi.StructType, mi.TypedDictType, mi.DataclassType)
+
+
+def _from_env(raw: str, type_: Any, var: str, where: str) -> Any:
+    """Convert a variable's text to ``type_``: numbers and bools by msgspec's lax rules,
+    sequences from JSON lists or comma-separated text, tables from JSON objects."""
+    info = _unwrap(mi.type_info(type_))
+    value: Any = raw
+    text = raw.strip()
+    try:
+        if isinstance(info, _MAPPINGS) or (isinstance(info, _SEQUENCES) and text[:1] == "["):
+            value = json.loads(text)
+        elif isinstance(info, _SEQUENCES):
+            value = [item.strip() for item in text.split(",") if item.strip()]
+    except json.JSONDecodeError as exc:
+        raise ConfigError(var, f"`{where}`: not valid JSON: {exc}") from None
+    try:
+        return msgspec.convert(value, type_, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(var, f"`{where}`: {exc} (got {raw!r})") from None

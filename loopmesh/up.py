@@ -1,0 +1,101 @@
+"""``loopmesh up``: everything on one machine, until Ctrl-C.
+
+Starts an embedded nats-server with JetStream (unless a NATS URL is configured),
+provisions every stream, consumer and bucket, then runs the services of
+:func:`services` as tasks of one task group. SIGINT or SIGTERM stops the services,
+then closes the connection and stops the server, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
+from typing import Any
+
+import msgspec
+
+from .cli import config_from_args
+from .nats import connect
+from .provision import provision_all
+from .server import NatsServer
+from .settings import NatsSettings
+from .shutdown import shutdown_on_signals
+
+log = logging.getLogger("loopmesh.up")
+
+HELP = """\
+Run loopmesh on this machine until Ctrl-C.
+
+Starts nats-server with JetStream in the store directory (unless --nats-url or
+[nats] url names a server), provisions every stream, consumer and KV bucket, and
+prints the URLs to connect to."""
+
+#: A service ``up`` runs: it works until ``stop`` is set, then returns.
+Service = Callable[[asyncio.Event, str], Coroutine[Any, Any, None]]
+
+
+class UpConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nats: NatsSettings = NatsSettings()
+
+
+def services(args: argparse.Namespace) -> list[tuple[str, Service]]:
+    """The services that run beside NATS, by name. Each is called as
+    ``service(stop, nats_url)``; read settings from ``args`` (see ``config_from_args``)."""
+    return []
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store-dir", metavar="DIR",
+        help="JetStream store of the embedded server (default: [nats] store_dir)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--port", type=int, default=4222,
+        help="client port of the embedded server; -1 picks a free one (default: 4222)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--monitor-port", type=int, default=8222,
+        help="monitoring port of the embedded server; -1 picks a free one (default: 8222)",
+    )  # fmt: skip
+
+
+async def main(args: argparse.Namespace) -> int:
+    config = config_from_args(UpConfig, args)
+    settings = config.nats
+    async with shutdown_on_signals() as stop, AsyncExitStack() as stack:
+        if settings.url:
+            url, where = settings.url, "external"
+            monitor = None
+        else:
+            store = args.store_dir or settings.store_dir
+            server = NatsServer(store, port=args.port, monitor_port=args.monitor_port)
+            await stack.enter_async_context(server)
+            url, where, monitor = server.url, f"embedded, store {store}", server.monitor_url
+        nc = await connect(msgspec.structs.replace(settings, url=url), name="loopmesh-up")
+        stack.push_async_callback(nc.close)
+        actions = await provision_all(nc, settings)
+        for action in actions:
+            log.info(action)
+
+        _say(f"nats      {url} ({where})")
+        if monitor:
+            _say(f"monitor   {monitor}")
+        _say(f"provision {len(actions)} change(s)" if actions else "provision up to date")
+        running = services(args)
+        for name, _ in running:
+            _say(f"service   {name}")
+        _say(f"ready; set LOOPMESH_NATS__URL={url} for other commands. Ctrl-C stops.")
+
+        async with asyncio.TaskGroup() as tg:
+            for name, service in running:
+                tg.create_task(service(stop, url), name=name)
+            await stop.wait()
+        _say("stopping")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

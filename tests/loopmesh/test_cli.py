@@ -1,0 +1,139 @@
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+
+from loopmesh import cli
+from schemas import Subjects, definitions
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOPMESH = [sys.executable, "-m", "loopmesh"]
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LOOPMESH_")}
+
+
+def test_help_lists_the_commands_and_how_settings_are_read():
+    result = subprocess.run(
+        [*LOOPMESH, "--help"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\s+up\s+Run loopmesh on this machine", result.stdout, re.M)
+    assert "LOOPMESH_<TABLE>__<FIELD>" in result.stdout
+    for option in ("--config", "--nats-url", "--log-level"):
+        assert option in result.stdout
+
+
+def test_a_command_whose_module_is_missing_says_it_is_not_installed(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "ghost", "no_such_package.cli")
+    assert cli.main(["ghost"]) == 2
+    assert "command 'ghost' is not installed (no_such_package.cli" in capsys.readouterr().err
+
+
+def test_commands_that_cannot_import_are_not_listed(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "ghost", "no_such_package.cli")
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "ghost" not in out
+    assert " up " in out
+
+
+def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[nats]\nreplicas = "three"\n')
+    result = subprocess.run(
+        [*LOOPMESH, "up", "--config", str(config)], cwd=ROOT, env=clean_env(),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert str(config) in result.stderr
+    assert "Expected `int`, got `str` - at `$.nats.replicas`" in result.stderr
+
+
+async def start_up(*args: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+    """Start `loopmesh up`; return it and the lines it printed before "ready", by key."""
+    proc = await asyncio.create_subprocess_exec(
+        *LOOPMESH, "up", *args, cwd=ROOT, env=clean_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    printed: dict[str, str] = {}
+    async with asyncio.timeout(30):
+        while True:
+            line = (await proc.stdout.readline()).decode()
+            if not line:
+                err = await proc.stderr.read() if proc.stderr else b""
+                raise AssertionError(f"loopmesh up exited early: {err.decode()}")
+            key, _, value = line.strip().partition(" ")
+            printed[key] = value.strip()
+            if key.startswith("ready"):
+                return proc, printed
+
+
+def nats_server_pids(store: Path) -> list[int]:
+    """Processes whose command line names ``store``: the embedded nats-server."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(store).encode() in cmdline and any(b"nats-server" in a for a in cmdline):
+                pids.append(int(entry.name))
+    return pids
+
+
+async def test_up_serves_provisioned_nats_until_sigint_and_leaves_no_process(tmp_path):
+    store = tmp_path / "store"
+    free_ports = ("--port", "-1", "--monitor-port", "-1")
+    proc, printed = await start_up("--store-dir", str(store), *free_ports)
+    try:
+        url = printed["nats"].split()[0]
+        assert url.startswith("nats://127.0.0.1:")
+        assert printed["monitor"].startswith("http://127.0.0.1:")
+        assert nats_server_pids(store)
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            for stream in definitions(Subjects()).streams:
+                assert (await js.stream_info(stream.name)).config.name == stream.name
+        finally:
+            await nc.close()
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            rest, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert b"stopping" in rest
+    assert nats_server_pids(store) == []
+
+
+async def test_up_with_a_nats_url_provisions_that_server_and_stops_on_sigterm(nats_server, nc):
+    proc, printed = await start_up("--nats-url", nats_server.url)
+    try:
+        assert printed["nats"] == f"{nats_server.url} (external)"
+        assert "monitor" not in printed
+        info = await nc.jetstream().stream_info(Subjects().events_stream)
+        assert info.config.name == Subjects().events_stream
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert nats_server.running

@@ -1,0 +1,55 @@
+import io
+import json
+import logging
+
+import pytest
+
+from loopmesh.log import setup_logging
+
+
+@pytest.fixture
+def stream():
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    buffer = io.StringIO()
+    yield buffer
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_key_value_lines_carry_the_message_and_extra_fields(stream):
+    setup_logging("INFO", stream=stream)
+    logging.getLogger("loopmesh.test").info("turn done", extra={"turn_id": "t1", "note": "a b"})
+    line = stream.getvalue().strip()
+    assert 'level=info logger=loopmesh.test msg="turn done" turn_id=t1 note="a b"' in line
+    assert line.startswith("ts=")
+
+
+def test_json_lines_parse_and_records_below_the_level_are_dropped(stream):
+    setup_logging("WARNING", json=True, stream=stream)
+    log = logging.getLogger("loopmesh.test")
+    log.info("hidden")
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        log.exception("failed", extra={"iterations": 3})
+    (line,) = stream.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["msg"] == "failed"
+    assert record["level"] == "error"
+    assert record["iterations"] == 3
+    assert "ValueError: bad" in record["exc"]
+
+
+def test_setting_up_twice_keeps_one_handler(stream):
+    setup_logging("INFO", stream=stream)
+    setup_logging("INFO", stream=stream)
+    logging.getLogger("loopmesh.test").info("once")
+    assert stream.getvalue().count("once") == 1
+
+
+def test_an_unknown_level_is_refused():
+    with pytest.raises(ValueError, match="unknown log level"):
+        setup_logging("LOUD")

@@ -1,0 +1,60 @@
+import logging
+
+import httpx
+import pytest
+
+from loopmesh.errors import ConfigError, NatsConnectError
+from loopmesh.nats import connect
+from loopmesh.settings import NatsSettings
+from tests.loopmesh.conditions import wait_until
+
+
+async def test_connect_uses_the_configured_url_and_client_name(nats_server):
+    nc = await connect(NatsSettings(url=nats_server.url), name="loop-worker-1")
+    try:
+        assert nc.is_connected
+        async with httpx.AsyncClient() as http:
+            connz = (await http.get(f"{nats_server.monitor_url}/connz")).json()
+        assert [c["name"] for c in connz["connections"]] == ["loop-worker-1"]
+    finally:
+        await nc.close()
+
+
+async def test_a_first_connection_that_fails_raises_an_error_naming_the_url(nats_server):
+    url = nats_server.url
+    await nats_server.stop()
+    with pytest.raises(NatsConnectError) as info:
+        await connect(NatsSettings(url=url, connect_timeout_s=1, reconnect_wait_s=0.05))
+    assert info.value.url == url
+    assert url in str(info.value)
+
+
+async def test_connect_without_a_url_is_a_config_error():
+    with pytest.raises(ConfigError, match="no NATS URL"):
+        await connect(NatsSettings())
+
+
+async def test_the_client_keeps_reconnecting_until_the_server_is_back(nats_server, caplog):
+    caplog.set_level(logging.INFO, logger="loopmesh.nats")
+    nc = await connect(NatsSettings(url=nats_server.url, reconnect_wait_s=0.02))
+    try:
+        await nats_server.stop()
+        await wait_until(lambda: not nc.is_connected, what="the disconnect")
+
+        def failed_attempts() -> int:
+            return sum("nats error" in r.getMessage() for r in caplog.records)
+
+        # More failed attempts than a first connection is allowed: it did not give up.
+        await wait_until(lambda: failed_attempts() >= 5, what="five failed reconnects")
+        assert not nc.is_closed
+        await nats_server.start()
+        await wait_until(lambda: nc.is_connected, what="the reconnect")
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("nats disconnected") for m in messages)
+        await wait_until(
+            lambda: any(r.getMessage().startswith("nats reconnected") for r in caplog.records),
+            what="the reconnect log line",
+        )
+        await nc.flush(timeout=5)
+    finally:
+        await nc.close()

@@ -1,0 +1,186 @@
+import pytest
+from nats.js import api
+
+from loopmesh.errors import ProvisionError
+from loopmesh.provision import (
+    ensure_bucket,
+    ensure_consumer,
+    ensure_stream,
+    provision,
+    provision_all,
+)
+from loopmesh.settings import NatsSettings
+from schemas import ConsumerDef, KVDef, StreamDef, Subjects, definitions, pool_consumer
+
+
+async def test_provisioning_twice_changes_nothing_the_second_time(nc):
+    defs = definitions(Subjects())
+    first = await provision(nc.jetstream(), defs)
+    assert len(first) == len(defs.streams) + len(defs.consumers) + len(defs.buckets)
+    assert all(a.startswith("created ") for a in first)
+    assert await provision(nc.jetstream(), defs) == []
+
+
+async def test_streams_have_their_retention_max_age_and_duplicate_window(nc):
+    js = nc.jetstream()
+    s = Subjects()
+    await provision(js, definitions(s, events_max_age_s=3600, duplicate_window_s=30))
+    turns = await js.stream_info(s.turns_stream)
+    tools = await js.stream_info(s.tools_stream)
+    events = await js.stream_info(s.events_stream)
+    assert turns.config.retention == api.RetentionPolicy.WORK_QUEUE
+    assert tools.config.retention == api.RetentionPolicy.WORK_QUEUE
+    assert events.config.retention == api.RetentionPolicy.LIMITS
+    assert events.config.max_age == 3600
+    assert turns.config.subjects == [s.all_turns]
+    assert {turns.config.duplicate_window, events.config.duplicate_window} == {30}
+
+
+async def test_a_republished_message_id_is_stored_once(nc):
+    js = nc.jetstream()
+    s = Subjects()
+    await provision(js, definitions(s))
+    subject = s.turn("acme", "s1")
+    first = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "turn-1"})
+    again = await js.publish(subject, b"{}", headers={"Nats-Msg-Id": "turn-1"})
+    assert again.duplicate and again.seq == first.seq
+    assert (await js.stream_info(s.turns_stream)).state.messages == 1
+
+
+async def test_the_turns_consumer_is_a_durable_pull_consumer_with_explicit_ack(nc):
+    js = nc.jetstream()
+    s = Subjects()
+    await provision(js, definitions(s, turn_ack_wait_s=12))
+    info = await js.consumer_info(s.turns_stream, s.turns_consumer)
+    assert info.config.durable_name == s.turns_consumer
+    assert info.config.deliver_subject is None
+    assert info.config.ack_policy == api.AckPolicy.EXPLICIT
+    assert info.config.ack_wait == 12
+
+
+async def test_kv_buckets_have_their_ttl_and_history(nc):
+    js = nc.jetstream()
+    s = Subjects()
+    await provision(js, definitions(s, lease_ttl_s=15, effects_ttl_s=600))
+    leases = await js.stream_info(f"KV_{s.leases_bucket}")
+    effects = await js.stream_info(f"KV_{s.effects_bucket}")
+    sessions = await js.stream_info(f"KV_{s.sessions_bucket}")
+    assert leases.config.max_age == 15
+    assert effects.config.max_age == 600
+    assert sessions.config.max_age == 0
+    assert sessions.config.max_msgs_per_subject == 1
+    kv = await js.key_value(s.sessions_bucket)
+    await kv.put("acme.s1", b"snapshot")
+    assert (await kv.get("acme.s1")).value == b"snapshot"
+
+
+async def test_a_retention_change_is_refused_and_the_stream_keeps_its_messages(nc):
+    js = nc.jetstream()
+    stream = StreamDef(name="S", subjects=("s.>",), retention="limits")
+    await ensure_stream(js, stream)
+    await js.publish("s.a", b"kept")
+    with pytest.raises(ProvisionError) as info:
+        await ensure_stream(js, msgspec_replace(stream, retention="workqueue"))
+    assert info.value.name == "S"
+    assert "retention" in str(info.value) and "1" in str(info.value)
+    after = await js.stream_info("S")
+    assert after.config.retention == api.RetentionPolicy.LIMITS
+    assert after.state.messages == 1
+
+
+async def test_a_storage_change_is_refused(nc):
+    js = nc.jetstream()
+    stream = StreamDef(name="S", subjects=("s.>",), storage="file")
+    await ensure_stream(js, stream)
+    with pytest.raises(ProvisionError, match="storage"):
+        await ensure_stream(js, msgspec_replace(stream, storage="memory"))
+    assert (await js.stream_info("S")).config.storage == api.StorageType.FILE
+
+
+async def test_dropping_a_subject_that_holds_messages_is_refused_but_an_empty_one_is_dropped(nc):
+    js = nc.jetstream()
+    await ensure_stream(js, StreamDef(name="S", subjects=("a.>", "b.>", "c.>")))
+    await js.publish("b.x", b"held")
+    with pytest.raises(ProvisionError, match=r"'b\.>'.*1 messages"):
+        await ensure_stream(js, StreamDef(name="S", subjects=("a.>",)))
+    assert (await js.stream_info("S")).config.subjects == ["a.>", "b.>", "c.>"]
+    action = await ensure_stream(js, StreamDef(name="S", subjects=("a.>", "b.>")))
+    assert action.startswith("updated stream S")
+    assert (await js.stream_info("S")).config.subjects == ["a.>", "b.>"]
+
+
+async def test_safe_stream_changes_are_applied_and_reported(nc):
+    js = nc.jetstream()
+    stream = StreamDef(name="S", subjects=("s.>",), max_age_s=3600, duplicate_window_s=60)
+    await ensure_stream(js, stream)
+    await js.publish("s.a", b"kept")
+    changed = msgspec_replace(
+        stream, max_age_s=7200, duplicate_window_s=10, description="now described"
+    )
+    action = await ensure_stream(js, changed)
+    assert action.startswith("updated stream S")
+    assert "max_age" in action and "duplicate_window" in action and "description" in action
+    info = await js.stream_info("S")
+    assert (info.config.max_age, info.config.duplicate_window) == (7200, 10)
+    assert info.config.description == "now described"
+    assert info.state.messages == 1
+    assert await ensure_stream(js, changed) == ""
+
+
+async def test_a_consumer_change_of_ack_wait_is_applied(nc):
+    js = nc.jetstream()
+    s = Subjects()
+    await provision(js, definitions(s))
+    consumer = pool_consumer(s, "gpu", ack_wait_s=30)
+    assert await ensure_consumer(js, consumer) == "created consumer LOOPMESH_TOOLS/pool-gpu"
+    action = await ensure_consumer(js, msgspec_replace(consumer, ack_wait_s=90))
+    assert action.startswith("updated consumer LOOPMESH_TOOLS/pool-gpu")
+    info = await js.consumer_info(s.tools_stream, "pool-gpu")
+    assert info.config.ack_wait == 90
+    assert info.config.filter_subject == s.pool_tools("gpu")
+
+
+async def test_a_push_consumer_in_the_way_is_refused(nc):
+    js = nc.jetstream()
+    await ensure_stream(js, StreamDef(name="S", subjects=("s.>",)))
+    await js.add_consumer("S", durable_name="d", deliver_subject="push.here")
+    with pytest.raises(ProvisionError, match="pull consumer"):
+        await ensure_consumer(js, ConsumerDef(stream="S", durable="d"))
+
+
+async def test_a_bucket_ttl_change_is_applied_but_shrinking_history_is_refused(nc):
+    js = nc.jetstream()
+    bucket = KVDef(bucket="b", ttl_s=300, history=5)
+    assert await ensure_bucket(js, bucket) == "created bucket b"
+    assert (await ensure_bucket(js, msgspec_replace(bucket, ttl_s=20))).startswith(
+        "updated bucket b"
+    )
+    info = await js.stream_info("KV_b")
+    assert info.config.max_age == 20
+    assert info.config.duplicate_window == 20
+    with pytest.raises(ProvisionError, match="revisions"):
+        await ensure_bucket(js, msgspec_replace(bucket, ttl_s=20, history=1))
+    assert (await js.stream_info("KV_b")).config.max_msgs_per_subject == 5
+
+
+async def test_a_server_refusal_becomes_a_provision_error_naming_the_stream(nc):
+    js = nc.jetstream()
+    with pytest.raises(ProvisionError, match="cannot create stream R3") as info:
+        await ensure_stream(js, StreamDef(name="R3", subjects=("r.>",), replicas=3))
+    assert info.value.name == "R3"
+
+
+async def test_provision_all_uses_the_configured_prefix_and_event_max_age(nc):
+    settings = NatsSettings(prefix="other", events_max_age_s=60)
+    actions = await provision_all(nc, settings)
+    assert "created stream OTHER_EVENTS" in actions
+    events = await nc.jetstream().stream_info("OTHER_EVENTS")
+    assert events.config.max_age == 60
+    assert events.config.duplicate_window == 60  # never longer than the max age
+    assert await provision_all(nc, settings) == []
+
+
+def msgspec_replace(obj, **changes):
+    import msgspec
+
+    return msgspec.structs.replace(obj, **changes)
