@@ -3,6 +3,7 @@
     LoopWorkerError
     ├── LLMError               every attempt of every model failed (``.attempts``, ``.last``)
     ├── StaleSessionError      a checkpoint lost a revision race (``.key``)
+    ├── LeaseLostError         the session lease expired or was taken over (``.key``)
     └── ToolFormatError        model output in the text tool format could not be read
         ├── ToolParseError     the ``<tool>`` body is not JSON (``.text``)
         └── ToolFieldError     a required field is missing or of the wrong type (``.field``)
@@ -42,3 +43,9 @@ class ToolFieldError(ToolFormatError):
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class LeaseLostError(LoopWorkerError):
+    def __init__(self, key: str, message: str = "") -> None:
+        super().__init__(message or f"lost the lease of session {key}")
+        self.key = key

@@ -43,6 +43,8 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     empty_response_retries: Count = 2
     max_continuation_nudges: Count = 3
     max_deflection_nudges: Count = 3
+    max_no_tool_reminders: Count = 2  # then a reply without tool calls is the answer
+    message_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 24_000  # stored replies, events
     summarize_with_llm: bool = True
     hooks: tuple[str, ...] = ()  # import paths: "package.module:object"
     approval_tools: tuple[str, ...] = ()  # "server.tool" names that need a person's approval

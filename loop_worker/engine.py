@@ -1,0 +1,300 @@
+"""The agent loop: prompt → LLM → parse → tools → checkpoint, until something ends it.
+
+:class:`Engine` is pure: the LLM, the tools, the event stream and the session store
+are the Protocols of ``protocols.py``. ``run`` takes one turn to its end and emits
+exactly one ``loop_end`` (unless the turn had already finished: then it returns
+``None`` and emits nothing). A turn whose snapshot says it is still running resumes
+after its last checkpointed iteration.
+
+A cancelled ``run`` *task* (a worker shutting down) is not the end of the turn: it
+leaves the snapshot "running" for another worker to resume. Cancelling the turn itself
+goes through :class:`~loop_worker.control.TurnControl`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from schemas import ChatMessage, PlanStep, SessionSnapshot, ToolResult, Turn, WireError
+from schemas.events import EndReason, Error, LoopEnd, LoopStart, Message, PlanUpdate, Question
+
+from .control import TurnControl
+from .hooks import Hooks
+from .inference import Inference
+from .parser import ToolNames, has_text_call
+from .prompt import BUILTIN_SERVER, builtin_specs, load_prompts, loop_message
+from .protocols import LLM, EventSink, SessionStore, ToolDispatcher
+from .scope import End, TurnCancelled, TurnScope
+from .settings import LLMSettings, LoopSettings
+from .tokens import TokenCounter
+from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
+
+#: Loop-breaking tools: name -> (end reason, the argument carrying the text).
+LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
+    "task_completion": ("task_completion", "result"),
+    "ask_question": ("ask_question", "question"),
+    "converse": ("converse", "message"),
+}
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        settings: LoopSettings,
+        llm: LLM,
+        tools: ToolDispatcher,
+        events: EventSink,
+        store: SessionStore,
+        hooks: Hooks | None = None,
+        counter: TokenCounter | None = None,
+        model: str = "",
+        clock: Callable[[], float] = time.time,
+        fallback_message: str | None = None,
+        worker: str = "",
+    ) -> None:
+        self.settings = settings
+        self.llm = llm
+        self.tools = tools
+        self.events = events
+        self.store = store
+        self.hooks = hooks if hooks is not None else Hooks.from_paths(settings.hooks)
+        self.counter = counter
+        self.model = model
+        self.clock = clock
+        self.prompts = load_prompts()
+        self.fallback_message = fallback_message or LLMSettings().fallback_message
+        self.worker = worker
+
+    async def run(self, turn: Turn, control: TurnControl | None = None) -> LoopEnd | None:
+        scope = TurnScope(turn, control or TurnControl(), self.events, self.clock)
+        try:
+            snapshot = await self.store.load(turn.tenant, turn.session)
+        except Exception as exc:
+            await scope.emit(Error, code="store", message=_describe(exc), fatal=True)
+            return await scope.emit(LoopEnd, reason="error", error=_describe(exc))
+        snapshot = snapshot or SessionSnapshot(tenant=turn.tenant, session=turn.session)
+        if snapshot.turn_id == turn.id and snapshot.status == "idle":
+            return None
+        return await _Run(self, scope, snapshot).run()
+
+
+class _Run:
+    """One turn's state between iterations."""
+
+    def __init__(self, engine: Engine, scope: TurnScope, snapshot: SessionSnapshot) -> None:
+        self.e = engine
+        self.scope = scope
+        self.turn = scope.turn
+        self.settings = engine.settings
+        self.resumed = snapshot.turn_id == self.turn.id
+        if not self.resumed:
+            user = ChatMessage(role="user", content=self.turn.input)
+            snapshot = msgspec.structs.replace(
+                snapshot,
+                messages=(*snapshot.messages, user),
+                status="running",
+                turn_id=self.turn.id,
+                iteration=0,
+            )
+        self.snapshot = snapshot
+        self.messages = list(snapshot.messages)
+        self.limit = self.turn.max_iterations or self.settings.max_iterations
+        self.model = self.turn.model or engine.model
+        self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
+        self.end: End | None = None
+
+    async def run(self) -> LoopEnd:
+        scope = self.scope
+        try:
+            self.end = await self._loop()
+        except TurnCancelled as exc:
+            self.end = End("cancelled", error=str(exc) or "cancelled")
+        except Exception as exc:
+            await scope.emit(Error, code="internal", message=_describe(exc), fatal=True)
+            self.end = End("error", error=_describe(exc))
+        end = self.end
+        try:
+            await self._checkpoint(status="idle")
+        except Exception as exc:
+            await scope.emit(Error, code="checkpoint", message=_describe(exc), fatal=True)
+            end.error = end.error or _describe(exc)
+        return await scope.emit(
+            LoopEnd,
+            reason=end.reason,
+            content=end.content,
+            iterations=scope.iteration,
+            error=end.error,
+        )
+
+    async def _loop(self) -> End:
+        scope, e = self.scope, self.e
+        start = self.snapshot.iteration + 1 if self.resumed else 1
+        scope.iteration = start - 1
+        await scope.emit(
+            LoopStart,
+            max_iterations=self.limit,
+            model=self.model or "",
+            resumed=self.resumed,
+            worker=e.worker,
+        )
+        await self._checkpoint()
+        specs = [*builtin_specs(e.prompts), *(await scope.race(e.tools.tools()))]
+        names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
+        context = [self.turn.metadata.get("context", ""), *(await e.hooks.retrieve(self.turn))]
+        inference = Inference(
+            engine=e, scope=scope, names=names, context=context, counter=self._counter()
+        )
+        runner = ToolRunner(
+            scope=scope, settings=self.settings, tools=e.tools, hooks=e.hooks, builtin=self._builtin
+        )
+        for iteration in range(start, self.limit + 1):
+            scope.check()
+            if scope.control.paused:
+                await inference.pause()
+            scope.iteration = iteration
+            end = await self._iteration(iteration, inference, runner, names)
+            if end is not None:
+                return end
+            await self._checkpoint()
+        text = e.prompts.nudges.max_iterations.strip().format(iterations=self.limit)
+        await scope.emit(Error, code="max_iterations", message=text, fatal=False)
+        return End("max_iterations", content=text)
+
+    async def _iteration(
+        self, iteration: int, inference: Inference, runner: ToolRunner, names: ToolNames
+    ) -> End | None:
+        scope, e, s = self.scope, self.e, self.settings
+        end = await inference.begin(self)
+        if end is not None:
+            return end
+        reply = await inference.reply(self)
+        if isinstance(reply, End):
+            return reply
+        completion, content = reply
+        text_format = s.tool_format == "text" and not completion.tool_calls
+        if completion.tool_calls:
+            calls = native_calls(completion.tool_calls, names, self.turn.id, iteration)
+        elif text_format and has_text_call(content):
+            calls = text_calls(content, names, self.turn.id, iteration, e.prompts)
+        else:
+            return await inference.without_tools(self, content)
+        assistant = ChatMessage(
+            role="assistant",
+            content=content[: s.message_max_chars],
+            tool_calls=() if text_format else tuple(c.history_call() for c in calls),
+        )
+        try:
+            outcomes = await scope.race(runner.run(calls))
+        except TurnCancelled:
+            outcomes = [_cancelled(c) for c in calls]
+            self._add_results(assistant, outcomes, text_format)
+            raise
+        self._add_results(assistant, outcomes, text_format)
+        for outcome in outcomes:
+            count = self.breaker.record(outcome)
+            if self.breaker.tripped(count):
+                return await self._circuit_open(outcome, count)
+        return self.end
+
+    def _add_results(
+        self, assistant: ChatMessage, outcomes: list[Outcome], text_format: bool
+    ) -> None:
+        self.messages.append(assistant)
+        if not text_format:
+            for o in outcomes:
+                self.messages.append(
+                    ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id)
+                )
+            return
+        template = self.e.prompts.nudges.text_result.strip()
+        blocks = [
+            template.format(
+                server=o.call.server or "?",
+                tool=o.call.tool or o.call.name,
+                status=o.result.status,
+                content=o.text,
+            )
+            for o in outcomes
+        ]
+        self.messages.append(loop_message("\n\n".join(blocks)))
+
+    async def _circuit_open(self, outcome: Outcome, count: int) -> End:
+        call = outcome.call
+        message = outcome.result.error.message if outcome.result.error else outcome.result.status
+        text = self.e.prompts.nudges.circuit_open.strip().format(
+            server=call.server or "?", tool=call.tool or call.name, count=count, message=message
+        )
+        await self.scope.emit(Error, code="circuit_open", message=text, fatal=True)
+        return End("circuit_open", content=text, error=message)
+
+    async def _builtin(self, call: Call) -> ToolResult:
+        """The loop's own tools. Loop-breaking ones set :attr:`end` (the first wins)."""
+        args = call.arguments or {}
+        if call.tool == "update_plan":
+            try:
+                steps = msgspec.convert(
+                    [{"title": s} if isinstance(s, str) else s for s in args.get("steps", [])],
+                    tuple[PlanStep, ...],
+                )
+            except (msgspec.ValidationError, TypeError) as exc:
+                return _error(call, "invalid_arguments", f"update_plan: {exc}")
+            self.snapshot = msgspec.structs.replace(self.snapshot, plan=steps)
+            await self.scope.emit(PlanUpdate, plan=steps)
+            return ToolResult(
+                call_id=call.call_id,
+                server=call.server,
+                tool=call.tool,
+                content=f"plan updated: {len(steps)} steps",
+            )
+        reason, field = LOOP_BREAKING[call.tool]
+        value = args.get(field)
+        if value is None or value == "":
+            return _error(call, "invalid_arguments", f"{call.tool} needs a {field!r} argument")
+        text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        if self.end is None:
+            self.end = End(reason, content=text[: self.settings.message_max_chars])
+            if call.tool == "ask_question":
+                await self.scope.emit(Question, text=self.end.content)
+            else:
+                await self.scope.emit(Message, content=self.end.content)
+        return ToolResult(
+            call_id=call.call_id, server=call.server, tool=call.tool, content="delivered"
+        )
+
+    def _counter(self) -> TokenCounter:
+        return self.e.counter or TokenCounter(self.model or None)
+
+    async def _checkpoint(self, status: str = "running") -> None:
+        snapshot = msgspec.structs.replace(
+            self.snapshot,
+            messages=tuple(self.messages),
+            iteration=self.scope.iteration,
+            updated_at=self.scope.clock(),
+        )
+        if status == "idle":
+            snapshot = msgspec.structs.replace(snapshot, status="idle", turns=snapshot.turns + 1)
+        await self.e.store.save(snapshot)
+        self.snapshot = snapshot
+
+
+def _error(call: Call, code: str, message: str) -> ToolResult:
+    return ToolResult(
+        call_id=call.call_id,
+        status="error",
+        error=WireError(code=code, message=message),
+        server=call.server,
+        tool=call.tool,
+    )
+
+
+def _cancelled(call: Call) -> Outcome:
+    result = _error(call, "cancelled", "the turn was cancelled")
+    return Outcome(call, result, "Error (cancelled): the turn was cancelled")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,289 @@
+"""The model's side of an iteration: the prompt, the budget gate, the LLM call and
+what to do with a reply that calls no tool.
+
+``Inference`` belongs to one turn. Per iteration the engine calls :meth:`begin`
+(``loop_iteration``, prompt, ``context_budget``, pruning), then :meth:`reply` (the
+streamed call with its deltas as events; empty replies retried, then a forced summary
+with tools withheld; a static message when every model fails), and, for a reply that
+calls no tool, :meth:`without_tools` (``no_tool_call`` and a bounded nudge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from schemas import ChatMessage
+from schemas.events import (
+    ContentDelta,
+    ContextBudget,
+    Error,
+    LLMRequest,
+    LLMResponse,
+    LoopIteration,
+    MemoryPruned,
+    Message,
+    NoToolCall,
+    Paused,
+    Resumed,
+    Retry,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingStart,
+)
+
+from .errors import LLMError
+from .memory import prune, summarize
+from .nudges import Nudger
+from .parser import ToolNames
+from .prompt import (
+    assemble,
+    iteration_warning,
+    loop_message,
+    plan_section,
+    system_message,
+    tools_section,
+    turn_message,
+)
+from .protocols import Completion
+from .scope import End, TurnScope
+from .thinking import Piece, ThinkingSplitter, split_thinking
+from .tokens import TokenCounter
+
+if TYPE_CHECKING:
+    from .engine import Engine, _Run
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.splitter = ThinkingSplitter()
+        self.streamed = False
+
+
+#: Room left for the summary when pruning (the summary is at most ~2,000 characters).
+SUMMARY_RESERVE_TOKENS = 600
+
+
+class Inference:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        scope: TurnScope,
+        names: ToolNames,
+        context: Sequence[str],
+        counter: TokenCounter,
+    ) -> None:
+        self.e = engine
+        self.scope = scope
+        self.settings = engine.settings
+        self.prompts = engine.prompts
+        self.context = list(context)
+        self.counter = counter
+        self.model = scope.turn.model or engine.model
+        self.nudger = Nudger(self.settings, self.prompts)
+        text_format = self.settings.tool_format == "text"
+        self.tools_text = tools_section(self.prompts, names.items(), text_format=text_format)
+        self.tools_param: list[dict[str, Any]] = (
+            []
+            if text_format
+            else [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "description": spec.description,
+                        "parameters": spec.input_schema,
+                    },
+                }
+                for name, spec in names.items()
+            ]
+        )
+        self.tools_tokens = counter.count_text(msgspec.json.encode(self.tools_param).decode())
+        self.prompt: list[ChatMessage] = []
+        self.tokens = 0
+
+    async def pause(self) -> None:
+        await self.scope.emit(Paused)
+        await self.scope.race(self.scope.control.wait_running())
+        self.scope.check()
+        await self.scope.emit(Resumed)
+
+    # -- the prompt and the budget gate ----------------------------------------------
+
+    def build(self, run: _Run) -> list[ChatMessage]:
+        p, turn = self.prompts, self.scope.turn
+        system = system_message(
+            p,
+            instructions=[self.settings.instructions, turn.instructions or ""],
+            summary=run.snapshot.summary,
+        )
+        current = turn_message(
+            p,
+            tools=self.tools_text,
+            plan=plan_section(p, run.snapshot.plan),
+            context=self.context,
+            user_input=turn.input,
+        )
+        warning = iteration_warning(
+            p,
+            iteration=self.scope.iteration,
+            limit=run.limit,
+            warn_at=self.settings.iteration_warning_at,
+        )
+        return assemble(
+            system=system,
+            history=run.messages,
+            current=current,
+            user_input=turn.input,
+            warning=warning,
+        )
+
+    async def _count(self, prompt: Sequence[ChatMessage]) -> int:
+        return await self.counter.count_all(prompt) + self.tools_tokens
+
+    async def begin(self, run: _Run) -> End | None:
+        """Emit ``loop_iteration``, build the prompt and keep it within the budget."""
+        scope, budget = self.scope, self.settings.context_budget_tokens
+        await scope.emit(LoopIteration, max_iterations=run.limit)
+        self.prompt = self.build(run)
+        self.tokens = await self._count(self.prompt)
+        await scope.emit(
+            ContextBudget, tokens=self.tokens, budget=budget, messages=len(self.prompt)
+        )
+        if self.tokens <= budget:
+            return None
+        overhead = self.tokens - await self.counter.count_all(run.messages)
+        target = max(budget - overhead - SUMMARY_RESERVE_TOKENS, 0)
+        pruned = await prune(run.messages, target, self.counter)
+        if pruned.evicted:
+            llm = self.e.llm if self.settings.summarize_with_llm else None
+            summary = await scope.race(
+                summarize(pruned.evicted, previous=run.snapshot.summary, llm=llm)
+            )
+            run.messages = list(pruned.kept)
+            run.snapshot = msgspec.structs.replace(run.snapshot, summary=summary)
+            before = self.tokens
+            self.prompt = self.build(run)
+            self.tokens = await self._count(self.prompt)
+            await scope.emit(
+                MemoryPruned,
+                removed=len(pruned.evicted),
+                tokens_before=before,
+                tokens_after=self.tokens,
+                summary=summary,
+            )
+        if self.tokens <= budget:
+            return None
+        text = self.prompts.nudges.budget_exceeded.strip().format(tokens=self.tokens, budget=budget)
+        await scope.emit(Error, code="budget_exceeded", message=text, fatal=True)
+        return End("budget_exceeded", content=text)
+
+    # -- the LLM call -----------------------------------------------------------------
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]
+    ) -> tuple[Completion, str]:
+        """One streamed call; returns the completion and its content without thinking."""
+        scope = self.scope
+        stream = _Stream()
+
+        async def on_delta(text: str) -> None:
+            stream.streamed = True
+            await self._pieces(stream.splitter.feed(text))
+
+        async def on_retry(attempt: int, reason: str, delay_s: float, model: str) -> None:
+            await scope.emit(
+                Retry, what="llm", attempt=attempt, reason=reason, delay_s=delay_s, model=model
+            )
+            stream.splitter = ThinkingSplitter()  # the next attempt streams from the start
+
+        messages = await self.e.hooks.before_llm(list(messages))
+        await scope.emit(
+            LLMRequest,
+            model=self.model or "",
+            messages=len(messages),
+            tokens=self.tokens,
+            tools=len(tools),
+        )
+        completion = await scope.race(
+            self.e.llm.complete(
+                messages,
+                tools=tools,
+                model=self.model or None,
+                on_delta=on_delta,
+                on_retry=on_retry,
+            )
+        )
+        splitter = stream.splitter
+        if not stream.streamed:  # a model that did not stream: report the whole text
+            await self._pieces(splitter.feed(completion.content))
+        await self._pieces(splitter.close())
+        completion = await self.e.hooks.after_llm(completion)
+        content, _ = split_thinking(completion.content)
+        await scope.emit(
+            LLMResponse,
+            model=completion.model or self.model or "",
+            content=content[: self.settings.message_max_chars],
+            tool_calls=len(completion.tool_calls),
+            finish_reason=completion.finish_reason,
+            usage=completion.usage,
+            latency_ms=completion.latency_ms,
+        )
+        return completion, content
+
+    async def _pieces(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            match piece.kind:
+                case "content":
+                    await self.scope.emit_text(ContentDelta, piece.text)
+                case "thinking":
+                    await self.scope.emit_text(ThinkingDelta, piece.text)
+                case "thinking_start":
+                    await self.scope.emit(ThinkingStart)
+                case "thinking_end":
+                    limit = self.settings.message_max_chars
+                    await self.scope.emit(ThinkingEnd, text=piece.text[:limit])
+
+    async def reply(self, run: _Run) -> tuple[Completion, str] | End:
+        """The model's reply to :attr:`prompt`; an :class:`End` when there is none."""
+        retries = self.settings.empty_response_retries
+        try:
+            for attempt in range(retries + 1):
+                if attempt:
+                    await self.scope.emit(
+                        Retry, what="empty_response", attempt=attempt, reason="empty response"
+                    )
+                completion, content = await self.complete(self.prompt, self.tools_param)
+                if content.strip() or completion.tool_calls:
+                    return completion, content
+            forced = [*self.prompt, loop_message(self.prompts.nudges.forced_summary.strip())]
+            _, content = await self.complete(forced, ())
+        except LLMError as exc:
+            return await self._llm_failed(exc)
+        content = content.strip()[: self.settings.message_max_chars]
+        content = content or self.prompts.nudges.empty_fallback.strip()
+        run.messages.append(ChatMessage(role="assistant", content=content))
+        await self.scope.emit(Message, content=content)
+        return End("forced_summary", content=content)
+
+    async def _llm_failed(self, exc: LLMError) -> End:
+        text = self.e.fallback_message
+        await self.scope.emit(Error, code="llm_failed", message=str(exc), fatal=True)
+        await self.scope.emit(Message, content=text)
+        return End("llm_failed", content=text, error=str(exc))
+
+    # -- a reply that calls no tool -----------------------------------------------------
+
+    async def without_tools(self, run: _Run, content: str) -> End | None:
+        content = content.strip()[: self.settings.message_max_chars]
+        await self.scope.emit(NoToolCall, content=content)
+        run.messages.append(ChatMessage(role="assistant", content=content))
+        _, nudge = self.nudger.nudge(content)
+        if nudge is not None:
+            run.messages.append(loop_message(nudge))
+            return None
+        await self.scope.emit(Message, content=content)
+        return End("converse", content=content)

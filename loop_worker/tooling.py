@@ -1,0 +1,308 @@
+"""Tool calls of one iteration: read them, run them, report them.
+
+:func:`native_calls` and :func:`text_calls` turn a reply into :class:`Call` values
+(refused calls carry their error), :class:`ToolRunner` runs them — hooks, approval,
+the dispatcher, concurrently — and emits ``tool_call`` before and
+``tool_result`` / ``tool_error`` / ``tool_timeout`` after each. :class:`CircuitBreaker`
+notices the same error repeating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from schemas import ToolCall, ToolCallRequest, ToolResult, ToolSpec, WireError, call_id
+from schemas.events import (
+    ApprovalDecided,
+    ApprovalRequired,
+    ToolCallEvent,
+    ToolErrorEvent,
+    ToolResultEvent,
+    ToolTimeout,
+)
+
+from .errors import ToolFormatError
+from .hooks import SKIP, Hooks
+from .memory import truncate
+from .parser import ToolNames, parse_arguments, parse_text_calls, safe_function_name
+from .prompt import BUILTIN_SERVER, Prompts
+from .protocols import ToolDispatcher
+from .scope import TurnScope
+from .settings import LoopSettings
+
+
+@dataclass
+class Call:
+    index: int
+    call_id: str
+    name: str  # as the model wrote it
+    server: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    spec: ToolSpec | None = None
+    error: WireError | None = None  # refused before it could run
+
+    @property
+    def builtin(self) -> bool:
+        return self.error is None and self.server == BUILTIN_SERVER
+
+    def history_call(self) -> ToolCall:
+        """How the call appears in the stored assistant message."""
+        args = msgspec.json.encode(self.arguments).decode() if self.arguments is not None else "{}"
+        return ToolCall(id=self.call_id, name=safe_function_name(self.name), arguments=args)
+
+
+@dataclass
+class Outcome:
+    call: Call
+    result: ToolResult
+    text: str  # what the model reads
+
+
+def _refuse(call: Call, code: str, message: str) -> Call:
+    call.error = WireError(code=code, message=message)
+    return call
+
+
+def _known(names: ToolNames) -> str:
+    return ", ".join(sorted(n for n, _ in names.items())) or "(none)"
+
+
+def native_calls(
+    tool_calls: Sequence[ToolCall], names: ToolNames, turn_id: str, iteration: int
+) -> list[Call]:
+    calls = []
+    for index, tc in enumerate(tool_calls):
+        call = Call(index=index, call_id=call_id(turn_id, iteration, index), name=tc.name)
+        calls.append(call)
+        spec = names.resolve(tc.name)
+        if spec is None:
+            _refuse(call, "unknown_tool", f"no tool named {tc.name!r}; tools: {_known(names)}")
+            continue
+        call.spec, call.server, call.tool = spec, spec.server, spec.name
+        try:
+            call.arguments = parse_arguments(tc.arguments)
+        except ToolFormatError as exc:
+            _refuse(call, "invalid_arguments", f"{tc.name}: {exc}")
+    return calls
+
+
+def text_calls(
+    content: str, names: ToolNames, turn_id: str, iteration: int, prompts: Prompts
+) -> list[Call]:
+    calls = []
+    for index, item in enumerate(parse_text_calls(content)):
+        call = Call(index=index, call_id=call_id(turn_id, iteration, index), name="unreadable")
+        calls.append(call)
+        if isinstance(item, ToolFormatError):
+            text = prompts.nudges.tool_format_error.strip().format(index=index + 1, error=item)
+            _refuse(call, "invalid_arguments", text)
+            continue
+        call.name = f"{item.server}.{item.tool}"
+        spec = names.find(item.server, item.tool)
+        if spec is None:
+            msg = f"no tool {item.tool!r} on server {item.server!r}"
+            _refuse(call, "unknown_tool", msg)
+            continue
+        call.spec, call.server, call.tool, call.arguments = (
+            spec,
+            spec.server,
+            spec.name,
+            item.arguments,
+        )
+    return calls
+
+
+class ToolRunner:
+    """Runs one iteration's calls. Built-in calls go to ``builtin`` (in order, after
+    the others); refused calls become error results; the rest run concurrently."""
+
+    def __init__(
+        self,
+        *,
+        scope: TurnScope,
+        settings: LoopSettings,
+        tools: ToolDispatcher,
+        hooks: Hooks,
+        builtin: Callable[[Call], Awaitable[ToolResult]],
+    ) -> None:
+        self.scope = scope
+        self.settings = settings
+        self.tools = tools
+        self.hooks = hooks
+        self.builtin = builtin
+
+    async def run(self, calls: Sequence[Call]) -> list[Outcome]:
+        for call in calls:
+            await self.scope.emit(
+                ToolCallEvent,
+                call_id=call.call_id,
+                server=call.server,
+                tool=call.tool or call.name,
+                arguments=call.arguments or {},
+            )
+        results: dict[int, ToolResult] = {}
+        async with asyncio.TaskGroup() as group:
+            for call in calls:
+                if not call.builtin:
+                    group.create_task(self._one(call, results))
+        for call in calls:
+            if call.builtin:
+                results[call.index] = await self.builtin(call)
+        outcomes = []
+        for call in calls:
+            outcomes.append(await self._report(call, results[call.index]))
+        return outcomes
+
+    async def _one(self, call: Call, results: dict[int, ToolResult]) -> None:
+        if call.error is not None:
+            results[call.index] = self._result(call, "error", error=call.error)
+            return
+        assert call.spec is not None
+        request = ToolCallRequest(
+            call_id=call.call_id,
+            tenant=self.scope.turn.tenant,
+            session=self.scope.turn.session,
+            turn_id=self.scope.turn.id,
+            iteration=self.scope.iteration,
+            server=call.server,
+            tool=call.tool,
+            arguments=call.arguments or {},
+            timeout_s=min(call.spec.timeout_s, self.settings.tool_timeout_s),
+            created_at=self.scope.clock(),
+        )
+        try:
+            result = await self._dispatch(call, request)
+        except Exception as exc:  # a hook or a dispatcher broke its contract
+            msg = f"{type(exc).__name__}: {exc}"
+            result = self._result(
+                call, "error", error=WireError(code="tool_exception", message=msg)
+            )
+        results[call.index] = result
+
+    async def _dispatch(self, call: Call, request: ToolCallRequest) -> ToolResult:
+        out = await self.hooks.before_tool(request)
+        if isinstance(out, ToolResult):
+            return out
+        if out is SKIP:
+            return self._rejected(call, "the call was skipped by a hook")
+        assert isinstance(out, ToolCallRequest)
+        request = out
+        approved, reason = await self.hooks.approve_tool(request)
+        if not approved:
+            return self._rejected(call, reason)
+        if self._needs_approval(call):
+            refusal = await self._ask_person(call, request)
+            if refusal is not None:
+                return await self.hooks.after_tool(request, refusal)
+        result = await self.tools.call(request)
+        return await self.hooks.after_tool(request, result)
+
+    def _needs_approval(self, call: Call) -> bool:
+        assert call.spec is not None
+        return call.spec.needs_approval or f"{call.server}.{call.tool}" in set(
+            self.settings.approval_tools
+        )
+
+    async def _ask_person(self, call: Call, request: ToolCallRequest) -> ToolResult | None:
+        """``None`` when a person approved; otherwise the refusal to give the model."""
+        timeout = self.settings.approval_timeout_s
+        await self.scope.emit(
+            ApprovalRequired,
+            call_id=call.call_id,
+            server=call.server,
+            tool=call.tool,
+            arguments=request.arguments,
+            timeout_s=timeout,
+        )
+        decision = await self.scope.control.wait_decision(call.call_id, timeout)
+        if decision is None:
+            reason = f"no decision within {timeout:g} s"
+            await self.scope.emit(ApprovalDecided, call_id=call.call_id, reason=reason)
+            return self._rejected(call, reason)
+        await self.scope.emit(
+            ApprovalDecided,
+            call_id=call.call_id,
+            approved=decision.approved,
+            reason=decision.reason,
+        )
+        if decision.approved:
+            return None
+        return self._rejected(call, f"rejected by a person: {decision.reason or 'no reason given'}")
+
+    def _rejected(self, call: Call, message: str) -> ToolResult:
+        return self._result(call, "error", error=WireError(code="rejected", message=message))
+
+    def _result(self, call: Call, status: Any, *, error: WireError | None = None) -> ToolResult:
+        return ToolResult(
+            call_id=call.call_id,
+            status=status,
+            error=error,
+            server=call.server,
+            tool=call.tool,
+            finished_at=time.time(),
+        )
+
+    async def _report(self, call: Call, result: ToolResult) -> Outcome:
+        emit, tool = self.scope.emit, call.tool or call.name
+        if result.status == "ok":
+            content, cut = truncate(result.content, self.settings.tool_result_max_chars)
+            await emit(
+                ToolResultEvent,
+                call_id=call.call_id,
+                server=call.server,
+                tool=tool,
+                content=content,
+                truncated=cut,
+                duration_ms=result.duration_ms,
+            )
+            return Outcome(call, result, content)
+        error = result.error or WireError(code=result.status, message="the tool failed")
+        if result.status == "timeout":
+            timeout = call.spec.timeout_s if call.spec else self.settings.tool_timeout_s
+            await emit(
+                ToolTimeout, call_id=call.call_id, server=call.server, tool=tool, timeout_s=timeout
+            )
+        else:
+            await emit(
+                ToolErrorEvent,
+                call_id=call.call_id,
+                server=call.server,
+                tool=tool,
+                code=error.code,
+                message=error.message,
+            )
+        text, _ = truncate(
+            f"Error ({error.code}): {error.message}", self.settings.tool_result_max_chars
+        )
+        return Outcome(call, result, text)
+
+
+class CircuitBreaker:
+    """Counts repeats of the same error of the same tool; a success clears a tool."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self._counts: dict[tuple[str, str, str], int] = {}
+
+    def record(self, outcome: Outcome) -> int:
+        """The repeat count of this outcome's error (0 for a success)."""
+        call, result = outcome.call, outcome.result
+        tool = (call.server, call.tool or call.name)
+        if result.status == "ok":
+            for key in [k for k in self._counts if k[:2] == tool]:
+                del self._counts[key]
+            return 0
+        message = result.error.message if result.error else result.status
+        key = (*tool, message)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        return self._counts[key]
+
+    def tripped(self, count: int) -> bool:
+        return count >= self.threshold
