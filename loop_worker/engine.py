@@ -6,6 +6,13 @@ exactly one ``loop_end`` (unless the turn had already finished: then it returns
 ``None`` and emits nothing). A turn whose snapshot says it is still running resumes
 after its last checkpointed iteration.
 
+Checkpoints: when the turn starts, after every iteration, and once more in the middle
+of an iteration that calls tools: the assistant message and its calls are stored
+(``SessionSnapshot.pending``) *before* the calls run. A worker that resumes from that
+checkpoint re-issues exactly those calls, with the same call ids (the dispatcher
+returns the results of those that finished), and does not ask the model again: a
+different reply would otherwise be paired with the recorded results of other calls.
+
 A cancelled ``run`` *task* (a worker shutting down) is not the end of the turn: it
 leaves the snapshot "running" for another worker to resume. Cancelling the turn itself
 goes through :class:`~loop_worker.control.TurnControl`.
@@ -91,17 +98,15 @@ class _Run:
         self.turn = scope.turn
         self.settings = engine.settings
         self.resumed = snapshot.turn_id == self.turn.id
-        if not self.resumed:
-            user = ChatMessage(role="user", content=self.turn.input)
-            snapshot = msgspec.structs.replace(
-                snapshot,
-                messages=(*snapshot.messages, user),
-                status="running",
-                turn_id=self.turn.id,
-                iteration=0,
-            )
         self.snapshot = snapshot
         self.messages = list(snapshot.messages)
+        if not self.resumed:
+            # a turn that never finished may have left calls without results
+            self._close_pending("interrupted", "the turn was interrupted before it finished")
+            self.messages.append(ChatMessage(role="user", content=self.turn.input))
+            self.snapshot = msgspec.structs.replace(
+                self.snapshot, status="running", turn_id=self.turn.id, iteration=0
+            )
         self.limit = self.turn.max_iterations or self.settings.max_iterations
         self.model = self.turn.model or engine.model
         self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
@@ -113,9 +118,11 @@ class _Run:
             self.end = await self._loop()
         except TurnCancelled as exc:
             self.end = End("cancelled", error=str(exc) or "cancelled")
+            self._close_pending("cancelled", "the turn was cancelled")
         except Exception as exc:
             await scope.emit(Error, code="internal", message=_describe(exc), fatal=True)
             self.end = End("error", error=_describe(exc))
+            self._close_pending("interrupted", f"the turn ended with an error: {self.end.error}")
         end = self.end
         try:
             await self._checkpoint(status="idle")
@@ -151,6 +158,15 @@ class _Run:
         runner = ToolRunner(
             scope=scope, settings=self.settings, tools=e.tools, hooks=e.hooks, builtin=self._builtin
         )
+        if self.snapshot.pending:  # the model answered before the last worker stopped
+            scope.check()
+            scope.iteration = start
+            calls = [Call.restore(i, c, names) for i, c in enumerate(self.snapshot.pending)]
+            end = await self._run_calls(calls, runner)
+            if end is not None:
+                return end
+            await self._checkpoint()
+            start += 1
         for iteration in range(start, self.limit + 1):
             scope.check()
             if scope.control.paused:
@@ -167,7 +183,7 @@ class _Run:
     async def _iteration(
         self, iteration: int, inference: Inference, runner: ToolRunner, names: ToolNames
     ) -> End | None:
-        scope, e, s = self.scope, self.e, self.settings
+        e, s = self.e, self.settings
         end = await inference.begin(self)
         if end is not None:
             return end
@@ -182,29 +198,39 @@ class _Run:
             calls = text_calls(content, names, self.turn.id, iteration, e.prompts)
         else:
             return await inference.without_tools(self, content)
-        assistant = ChatMessage(
-            role="assistant",
-            content=content[: s.message_max_chars],
-            tool_calls=() if text_format else tuple(c.history_call() for c in calls),
+        self.messages.append(
+            ChatMessage(
+                role="assistant",
+                content=content[: s.message_max_chars],
+                tool_calls=() if text_format else tuple(c.history_call() for c in calls),
+            )
         )
-        try:
-            outcomes = await scope.race(runner.run(calls))
-        except TurnCancelled:
-            outcomes = [_cancelled(c) for c in calls]
-            self._add_results(assistant, outcomes, text_format)
-            raise
-        self._add_results(assistant, outcomes, text_format)
+        pending = tuple(c.pending() for c in calls)
+        self.snapshot = msgspec.structs.replace(self.snapshot, pending=pending)
+        await self._checkpoint(iteration=iteration - 1)  # before the calls: see the docstring
+        return await self._run_calls(calls, runner)
+
+    async def _run_calls(self, calls: list[Call], runner: ToolRunner) -> End | None:
+        """Run the pending calls (the last message asked for them) and add their results."""
+        outcomes = await self.scope.race(runner.run(calls))
+        self._add_results(outcomes)
         for outcome in outcomes:
             count = self.breaker.record(outcome)
             if self.breaker.tripped(count):
                 return await self._circuit_open(outcome, count)
         return self.end
 
-    def _add_results(
-        self, assistant: ChatMessage, outcomes: list[Outcome], text_format: bool
-    ) -> None:
-        self.messages.append(assistant)
-        if not text_format:
+    def _close_pending(self, code: str, message: str) -> None:
+        """Answer calls that will never run, so the history has no call without a result."""
+        if self.snapshot.pending:
+            calls = [Call.restore(i, c) for i, c in enumerate(self.snapshot.pending)]
+            self._add_results([_failed(c, code, message) for c in calls])
+
+    def _add_results(self, outcomes: list[Outcome]) -> None:
+        """The results of the pending calls, after the assistant message that made them
+        (in the text format, that message has no native ``tool_calls``)."""
+        self.snapshot = msgspec.structs.replace(self.snapshot, pending=())
+        if self.messages and self.messages[-1].tool_calls:
             for o in outcomes:
                 self.messages.append(
                     ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id)
@@ -268,11 +294,11 @@ class _Run:
     def _counter(self) -> TokenCounter:
         return self.e.counter or TokenCounter(self.model or None)
 
-    async def _checkpoint(self, status: str = "running") -> None:
+    async def _checkpoint(self, status: str = "running", *, iteration: int | None = None) -> None:
         snapshot = msgspec.structs.replace(
             self.snapshot,
             messages=tuple(self.messages),
-            iteration=self.scope.iteration,
+            iteration=self.scope.iteration if iteration is None else iteration,
             updated_at=self.scope.clock(),
         )
         if status == "idle":
@@ -291,9 +317,8 @@ def _error(call: Call, code: str, message: str) -> ToolResult:
     )
 
 
-def _cancelled(call: Call) -> Outcome:
-    result = _error(call, "cancelled", "the turn was cancelled")
-    return Outcome(call, result, "Error (cancelled): the turn was cancelled")
+def _failed(call: Call, code: str, message: str) -> Outcome:
+    return Outcome(call, _error(call, code, message), f"Error ({code}): {message}")
 
 
 def _describe(exc: BaseException) -> str:

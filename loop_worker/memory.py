@@ -2,9 +2,12 @@
 
 ``prune`` evicts whole *units*, oldest first: an assistant message that made tool calls
 travels with the tool messages answering it, so the prompt never shows a call without
-its result or a result without its call. System messages, the last user message and
-everything after it are never evicted. ``summarize`` turns evicted messages into a
-short text for the next prompt, with a deterministic fallback when no LLM helps.
+its result or a result without its call. System messages, the last user message (the
+turn's input) and the newest unit (the last assistant message with its results) are
+never evicted; everything else may go, including the earlier iterations of the turn
+in progress, so a long turn can prune its own history. ``summarize`` turns evicted
+messages into a short text for the next prompt, with a deterministic fallback when no
+LLM helps.
 """
 
 from __future__ import annotations
@@ -48,29 +51,41 @@ def _units(messages: Sequence[ChatMessage]) -> list[list[int]]:
     return units
 
 
-def _protected_from(messages: Sequence[ChatMessage]) -> int:
-    """Index of the last user message (everything from it on stays), or len()."""
+def _last_user(messages: Sequence[ChatMessage]) -> int:
+    """Index of the last user message, or -1."""
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].role == "user":
             return i
-    return len(messages)
+    return -1
 
 
-async def prune(messages: Sequence[ChatMessage], budget: int, counter: TokenCounter) -> PruneResult:
-    """Evict the oldest units until the prompt fits ``budget`` tokens."""
+async def prune(
+    messages: Sequence[ChatMessage],
+    budget: int,
+    counter: TokenCounter,
+    *,
+    keep_last_units: int = 1,
+) -> PruneResult:
+    """Evict the oldest units until the prompt fits ``budget`` tokens.
+
+    System messages, the last user message and the newest ``keep_last_units`` units
+    stay; any other unit may go, before or after the last user message.
+    """
     total = await counter.count_all(messages)
     if total <= budget:
         kept = tuple(messages)
         return PruneResult(
             kept=kept, evicted=(), tokens_before=total, tokens_after=total, over_budget=False
         )
-    protected = _protected_from(messages)
+    user = _last_user(messages)
+    units = _units(messages)
+    newest = len(units) - max(keep_last_units, 0)
     evict: set[int] = set()
     after = total
-    for unit in _units(messages):
-        if after <= budget:
+    for n, unit in enumerate(units):
+        if after <= budget or n >= newest:
             break
-        if max(unit) >= protected:  # a unit reaching the protected tail stays whole
+        if user in unit:  # the unit holding the last user message stays whole
             continue
         for i in unit:
             after -= await counter.count(messages[i])

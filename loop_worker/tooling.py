@@ -26,6 +26,7 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
+from schemas.messages import PendingCall
 
 from .errors import ToolFormatError
 from .hooks import SKIP, Hooks
@@ -56,6 +57,35 @@ class Call:
         """How the call appears in the stored assistant message."""
         args = msgspec.json.encode(self.arguments).decode() if self.arguments is not None else "{}"
         return ToolCall(id=self.call_id, name=safe_function_name(self.name), arguments=args)
+
+    def pending(self) -> PendingCall:
+        """How the call is stored before it runs (see :meth:`restore`)."""
+        return PendingCall(
+            id=self.call_id,
+            name=self.name,
+            server=self.server,
+            tool=self.tool,
+            arguments=self.arguments,
+            error=self.error,
+        )
+
+    @classmethod
+    def restore(cls, index: int, stored: PendingCall, names: ToolNames | None = None) -> Call:
+        """The call :meth:`pending` stored, its tool looked up again in ``names``."""
+        call = cls(
+            index=index,
+            call_id=stored.id,
+            name=stored.name,
+            server=stored.server,
+            tool=stored.tool,
+            arguments=stored.arguments,
+            error=stored.error,
+        )
+        if call.error is None and names is not None:
+            call.spec = names.find(call.server, call.tool)
+            if call.spec is None:
+                _refuse(call, "unknown_tool", f"no tool {call.tool!r} on server {call.server!r}")
+        return call
 
 
 @dataclass

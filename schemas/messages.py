@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from .types import Timestamp, Token
+from .wire import WireError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -37,6 +38,21 @@ class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
     status: PlanStatus = "pending"
 
 
+class PendingCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A tool call stored before it runs, as the loop read it from the model's reply.
+
+    ``error`` is set when the loop refused the call (unknown tool, unreadable
+    arguments), so a resumed turn refuses it again instead of running it.
+    """
+
+    id: str  # the call id: turn, iteration, index
+    name: str  # as the model wrote it
+    server: str = ""
+    tool: str = ""
+    arguments: dict[str, Any] | None = None
+    error: WireError | None = None
+
+
 SessionStatus = Literal["idle", "running", "paused"]
 
 
@@ -45,6 +61,9 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
     ``turn_id`` and ``iteration`` name the turn in progress and the last completed
     iteration, so a worker that picks up a redelivered turn resumes from here.
+    ``pending`` holds the tool calls of iteration ``iteration + 1`` while they run (its
+    assistant message is the last of ``messages``): a worker that resumes then re-issues
+    them with the same call ids instead of asking the model again.
     """
 
     tenant: Token
@@ -57,3 +76,4 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     iteration: int = 0
     turns: int = 0
     updated_at: Timestamp = 0.0
+    pending: tuple[PendingCall, ...] = ()

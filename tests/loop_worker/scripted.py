@@ -3,12 +3,14 @@
 ``ScriptedLLM`` implements the LLM Protocol from a list of :class:`Completion` steps
 (or exceptions, or :data:`HANG`), streaming content to ``on_delta``. ``Rig`` wires an
 :class:`Engine` to in-memory events, store and tools and runs turns on it; with
-``Rig.openai(fake_llm)`` the LLM is the real ``openai`` client against the fake server.
+``Rig.openai(fake_llm)`` the LLM is the real ``openai`` client against the fake server,
+and ``rig.fork()`` is a second worker on the same session store and tools.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -126,6 +128,19 @@ class Rig:
             model=model,
             fallback_message=fallback_message,
         )
+
+    def fork(self, llm: LLM | None = None) -> Rig:
+        """Another worker: its own events, control and store handle on the same data,
+        the same tools (so recorded results persist), this LLM or ``llm``."""
+        other = copy.copy(self)
+        other.llm = self.llm if llm is None else llm
+        other.events = InMemoryEvents()
+        other.store = self.store.fork()
+        other.control = TurnControl()
+        other.engine = copy.copy(self.engine)
+        other.engine.llm, other.engine.events = other.llm, other.events
+        other.engine.store = other.store
+        return other
 
     @classmethod
     def openai(cls, fake_llm: Any, *, llm: dict[str, Any] | None = None, **kw: Any) -> Rig:

@@ -128,7 +128,9 @@ async def test_every_event_carries_tenant_session_turn_iteration_and_time(
     assert {e.iteration for e in rig.of(ToolCallEvent)} == {1, 2}
 
 
-async def test_a_checkpoint_is_saved_after_every_iteration(fake_llm: FakeLLM) -> None:
+async def test_a_checkpoint_is_saved_after_every_iteration_and_before_its_tool_calls_run(
+    fake_llm: FakeLLM,
+) -> None:
     fake_llm.script(
         tool_calls(("local__echo", {"text": "x"})),
         tool_calls(("task_completion", {"result": "ok"})),
@@ -143,15 +145,21 @@ async def test_a_checkpoint_is_saved_after_every_iteration(fake_llm: FakeLLM) ->
 
         rig.store.save = spy  # type: ignore[method-assign]
         await rig.run()
-    assert [(s.status, s.iteration) for s in saved] == [
-        ("running", 0),  # the turn started: its user message is stored
-        ("running", 1),
-        ("idle", 2),
+    assert [(s.status, s.iteration, [p.id for p in s.pending]) for s in saved] == [
+        ("running", 0, []),  # the turn started: its user message is stored
+        ("running", 0, ["t1-1-0"]),  # the model answered: its calls are stored, then run
+        ("running", 1, []),
+        ("running", 1, ["t1-2-0"]),
+        ("idle", 2, []),
     ]
-    after_first = saved[1].messages
+    calling = saved[1]
+    assert [m.role for m in calling.messages] == ["user", "assistant"]
+    assert (calling.pending[0].server, calling.pending[0].tool) == ("local", "echo")
+    assert calling.pending[0].arguments == {"text": "x"}
+    after_first = saved[2].messages
     assert [m.role for m in after_first] == ["user", "assistant", "tool"]
     assert after_first[2].content == "x"
-    assert (saved[2].turn_id, saved[2].turns) == ("t1", 1)
+    assert (saved[4].turn_id, saved[4].turns) == ("t1", 1)
 
 
 async def test_a_running_turn_resumes_after_its_last_checkpoint_reusing_recorded_results(

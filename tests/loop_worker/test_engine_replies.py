@@ -10,6 +10,7 @@ from schemas.events import (
     ContentDelta,
     ContextBudget,
     Error,
+    LLMRequest,
     LLMResponse,
     MemoryPruned,
     Message,
@@ -280,6 +281,35 @@ async def test_the_summary_of_evicted_messages_is_written_by_the_llm_when_enable
         await rig.run("new")
     assert rig.one(MemoryPruned).summary == "SUMMARY: the user asked old things."
     assert "SUMMARY: the user asked old things." in fake_llm.requests[1]["messages"][0]["content"]
+
+
+async def test_a_long_turn_prunes_its_own_earlier_iterations_instead_of_running_out(
+    fake_llm: FakeLLM,
+) -> None:
+    def page(n: int) -> str:
+        return f"page {n}: " + "word " * 400  # ~400 tokens a result
+
+    fake_llm.script(*[tool_calls(("local__page", {"n": n})) for n in range(1, 9)], finish())
+    async with Rig.openai(
+        fake_llm, context_budget_tokens=2500, summarize_with_llm=False, max_iterations=20
+    ) as rig:
+        rig.tools.add(page)
+        end = await rig.run("read pages 1 to 8")
+    assert (end.reason, end.iterations) == ("task_completion", 9)
+    assert not [e for e in rig.of(Error) if e.code == "budget_exceeded"]
+    pruned = rig.of(MemoryPruned)
+    assert len(pruned) >= 2 and all(p.tokens_after <= 2500 < p.tokens_before for p in pruned)
+    assert all(b.tokens <= 2500 for b in rig.of(LLMRequest))
+    for request in fake_llm.requests:  # the turn's input and the newest result always stay
+        messages = request["messages"]
+        assert last_user(request).endswith("read pages 1 to 8")
+        called = [c["id"] for m in messages for c in m.get("tool_calls", ())]
+        assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == called
+    last = fake_llm.requests[-1]["messages"]
+    assert last[-1]["content"].startswith("page 8:") and "page 1:" not in str(last[1:])
+    assert "local__page" in pruned[-1].summary and pruned[-1].summary in last[0]["content"]
+    snapshot = rig.store.get("acme", "s1")
+    assert snapshot is not None and snapshot.summary == pruned[-1].summary
 
 
 async def test_a_prompt_that_cannot_fit_the_budget_ends_with_budget_exceeded(

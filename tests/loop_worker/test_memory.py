@@ -62,11 +62,21 @@ def _caller(messages: Sequence[ChatMessage], call_id: str | None) -> ChatMessage
     return next((m for m in messages if any(c.id == call_id for c in m.tool_calls)), None)
 
 
+def _newest_unit(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The last non-system, non-tool message and the messages answering it."""
+    starts = [i for i, m in enumerate(messages) if m.role not in ("system", "tool")]
+    return [m for m in messages[starts[-1] :] if m.role != "system"] if starts else []
+
+
 def _minimum(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """What prune may never evict: system messages, the last user message and after."""
+    """What prune may never evict: system messages, the last user message, the newest unit."""
     users = [i for i, m in enumerate(messages) if m.role == "user"]
-    last = users[-1] if users else len(messages)
-    return [m for i, m in enumerate(messages) if m.role == "system" or i >= last]
+    newest = {id(m) for m in _newest_unit(messages)}
+    return [
+        m
+        for i, m in enumerate(messages)
+        if m.role == "system" or (users and i == users[-1]) or id(m) in newest
+    ]
 
 
 @settings(max_examples=150, deadline=None)
@@ -80,8 +90,9 @@ async def test_prune_keeps_calls_with_results_and_fits_the_budget(
 
     index = {id(m): i for i, m in enumerate(messages)}
     kept = [index[id(m)] for m in result.kept]
+    evicted = [index[id(m)] for m in result.evicted]
     assert kept == sorted(kept)
-    assert sorted(kept + [index[id(m)] for m in result.evicted]) == list(range(len(messages)))
+    assert sorted(kept + evicted) == list(range(len(messages)))
     for position, m in enumerate(result.kept):
         if m.role == "tool":
             caller = _caller(result.kept, m.tool_call_id)
@@ -89,13 +100,18 @@ async def test_prune_keeps_calls_with_results_and_fits_the_budget(
             assert result.kept.index(caller) < position
         for call in m.tool_calls:
             assert any(t.tool_call_id == call.id for t in result.kept[position + 1 :])
-    for m in _minimum(messages):
+    minimum = _minimum(messages)
+    for m in minimum:
         assert any(k is m for k in result.kept)
+    for m in _newest_unit(messages):
+        assert any(k is m for k in result.kept)
+    evictable = [i for i in kept if not any(messages[i] is m for m in minimum)]
+    assert all(e < k for e in evicted for k in evictable)  # oldest first
     assert result.tokens_before == total
     assert result.tokens_after == await COUNTER.count_all(result.kept)
     if not result.over_budget:
         assert result.tokens_after <= budget
-    if await COUNTER.count_all(_minimum(messages)) <= budget:
+    if await COUNTER.count_all(minimum) <= budget:
         assert not result.over_budget
     if result.evicted and not result.over_budget:  # stopped as soon as it fitted
         start = max(i for i, m in enumerate(result.evicted) if m.role != "tool")
@@ -142,6 +158,36 @@ async def test_prune_reports_over_budget_when_the_minimum_does_not_fit() -> None
     assert result.over_budget
     assert result.kept == (messages[0], messages[2])
     assert result.tokens_after > 20
+
+
+def _iteration(n: int, size: int) -> list[ChatMessage]:
+    call = ToolCall(id=f"t1-{n}-0", name="local__read", arguments=f'{{"page": {n}}}')
+    return [
+        ChatMessage(role="assistant", content=f"reading page {n}", tool_calls=(call,)),
+        ChatMessage(role="tool", content=f"page {n}: " + "text " * size, tool_call_id=call.id),
+    ]
+
+
+async def test_prune_evicts_earlier_iterations_of_the_turn_in_progress() -> None:
+    system = ChatMessage(role="system", content="be brief")
+    user = ChatMessage(role="user", content="read the whole book")
+    first, second, third = _iteration(1, 300), _iteration(2, 300), _iteration(3, 300)
+    messages = [system, user, *first, *second, *third]
+    budget = await COUNTER.count_all([system, user, *third]) + 10
+    result = await prune(messages, budget, COUNTER)
+    assert result.evicted == (*first, *second)
+    assert result.kept == (system, user, *third)
+    assert not result.over_budget
+
+
+async def test_prune_keeps_as_many_newest_units_as_asked() -> None:
+    user = ChatMessage(role="user", content="read the whole book")
+    first, second, third = _iteration(1, 300), _iteration(2, 300), _iteration(3, 300)
+    messages = [user, *first, *second, *third]
+    result = await prune(messages, 10, COUNTER, keep_last_units=2)
+    assert result.evicted == tuple(first)
+    assert result.kept == (user, *second, *third)
+    assert result.over_budget
 
 
 class ScriptedLLM:
