@@ -156,7 +156,10 @@ class Inference:
         if self.tokens <= budget:
             return None
         overhead = self.tokens - await self.counter.count_all(run.messages)
-        target = max(budget - overhead - SUMMARY_RESERVE_TOKENS, 0)
+        # Prune below the budget, so that the next iterations fit without pruning (and
+        # summarising, an LLM call) again at once.
+        low_water = int(budget * self.settings.prune_target_ratio)
+        target = max(low_water - overhead - SUMMARY_RESERVE_TOKENS, 0)
         pruned = await prune(run.messages, target, self.counter)
         if pruned.evicted:
             llm = self.e.llm if self.settings.summarize_with_llm else None

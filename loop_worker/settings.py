@@ -46,5 +46,6 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_no_tool_reminders: Count = 2  # then a reply without tool calls is the answer
     message_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 24_000  # stored replies, events
     summarize_with_llm: bool = True
+    prune_target_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75  # prune down to this
     hooks: tuple[str, ...] = ()  # import paths: "package.module:object"
     approval_tools: tuple[str, ...] = ()  # "server.tool" names that need a person's approval

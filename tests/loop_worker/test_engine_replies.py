@@ -312,6 +312,29 @@ async def test_a_long_turn_prunes_its_own_earlier_iterations_instead_of_running_
     assert snapshot is not None and snapshot.summary == pruned[-1].summary
 
 
+async def test_pruning_leaves_headroom_so_the_next_iterations_need_not_prune_again(
+    fake_llm: FakeLLM,
+) -> None:
+    def page(n: int) -> str:
+        return f"page {n}: " + "word " * 400
+
+    prunes = {}
+    for ratio in (1.0, 0.5):
+        fake_llm.script(*[tool_calls(("local__page", {"n": n})) for n in range(1, 9)], finish())
+        async with Rig.openai(
+            fake_llm,
+            context_budget_tokens=2500,
+            summarize_with_llm=False,
+            max_iterations=20,
+            prune_target_ratio=ratio,
+        ) as rig:
+            rig.tools.add(page)
+            end = await rig.run("read pages 1 to 8")
+        assert end.reason == "task_completion"
+        prunes[ratio] = len(rig.of(MemoryPruned))
+    assert 0 < prunes[0.5] < prunes[1.0]
+
+
 async def test_a_prompt_that_cannot_fit_the_budget_ends_with_budget_exceeded(
     fake_llm: FakeLLM,
 ) -> None:
