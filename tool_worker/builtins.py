@@ -1,0 +1,223 @@
+"""Built-in tools: ``calculator``, ``current_time`` and ``http_fetch``.
+
+``calculator`` evaluates arithmetic by walking the ``ast`` of the expression (numbers,
+``+ - * / // % **``, unary signs, parentheses, a few functions and constants of
+:mod:`math`); nothing is ever passed to ``eval``, and exponents are bounded so that
+``9**9**9`` is refused instead of eating the CPU. ``http_fetch`` reads an http(s) URL
+with a size and a time limit and, when configured, only from allowed hosts.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import datetime as dt
+import math
+import operator
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import httpx
+import msgspec
+
+from .errors import Rejected, ToolError
+from .local import to_tool, tool
+from .registry import Tool
+
+MAX_EXPRESSION = 1000
+MAX_POWER_BITS = 10_000  # an integer power may have at most this many bits
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "sqrt": math.sqrt,
+    "exp": math.exp,
+    "log": math.log,
+    "log10": math.log10,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "floor": math.floor,
+    "ceil": math.ceil,
+}
+_CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
+
+
+def evaluate(expression: str) -> int | float:
+    """The value of an arithmetic expression; raises :class:`ToolError` when it is not one."""
+    if len(expression) > MAX_EXPRESSION:
+        raise ToolError(f"expression longer than {MAX_EXPRESSION} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ToolError(f"not an arithmetic expression: {exc.msg}") from None
+    try:
+        return _eval(tree.body)
+    except ZeroDivisionError:
+        raise ToolError("division by zero") from None
+    except (OverflowError, ValueError) as exc:
+        raise ToolError(f"cannot compute: {exc}") from None
+
+
+def _eval(node: ast.AST) -> Any:
+    match node:
+        case ast.Constant(value=bool()):
+            raise ToolError("booleans are not numbers here")
+        case ast.Constant(value=int() | float() as value):
+            return value
+        case ast.BinOp(left=left, op=ast.Pow(), right=right):
+            return _power(_eval(left), _eval(right))
+        case ast.BinOp(left=left, op=op, right=right) if type(op) in _BINARY:
+            return _BINARY[type(op)](_eval(left), _eval(right))
+        case ast.UnaryOp(op=op, operand=operand) if type(op) in _UNARY:
+            return _UNARY[type(op)](_eval(operand))
+        case ast.Name(id=name) if name in _CONSTANTS:
+            return _CONSTANTS[name]
+        case ast.Call(func=ast.Name(id=name), args=args, keywords=[]) if name in _FUNCTIONS:
+            return _FUNCTIONS[name](*(_eval(a) for a in args))
+        case ast.Call(func=ast.Name(id=name)):
+            known = ", ".join(sorted(_FUNCTIONS))
+            raise ToolError(f"unknown function {name!r} (known: {known})")
+        case ast.Name(id=name):
+            raise ToolError(f"unknown name {name!r} (known: {', '.join(sorted(_CONSTANTS))})")
+    raise ToolError(f"{type(node).__name__} is not allowed in arithmetic")
+
+
+def _power(base: Any, exponent: Any) -> Any:
+    if isinstance(base, int) and isinstance(exponent, int) and exponent > 0:
+        if max(base.bit_length(), 1) * exponent > MAX_POWER_BITS:
+            raise ToolError(f"{base}**{exponent} is too large (limit {MAX_POWER_BITS} bits)")
+    elif abs(exponent) > MAX_POWER_BITS:
+        raise ToolError(f"exponent {exponent} is too large")
+    return base**exponent
+
+
+@tool(timeout_s=5)
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression (+ - * / // % **, parentheses, sqrt, log, sin, pi...)."""
+    return str(evaluate(expression))
+
+
+@tool(timeout_s=5)
+async def current_time(timezone: str | None = None) -> str:
+    """The current date and time in ISO 8601, in an IANA timezone (default UTC)."""
+    try:
+        zone = ZoneInfo(timezone) if timezone else dt.UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ToolError(
+            f"unknown timezone {timezone!r} (use an IANA name like Europe/Paris)"
+        ) from None
+    return dt.datetime.now(zone).isoformat()
+
+
+class FetchResult(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    status: int
+    content_type: str
+    content: str
+    truncated: bool
+    elapsed_ms: float
+
+
+def http_fetch_tool(
+    *,
+    allowlist: tuple[str, ...] = (),
+    max_bytes: int = 1_000_000,
+    timeout_s: float = 10.0,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Tool:
+    """The ``http_fetch`` tool with its limits. An empty ``allowlist`` allows every host;
+    ``*.example.com`` allows subdomains."""
+
+    def allowed(host: str) -> bool:
+        if not allowlist:
+            return True
+        return any(
+            host == rule or (rule.startswith("*.") and host.endswith(rule[1:]))
+            for rule in allowlist
+        )
+
+    @tool(timeout_s=timeout_s + 1)
+    async def http_fetch(
+        url: str,
+        max_chars: Annotated[int, msgspec.Meta(ge=1)] | None = None,
+    ) -> FetchResult:
+        """Fetch a web page or API response over http(s) and return its text."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise Rejected(f"only http and https URLs can be fetched, not {parts.scheme!r}")
+        host = (parts.hostname or "").lower()
+        if not host:
+            raise Rejected(f"URL {url!r} has no host")
+        if not allowed(host):
+            raise Rejected(f"host {host!r} is not in the allowlist ({', '.join(allowlist)})")
+        start = time.perf_counter()
+        body = bytearray()
+        truncated = False
+        async with httpx.AsyncClient(
+            timeout=timeout_s, follow_redirects=False, transport=transport
+        ) as client:
+            try:
+                async with asyncio.timeout(timeout_s), client.stream("GET", url) as response:
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > max_bytes:
+                            del body[max_bytes:]
+                            truncated = True
+                            break
+            except httpx.HTTPError as exc:
+                raise ToolError(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
+        text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
+        if max_chars is not None and len(text) > max_chars:
+            text, truncated = text[:max_chars], True
+        return FetchResult(
+            url=str(response.url),
+            status=response.status_code,
+            content_type=response.headers.get("content-type", ""),
+            content=text,
+            truncated=truncated,
+            elapsed_ms=round((time.perf_counter() - start) * 1000, 1),
+        )
+
+    return to_tool(http_fetch)
+
+
+#: Names of the built-ins, for configuration.
+BUILTINS = ("calculator", "current_time", "http_fetch")
+
+
+def builtin_tools(
+    names: tuple[str, ...] = BUILTINS,
+    *,
+    http_allowlist: tuple[str, ...] = (),
+    http_max_bytes: int = 1_000_000,
+    http_timeout_s: float = 10.0,
+) -> list[Tool]:
+    factories: dict[str, Callable[[], Tool]] = {
+        "calculator": lambda: to_tool(calculator),
+        "current_time": lambda: to_tool(current_time),
+        "http_fetch": lambda: http_fetch_tool(
+            allowlist=http_allowlist, max_bytes=http_max_bytes, timeout_s=http_timeout_s
+        ),
+    }
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown built-in tools {unknown} (known: {', '.join(factories)})")
+    return [factories[n]() for n in names]

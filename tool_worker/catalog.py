@@ -1,0 +1,100 @@
+"""The tool catalog: every served tool's :class:`~schemas.ToolSpec` in a KV bucket under
+``<server>.<tool>``.
+
+Each worker puts its tools' specs when it starts, again whenever its tools change (an
+MCP server re-listed), and every third of the bucket's TTL; specs of tools that no live
+worker serves expire with the TTL. ``loopmesh tools`` reads it with :func:`read_catalog`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+
+from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
+
+from .registry import Registry
+
+log = logging.getLogger("tool_worker.catalog")
+
+DEFAULT_REFRESH_S = 10.0
+
+
+class Catalog:
+    """Keeps one pool's specs of ``registry`` fresh in the catalog bucket."""
+
+    def __init__(
+        self, kv: KeyValue, registry: Registry, pool: str, *, refresh_s: float = DEFAULT_REFRESH_S
+    ) -> None:
+        self._kv = kv
+        self._registry = registry
+        self._pool = pool
+        self.refresh_s = refresh_s
+        self._changed = asyncio.Event()
+        self._published: set[str] = set()
+        registry.on_change(self._changed.set)
+
+    @classmethod
+    async def open(
+        cls, js: JetStreamContext, subjects: Subjects, registry: Registry, pool: str
+    ) -> Catalog:
+        kv = await js.key_value(subjects.catalog_bucket)
+        ttl = (await kv.status()).ttl
+        refresh_s = ttl / 3 if ttl else DEFAULT_REFRESH_S
+        return cls(kv, registry, pool, refresh_s=refresh_s)
+
+    async def publish(self) -> int:
+        """Put every spec now, delete the ones this worker stopped serving; return how many."""
+        self._changed.clear()
+        now = time.time()
+        keys = set()
+        for tool in self._registry:
+            key = catalog_key(tool.server, tool.name)
+            await self._kv.put(key, encode(tool.spec(self._pool, updated_at=now)))
+            keys.add(key)
+        for gone in self._published - keys:
+            try:
+                await self._kv.delete(gone)
+            except (KeyNotFoundError, KeyDeletedError):
+                pass
+        self._published = keys
+        return len(keys)
+
+    async def run(self) -> None:
+        """Publish now, then on every change and every ``refresh_s``; until cancelled."""
+        while True:
+            try:
+                await self.publish()
+            except Exception as exc:  # NATS down: the next round tries again
+                log.warning("catalog refresh failed: %r", exc)
+            try:
+                async with asyncio.timeout(self.refresh_s):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+
+
+async def read_catalog(js: JetStreamContext, subjects: Subjects) -> list[ToolSpec]:
+    """Every spec in the catalog, sorted by pool, server and name."""
+    kv = await js.key_value(subjects.catalog_bucket)
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return []
+    specs = []
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            continue  # expired between listing and reading
+        if entry.value:
+            try:
+                specs.append(decode(entry.value, ToolSpec))
+            except DecodeError as exc:
+                log.warning("skipping unreadable catalog entry %s: %s", key, exc)
+    return sorted(specs, key=lambda s: (s.pool, s.server, s.name))

@@ -1,0 +1,456 @@
+"""The pool service: pull tool-call requests, run each call once, record, reply, ack.
+
+One :class:`ToolWorker` serves one pool. It pulls from the pool's durable consumer only
+for the capacity it has free (so a backlog stays in the stream, where KEDA sees it),
+keeping pull requests outstanding so that an idle worker gets a new call pushed at
+once. For each request:
+
+1. decode it (a request that cannot be decoded is terminated, never redelivered, and
+   answered with ``invalid_request`` when its ``reply_to`` can be recovered);
+2. look up the call's effect record; if there is one, that is the result;
+3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
+   its timeout (with in-progress acks while it runs) and publish the result to the
+   effects bucket;
+4. core-publish the result to ``reply_to`` and publish the ``tool_result`` /
+   ``tool_error`` / ``tool_timeout`` event while the effect is being stored. The
+   event is published to the stream's subject without asking for JetStream's
+   acknowledgement (``confirm_events=True`` asks, and logs failures): the engine that
+   awaited the call publishes the same event under the same ``Nats-Msg-Id``, and
+   JetStream keeps one, so this copy only makes it visible sooner;
+5. ack once the effect is stored.
+
+A worker that dies before step 3 finishes leaves the request unacked: it is redelivered
+after AckWait. On stop it stops pulling, naks what is delivered afterwards, lets
+in-flight calls finish within a deadline and naks the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from loopmesh.provision import ensure_consumer
+from schemas import (
+    DecodeError,
+    Subjects,
+    ToolCallRequest,
+    ToolResult,
+    WireError,
+    decode,
+    encode,
+    is_token,
+    pool_consumer,
+)
+from schemas.events import Event, ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
+
+from .catalog import Catalog
+from .effects import Effects, Publisher
+from .errors import ToolError, Unavailable, UnknownTool
+from .mcp import McpServer
+from .registry import Registry, Tool
+
+log = logging.getLogger("tool_worker")
+
+_STATUS = "Status"
+_PENDING = "Nats-Pending-Messages"
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ToolWorker:
+    """Serves ``registry``'s tools to the requests of one pool.
+
+    ::
+
+        worker = ToolWorker(nc, registry, pool="default")
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(worker.run(stop))
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        registry: Registry,
+        *,
+        pool: str = "default",
+        subjects: Subjects | None = None,
+        concurrency: int = 64,
+        ack_wait_s: float = 30.0,
+        pull_expires_s: float = 15.0,
+        drain_timeout_s: float = 20.0,
+        mcp: Sequence[McpServer] = (),
+        mcp_start_timeout_s: float = 30.0,
+        catalog: bool = True,
+        event_max_chars: int = 32_768,
+        store_timeout_s: float = 10.0,
+        confirm_events: bool = False,
+        name: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.nc = nc
+        self.registry = registry
+        self.pool = pool
+        self.subjects = subjects = subjects or Subjects()
+        self.concurrency = concurrency
+        self.ack_wait_s = ack_wait_s
+        self.pull_expires_s = pull_expires_s
+        self.drain_timeout_s = drain_timeout_s
+        self.mcp = {server.name: server for server in mcp}
+        self.mcp_start_timeout_s = mcp_start_timeout_s
+        self.catalog = catalog
+        self.event_max_chars = event_max_chars
+        self.store_timeout_s = store_timeout_s
+        self.confirm_events = confirm_events
+        self.name = name or worker_name()
+        self.ready = asyncio.Event()
+        self.stats = {"calls": 0, "recorded": 0, "rejected": 0, "naked": 0}
+
+        self._js = nc.jetstream()
+        self._consumer = pool_consumer(subjects, pool, ack_wait_s=ack_wait_s)
+        self._next = f"$JS.API.CONSUMER.MSG.NEXT.{self._consumer.stream}.{self._consumer.durable}"
+        self._deliver = nc.new_inbox()
+        self._threshold = max(1, concurrency // 16)
+        self._outstanding = 0  # messages asked for and not yet delivered
+        self._running: dict[str, tuple[Msg, float, asyncio.Task[None]]] = {}
+        self._last_activity = 0.0
+        self._stopping = False
+        self._busy = 0  # delivered calls whose result is not known yet
+        self._capacity = asyncio.Event()  # set when a pull may be due
+        self._tg: asyncio.TaskGroup | None = None
+        self._effects: Effects | None = None
+        self._publisher = Publisher(nc)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then finish in-flight calls and return."""
+        await ensure_consumer(self._js, self._consumer)
+        await self._publisher.start()
+        self._effects = await Effects.open(self.nc, self._publisher, self.subjects)
+        sub = await self.nc.subscribe(self._deliver, cb=self._on_delivery)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                servers = [tg.create_task(s.run(), name=f"mcp-{n}") for n, s in self.mcp.items()]
+                await self._wait_for_mcp()
+                background = [tg.create_task(self._keepalive(), name="keepalive")]
+                if self.catalog:
+                    catalog = await Catalog.open(self._js, self.subjects, self.registry, self.pool)
+                    background.append(tg.create_task(catalog.run(), name="catalog"))
+                background.append(tg.create_task(self._puller(), name="puller"))
+                self.ready.set()
+                log.info(
+                    "serving pool=%s tools=%d concurrency=%d worker=%s",
+                    self.pool, len(self.registry), self.concurrency, self.name,
+                )  # fmt: skip
+                await stop.wait()
+                self._stopping = True
+                # No more deliveries: the server drops pull requests nobody listens to,
+                # and what was already delivered is naked by _on_delivery.
+                await sub.drain()
+                await self._finish_in_flight()
+                for server in self.mcp.values():
+                    server.close()
+                if servers:
+                    await asyncio.wait(servers, timeout=10.0)
+                for task in background:
+                    task.cancel()
+        finally:
+            self._tg = None
+            if not self._stopping:  # failed before draining the subscription
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            await self._events_flushed(5.0)
+            await self._publisher.close()
+            with contextlib.suppress(Exception):
+                await self.nc.flush(timeout=5)  # acks and naks are on the wire
+
+    async def _wait_for_mcp(self) -> None:
+        if not self.mcp:
+            return
+        waits = [s.wait_ready(self.mcp_start_timeout_s) for s in self.mcp.values()]
+        for server, ok in zip(self.mcp.values(), await asyncio.gather(*waits), strict=True):
+            if not ok:
+                log.warning("MCP server %s not ready; serving without its tools", server.name)
+
+    async def _finish_in_flight(self) -> None:
+        tasks = [task for _, _, task in self._running.values()]
+        if not tasks:
+            return
+        log.info("finishing %d in-flight calls (deadline %ss)", len(tasks), self.drain_timeout_s)
+        _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_s)
+        for task in pending:
+            task.cancel()  # the task naks its message
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _events_flushed(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._publisher.wait_idle()
+        except TimeoutError:
+            log.warning("%d events unconfirmed at exit", self._publisher.pending)
+
+    # -- pulling --------------------------------------------------------------------
+
+    async def _puller(self) -> None:
+        """Pull whenever capacity may have freed; completions in one loop iteration
+        share one pull request."""
+        while True:
+            await self._pull()
+            await self._capacity.wait()
+            self._capacity.clear()
+
+    async def _pull(self) -> None:
+        """Ask for as many messages as there is free capacity (in batches of at least
+        ``_threshold``, unless idle)."""
+        if self._stopping:
+            return
+        busy = self._busy + self._outstanding
+        want = self.concurrency - busy
+        if want <= 0 or (want < self._threshold and busy):
+            return
+        self._outstanding += want
+        request = b'{"batch":%d,"expires":%d}' % (want, int(self.pull_expires_s * 1e9))
+        self._last_activity = time.monotonic()
+        await self.nc.publish(self._next, request, reply=self._deliver)
+
+    async def _on_delivery(self, msg: Msg) -> None:
+        self._last_activity = time.monotonic()
+        status = msg.headers.get(_STATUS) if msg.headers else None
+        if status is not None:
+            if status == "100":
+                return  # idle heartbeat
+            pending = msg.headers.get(_PENDING) if msg.headers else None
+            if pending is not None:
+                self._outstanding = max(0, self._outstanding - int(pending))
+            else:
+                self._outstanding = 0
+            if status not in ("404", "408"):
+                description = msg.headers.get("Description", "") if msg.headers else ""
+                log.warning("pull request ended: %s %s", status, description)
+            self._capacity.set()
+            return
+        self._outstanding = max(0, self._outstanding - 1)
+        if self._stopping or self._tg is None:
+            await msg.nak()
+            self.stats["naked"] += 1
+            return
+        task = self._tg.create_task(self._handle(msg))
+        self._running[msg.reply] = (msg, time.monotonic(), task)
+        self._busy += 1
+
+    async def _keepalive(self) -> None:
+        """In-progress acks for long calls; re-pull if pull requests were lost."""
+        period = min(self.ack_wait_s / 3, self.pull_expires_s / 2)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for msg, started, _ in list(self._running.values()):
+                if now - started >= period:
+                    await msg.in_progress()
+            if self._outstanding and now - self._last_activity > self.pull_expires_s + 5:
+                silent = now - self._last_activity
+                log.warning("no answer to pull requests for %.0fs; pulling again", silent)
+                self._outstanding = 0
+                self._capacity.set()
+
+    # -- one call -------------------------------------------------------------------
+
+    async def _handle(self, msg: Msg) -> None:
+        freed = False
+
+        def free() -> None:
+            """The call no longer needs a slot (its result is known): pull the next."""
+            nonlocal freed
+            if not freed:
+                freed = True
+                self._busy -= 1
+                self._capacity.set()
+
+        try:
+            await self._process(msg, free)
+        except asyncio.CancelledError:
+            await _quietly(msg.nak())
+            self.stats["naked"] += 1
+            raise
+        except Exception:
+            log.exception("call failed before it was recorded; handing it back")
+            await _quietly(msg.nak(delay=1.0))
+            self.stats["naked"] += 1
+        finally:
+            free()
+            self._running.pop(msg.reply, None)
+
+    async def _process(self, msg: Msg, free: Callable[[], None]) -> None:
+        try:
+            request = decode(msg.data, ToolCallRequest)
+        except DecodeError as exc:
+            await self._reject(msg, str(exc))
+            return
+        if not msg.subject.endswith(f".{request.server}.{request.tool}"):
+            await self._reject(
+                msg,
+                f"request for {request.server}.{request.tool} was published on {msg.subject}",
+            )
+            return
+        assert self._effects is not None
+        recorded = await self._effects.get(request.call_id)
+        if recorded is not None:
+            result, payload = recorded
+            self.stats["recorded"] += 1
+            stored = None
+        else:
+            result = await self.execute(request)
+            payload = encode(result)
+            stored = await self._effects.put(request.call_id, payload)
+            self.stats["calls"] += 1
+        free()
+        # The reply goes out while the store confirms the effect; the request is acked
+        # only once it has. A requester may see a result whose record then failed to
+        # store: the call is redelivered and its tool may run again (as when a worker
+        # dies between running a tool and recording it).
+        if request.reply_to:
+            await self.nc.publish(request.reply_to, payload)
+        await self._emit(request, result)
+        if stored is not None:
+            async with asyncio.timeout(self.store_timeout_s):
+                await stored
+        await msg.ack()
+
+    async def execute(self, request: ToolCallRequest) -> ToolResult:
+        """Run one call and describe its outcome; never raises for a tool's failure."""
+        started = time.perf_counter()
+        timeout: float | None = None
+        status: Any = "ok"
+        content = ""
+        error = None
+        try:
+            tool = self._lookup(request.server, request.tool)
+            tool.validate(request.arguments)
+            timeout = request.timeout_s if request.timeout_s else tool.timeout_s
+            async with asyncio.timeout(timeout):
+                content = await tool.invoke(request.arguments)
+        except TimeoutError:
+            status = "timeout"
+            error = WireError(
+                code="timeout",
+                message=f"{request.server}.{request.tool} did not finish within {timeout:g}s",
+            )
+        except ToolError as exc:
+            status, error = "error", WireError(code=exc.code, message=exc.message)
+        except Exception as exc:
+            status = "error"
+            error = WireError(code="tool_exception", message=f"{type(exc).__name__}: {exc}")
+        return ToolResult(
+            call_id=request.call_id,
+            status=status,
+            content=content,
+            error=error,
+            server=request.server,
+            tool=request.tool,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            worker=self.name,
+            finished_at=time.time(),
+        )
+
+    def _lookup(self, server: str, name: str) -> Tool:
+        try:
+            return self.registry.get(server, name)
+        except UnknownTool:
+            mcp = self.mcp.get(server)
+            if mcp is not None and not mcp.listed:
+                raise Unavailable(server, "it has not listed its tools yet") from None
+            raise
+
+    async def _emit(self, request: ToolCallRequest, result: ToolResult) -> None:
+        common: dict[str, Any] = {
+            "tenant": request.tenant,
+            "session": request.session,
+            "turn_id": request.turn_id,
+            "iteration": request.iteration,
+            "ts": result.finished_at or time.time(),
+            "call_id": request.call_id,
+            "server": request.server,
+            "tool": request.tool,
+        }
+        event: Event
+        if result.status == "ok":
+            content = result.content
+            truncated = len(content) > self.event_max_chars
+            event = ToolResultEvent(
+                **common,
+                content=content[: self.event_max_chars] if truncated else content,
+                truncated=truncated,
+                duration_ms=result.duration_ms,
+            )
+        elif result.status == "timeout":
+            timeout = request.timeout_s or self._timeout_of(request)
+            event = ToolTimeout(**common, timeout_s=timeout)
+        else:
+            error = result.error or WireError(code="tool_exception", message="")
+            event = ToolErrorEvent(**common, code=error.code, message=error.message)
+        subject = self.subjects.event(request.tenant, request.session, event.type)
+        headers = {"Nats-Msg-Id": tool_event_msg_id(request.call_id, event.type)}
+        if self.confirm_events:
+            future = await self._publisher.publish(subject, encode(event), headers)
+            future.add_done_callback(_log_failed_event)
+        else:
+            await self.nc.publish(subject, encode(event), headers=headers)
+
+    def _timeout_of(self, request: ToolCallRequest) -> float:
+        try:
+            return self.registry.get(request.server, request.tool).timeout_s
+        except ToolError:
+            return 0.0
+
+    async def _reject(self, msg: Msg, reason: str) -> None:
+        """Terminate a request that can never succeed; answer it if we can tell whom."""
+        log.warning("rejecting request on %s: %s", msg.subject, reason)
+        self.stats["rejected"] += 1
+        await msg.term()
+        try:
+            raw = msgspec.json.decode(msg.data)
+        except msgspec.DecodeError:
+            raw = None
+        if not isinstance(raw, dict):
+            return
+        reply_to, call_id = raw.get("reply_to"), raw.get("call_id")
+        if not isinstance(call_id, str) or not is_token(call_id):
+            call_id = (msg.headers or {}).get("Nats-Msg-Id", "")
+        if isinstance(reply_to, str) and reply_to and " " not in reply_to:
+            result = ToolResult(
+                call_id=call_id,
+                status="error",
+                error=WireError(code="invalid_request", message=reason),
+                worker=self.name,
+                finished_at=time.time(),
+            )
+            await self.nc.publish(reply_to, encode(result))
+
+
+def _log_failed_event(future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        return
+    if (exc := future.exception()) is not None:
+        log.warning("event not stored: %r", exc)
+
+
+async def _quietly(op: Any) -> None:
+    try:
+        await op
+    except Exception as exc:
+        log.debug("ignored: %r", exc)
