@@ -144,6 +144,7 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
         "max_msg_size": b.max_value_size,
         "num_replicas": b.replicas,
         "description": b.description or None,
+        "allow_direct": True,  # reads are one direct-get round trip on any replica
     }
     info = await _stream_info(js, stream)
     if info is None:
@@ -154,6 +155,7 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
             ttl=b.ttl_s or None,
             max_value_size=b.max_value_size,
             replicas=b.replicas,
+            direct=True,
         )
         await _call(f"create bucket {b.bucket}", js.create_key_value(config))
         return f"created bucket {b.bucket}"

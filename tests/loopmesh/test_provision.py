@@ -69,6 +69,7 @@ async def test_kv_buckets_have_their_ttl_and_history(nc):
     assert effects.config.max_age == 600
     assert sessions.config.max_age == 0
     assert sessions.config.max_msgs_per_subject == 1
+    assert effects.config.allow_direct  # reads are one direct get
     kv = await js.key_value(s.sessions_bucket)
     await kv.put("acme.s1", b"snapshot")
     assert (await kv.get("acme.s1")).value == b"snapshot"
