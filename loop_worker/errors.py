@@ -1,12 +1,12 @@
 """Errors of the loop worker.
 
-    LoopWorkerError
-    ├── LLMError               every attempt of every model failed (``.attempts``, ``.last``)
-    ├── StaleSessionError      a checkpoint lost a revision race (``.key``)
-    ├── LeaseLostError         the session lease expired or was taken over (``.key``)
-    └── ToolFormatError        model output in the text tool format could not be read
-        ├── ToolParseError     the ``<tool>`` body is not JSON (``.text``)
-        └── ToolFieldError     a required field is missing or of the wrong type (``.field``)
+LoopWorkerError
+├── LLMError               every attempt of every model failed (``.attempts``, ``.last``)
+├── StaleSessionError      a checkpoint lost a revision race (``.key``)
+├── LeaseLostError         the session lease expired or was taken over (``.key``)
+└── ToolFormatError        model output in the text tool format could not be read
+    ├── ToolParseError     the ``<tool>`` body is not JSON (``.text``)
+    └── ToolFieldError     a required field is missing or of the wrong type (``.field``)
 """
 
 from __future__ import annotations

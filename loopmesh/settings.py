@@ -78,6 +78,12 @@ def load(
         raise ConfigError(source, str(exc)) from None
 
 
+def environ(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """One variable that another tool defines (``OPENAI_API_KEY``, say), or None."""
+    value = (os.environ if env is None else env).get(name)
+    return value or None
+
+
 def env_var(table: str, field: str) -> str:
     """The variable that overrides ``[table] field``: ``LOOPMESH_TABLE__FIELD``."""
     return f"{ENV_PREFIX}{table.upper()}__{field.upper()}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
@@ -41,10 +42,21 @@ class UpConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
 
 
+#: The services that run beside NATS: name → the module whose ``up_service(args)``
+#: returns it (imported only here, so the runtime does not depend on the services).
+UP_SERVICES: dict[str, str] = {
+    "tool-worker": "tool_worker.cli",
+    "loop-worker": "loop_worker.cli",
+}
+
+
 def services(args: argparse.Namespace) -> list[tuple[str, Service]]:
     """The services that run beside NATS, by name. Each is called as
     ``service(stop, nats_url)``; read settings from ``args`` (see ``config_from_args``)."""
-    return []
+    return [
+        (name, importlib.import_module(module).up_service(args))
+        for name, module in UP_SERVICES.items()
+    ]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

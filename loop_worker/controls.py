@@ -1,0 +1,240 @@
+"""Control messages (cancel, pause, resume, approvals) for the turns a worker runs.
+
+Controls arrive on ``<prefix>.control.<tenant>.<session>`` over core NATS, for speed.
+Every loop worker subscribes to all of them and routes each to the
+:class:`~loop_worker.control.TurnControl` of the session's running turn. Because a
+core message reaches only the workers connected at that moment, controls are also
+recorded in the control KV bucket by exactly one worker (a queue group), so a turn
+that starts or is redelivered later still sees them:
+
+- ``<tenant>.<session>`` holds the last cancel, pause or resume;
+- ``<tenant>.<session>.approval.<call_id>`` holds an approval decision.
+
+A sender that records the control itself (:func:`send_control`) marks the message with
+the ``Loopmesh-Recorded`` header, and the workers leave the record alone.
+
+A recorded cancel or pause applies to a turn it names, or, naming no turn, to turns
+created before it was sent (``at``). When a turn ends, a cancel or pause that applied
+to it is cleared, so it does not reach the session's next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from schemas import (
+    ApprovalDecision,
+    Cancel,
+    Control,
+    DecodeError,
+    Pause,
+    Resume,
+    Subjects,
+    Turn,
+    decode,
+    encode,
+    session_key,
+)
+
+from .control import TurnControl
+from .retry import retry
+
+log = logging.getLogger("loopmesh.loop_worker.controls")
+
+RECORDED_HEADER = "Loopmesh-Recorded"
+RECORDER_QUEUE = "loop-workers-control"
+
+
+def approval_key(tenant: str, session: str, call_id: str) -> str:
+    return f"{session_key(tenant, session)}.approval.{call_id}"
+
+
+class RecordedTurnControl(TurnControl):
+    """A :class:`TurnControl` that also finds approval decisions recorded in KV."""
+
+    def __init__(self, turn: Turn, kv: KeyValue) -> None:
+        super().__init__()
+        self.turn = turn
+        self._kv = kv
+
+    async def wait_decision(self, call_id: str, timeout: float) -> ApprovalDecision | None:
+        if call_id not in self._decisions:
+            key = approval_key(self.turn.tenant, self.turn.session, call_id)
+            try:
+                entry = await retry(lambda: self._kv.get(key), f"get {key}", timeout=timeout)
+            except KeyNotFoundError:
+                pass
+            else:
+                try:
+                    await self.decide(decode(entry.value or b"", ApprovalDecision))
+                except DecodeError as exc:
+                    log.warning("bad recorded approval key=%s error=%s", key, exc)
+        return await super().wait_decision(call_id, timeout)
+
+
+class Controls:
+    """Routes control messages to running turns and records them in KV."""
+
+    def __init__(self, nc: Client, subjects: Subjects, *, record: bool = True) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self._record = record
+        self._kv: KeyValue | None = None
+        self._subs: list[Subscription] = []
+        self._running: dict[str, RecordedTurnControl] = {}  # session key → running turn
+        #: Called with each control message routed to a running turn (for metrics/tests).
+        self.on_routed: Callable[[Control], None] | None = None
+
+    async def start(self) -> None:
+        if self._subs:
+            return
+        js = self._nc.jetstream()
+        self._kv = await retry(
+            lambda: js.key_value(self._subjects.control_bucket), "open control bucket"
+        )
+        subject = self._subjects.all_control
+        self._subs.append(await self._nc.subscribe(subject, cb=self._route))
+        if self._record:
+            self._subs.append(
+                await self._nc.subscribe(subject, queue=RECORDER_QUEUE, cb=self._store)
+            )
+
+    async def close(self) -> None:
+        subs, self._subs = self._subs, []
+        for sub in subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+    @property
+    def kv(self) -> KeyValue:
+        if self._kv is None:
+            raise RuntimeError("Controls not started")
+        return self._kv
+
+    async def open(self, turn: Turn) -> RecordedTurnControl:
+        """Register ``turn`` as running and apply what was recorded for it."""
+        control = RecordedTurnControl(turn, self.kv)
+        key = session_key(turn.tenant, turn.session)
+        self._running[key] = control  # live messages from now on
+        try:
+            entry = await retry(lambda: self.kv.get(key), f"get {key}")
+        except KeyNotFoundError:
+            return control
+        try:
+            recorded = decode(entry.value or b"", Control)
+        except DecodeError as exc:
+            log.warning("bad recorded control key=%s error=%s", key, exc)
+            return control
+        if _applies(recorded, turn):
+            await _apply(control, recorded)
+        return control
+
+    async def close_turn(self, turn: Turn, control: TurnControl) -> None:
+        """Unregister ``turn``; clear a recorded cancel or pause that applied to it."""
+        key = session_key(turn.tenant, turn.session)
+        if self._running.get(key) is control:
+            del self._running[key]
+        try:
+            entry = await self.kv.get(key)
+            recorded = decode(entry.value or b"", Control)
+        except (KeyNotFoundError, DecodeError):
+            return
+        except Exception as exc:
+            log.info("control record not checked key=%s error=%r", key, exc)
+            return
+        if isinstance(recorded, Cancel | Pause) and _applies(recorded, turn):
+            try:
+                await self.kv.delete(key, last=entry.revision)
+            except Exception as exc:  # a newer control arrived; keep it
+                log.debug("control record kept key=%s error=%r", key, exc)
+
+    def running(self, tenant: str, session: str) -> RecordedTurnControl | None:
+        return self._running.get(session_key(tenant, session))
+
+    # -- subscriptions ----------------------------------------------------------------
+
+    async def _route(self, msg: Msg) -> None:
+        control = _decode(msg)
+        if control is None:
+            return
+        running = self._running.get(session_key(control.tenant, control.session))
+        if running is None or not _applies(control, running.turn):
+            return
+        await _apply(running, control)
+        if self.on_routed is not None:
+            self.on_routed(control)
+
+    async def _store(self, msg: Msg) -> None:
+        if msg.headers and msg.headers.get(RECORDED_HEADER):
+            return
+        control = _decode(msg)
+        if control is not None:
+            try:
+                await record(self.kv, control)
+            except Exception as exc:
+                log.warning("control not recorded control=%r error=%r", control, exc)
+
+
+async def record(kv: KeyValue, control: Control) -> None:
+    """Put ``control`` in the control bucket under its key."""
+    if isinstance(control, ApprovalDecision):
+        key = approval_key(control.tenant, control.session, control.call_id)
+    else:
+        key = session_key(control.tenant, control.session)
+    await retry(lambda: kv.put(key, encode(control)), f"record control {key}")
+
+
+async def send_control(nc: Client, subjects: Subjects, control: Control) -> None:
+    """Record ``control`` in KV, then publish it to the session's control subject."""
+    if not control.at:
+        control = _with_time(control)
+    kv = await nc.jetstream().key_value(subjects.control_bucket)
+    await record(kv, control)
+    await nc.publish(
+        subjects.control(control.tenant, control.session),
+        encode(control),
+        headers={RECORDED_HEADER: "1"},
+    )
+    await nc.flush()
+
+
+def _decode(msg: Msg) -> Control | None:
+    try:
+        return decode(msg.data, Control)
+    except DecodeError as exc:
+        log.warning("bad control message subject=%s error=%s", msg.subject, exc)
+        return None
+
+
+def _applies(control: Control, turn: Turn) -> bool:
+    if control.turn_id is not None:
+        return control.turn_id == turn.id
+    return not turn.created_at or not control.at or control.at >= turn.created_at
+
+
+async def _apply(target: TurnControl, control: Control) -> None:
+    match control:
+        case Cancel(reason=reason):
+            target.cancel(reason or "cancelled")
+        case Pause():
+            target.pause()
+        case Resume():
+            target.resume()
+        case ApprovalDecision():
+            await target.decide(control)
+
+
+def _with_time(control: Control) -> Control:
+    import msgspec
+
+    return msgspec.structs.replace(control, at=time.time())

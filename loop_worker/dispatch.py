@@ -1,0 +1,295 @@
+"""Tool calls over NATS: the catalog names the pool, JetStream carries the request.
+
+:meth:`NatsToolDispatcher.call` looks the tool up in the catalog (unknown tools become
+an ``unknown_tool`` error result for the model, with nothing published), returns the
+recorded result if the call already ran (a resumed turn repeats its call ids), else
+publishes the request with ``Nats-Msg-Id`` = call id to the pool's subject and waits,
+until the call's deadline, for either the reply on this dispatcher's inbox or the
+call's effect record. The effect record is how a call that was in flight when a worker
+died is awaited: the tool worker that runs it records the result even when nobody is
+left to reply to, and publishing the same call id again inside the stream's duplicate
+window is a no-op.
+
+One wildcard subscription (``<inbox>.*``) serves every call; replies find their
+waiting call by id. The catalog is read into memory and reloaded in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.errors import KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from schemas import (
+    DecodeError,
+    Subjects,
+    ToolCallRequest,
+    ToolResult,
+    ToolSpec,
+    WireError,
+    catalog_key,
+    decode,
+    encode,
+)
+
+from .retry import retry
+
+log = logging.getLogger("loopmesh.loop_worker.dispatch")
+
+
+class NatsToolDispatcher:
+    """The :class:`~loop_worker.protocols.ToolDispatcher` of the durable service.
+
+    ``grace_s`` is added to a tool's own timeout (the tool worker reports its timeouts
+    itself; the grace covers the trip and a queue); ``effect_poll_s`` is how long a
+    reply may be missing before the effect record is read. With ``effects_first``
+    false, the record is read before publishing only for turns marked with
+    :meth:`resuming` (the service marks redelivered turns).
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        *,
+        refresh_s: float = 5.0,
+        grace_s: float = 5.0,
+        effect_poll_s: float = 1.0,
+        default_timeout_s: float = 60.0,
+        effects_first: bool = True,
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._subjects = subjects
+        self._refresh_s = refresh_s
+        self._grace_s = grace_s
+        self._effect_poll_s = effect_poll_s
+        self._default_timeout_s = default_timeout_s
+        self._catalog: dict[str, ToolSpec] = {}
+        self._catalog_kv: KeyValue | None = None
+        self._effects_kv: KeyValue | None = None
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
+        self._refresher: asyncio.Task[None] | None = None
+        self._reloading: asyncio.Lock = asyncio.Lock()
+        self._effects_first = effects_first
+        self._resuming: set[str] = set()
+
+    async def start(self) -> None:
+        if self._sub is not None:
+            return
+        self._catalog_kv = await retry(
+            lambda: self._js.key_value(self._subjects.catalog_bucket), "open catalog bucket"
+        )
+        self._effects_kv = await retry(
+            lambda: self._js.key_value(self._subjects.effects_bucket), "open effects bucket"
+        )
+        self._inbox = self._nc.new_inbox()
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+        await self.reload()
+        self._refresher = asyncio.create_task(self._refresh(), name="catalog-refresh")
+
+    async def close(self) -> None:
+        """Stop refreshing and unsubscribe. Idempotent."""
+        task, self._refresher = self._refresher, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for future in self._waiting.values():
+            future.cancel()
+
+    async def __aenter__(self) -> NatsToolDispatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- catalog ------------------------------------------------------------------------
+
+    async def tools(self) -> Sequence[ToolSpec]:
+        return list(self._catalog.values())
+
+    async def reload(self) -> None:
+        """Read the whole catalog again (live workers keep their entries fresh)."""
+        async with self._reloading:
+            assert self._catalog_kv is not None
+            watcher = await self._catalog_kv.watchall()
+            catalog: dict[str, ToolSpec] = {}
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.operation is not None or not entry.value:
+                        continue  # deleted or purged
+                    try:
+                        spec = decode(entry.value, ToolSpec)
+                    except DecodeError as exc:
+                        log.warning("bad catalog entry key=%s error=%s", entry.key, exc)
+                        continue
+                    catalog[entry.key] = spec
+            finally:
+                await watcher.stop()
+            self._catalog = catalog
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            try:
+                await self.reload()
+            except Exception as exc:
+                log.info("catalog reload failed error=%r", exc)
+
+    async def _spec(self, server: str, tool: str) -> ToolSpec | None:
+        key = catalog_key(server, tool)
+        spec = self._catalog.get(key)
+        if spec is None:
+            try:
+                await self.reload()
+            except Exception as exc:
+                log.warning("catalog reload failed error=%r", exc)
+            spec = self._catalog.get(key)
+        return spec
+
+    # -- calls --------------------------------------------------------------------------
+
+    def resuming(self, turn_id: str, resumed: bool = True) -> None:
+        """Whether calls of ``turn_id`` may have run before (a redelivered turn). A
+        turn's first delivery has no recorded calls: its calls skip the effect read."""
+        if resumed:
+            self._resuming.add(turn_id)
+        else:
+            self._resuming.discard(turn_id)
+
+    async def call(self, request: ToolCallRequest) -> ToolResult:
+        spec = await self._spec(request.server, request.tool)
+        if spec is None:
+            return _error(
+                request,
+                "unknown_tool",
+                f"there is no tool {request.server}.{request.tool}; "
+                "call one of the tools listed in your instructions",
+            )
+        if self._effects_first or request.turn_id in self._resuming:
+            recorded = await self._effect(request.call_id)
+            if recorded is not None:
+                return recorded
+        timeout = request.timeout_s or spec.timeout_s or self._default_timeout_s
+        deadline = time.monotonic() + timeout + self._grace_s
+        future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        self._waiting[request.call_id] = future
+        try:
+            request = msgspec.structs.replace(
+                request,
+                reply_to=f"{self._inbox}.{request.call_id}",
+                timeout_s=timeout,
+                created_at=request.created_at or time.time(),
+            )
+            subject = self._subjects.tool(spec.pool, request.server, request.tool)
+            await retry(
+                lambda: self._js.publish(
+                    subject, encode(request), headers={"Nats-Msg-Id": request.call_id}
+                ),
+                f"publish call {request.call_id}",
+                timeout=max(0.1, deadline - time.monotonic()),
+            )
+            return await self._await(request, future, deadline, timeout)
+        except Exception as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("tool call failed call_id=%s error=%r", request.call_id, exc)
+            return _error(request, "unavailable", f"the tool could not be reached: {exc!r}")
+        finally:
+            self._waiting.pop(request.call_id, None)
+
+    async def _await(
+        self,
+        request: ToolCallRequest,
+        future: asyncio.Future[ToolResult],
+        deadline: float,
+        timeout: float,
+    ) -> ToolResult:
+        poll = self._effect_poll_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            done, _ = await asyncio.wait({future}, timeout=min(poll, remaining))
+            if done:
+                return future.result()
+            recorded = await self._effect(request.call_id)  # a reply that went missing
+            if recorded is not None:
+                return recorded
+            poll = min(poll * 2, 5.0)
+        recorded = await self._effect(request.call_id)
+        if recorded is not None:
+            return recorded
+        return ToolResult(
+            call_id=request.call_id,
+            status="timeout",
+            error=WireError(
+                code="timeout", message=f"no result from {request.tool} within {timeout:g}s"
+            ),
+            server=request.server,
+            tool=request.tool,
+            duration_ms=timeout * 1000,
+            finished_at=time.time(),
+        )
+
+    async def _effect(self, call_id: str) -> ToolResult | None:
+        assert self._effects_kv is not None
+        kv = self._effects_kv
+        try:
+            entry = await retry(lambda: kv.get(call_id), f"get effect {call_id}", timeout=5.0)
+        except KeyNotFoundError:
+            return None
+        except Exception as exc:
+            log.info("effect not read call_id=%s error=%r", call_id, exc)
+            return None
+        try:
+            return decode(entry.value or b"", ToolResult)
+        except DecodeError as exc:
+            log.warning("bad effect record call_id=%s error=%s", call_id, exc)
+            return None
+
+    async def _on_reply(self, msg: Msg) -> None:
+        call_id = msg.subject.rpartition(".")[2]
+        future = self._waiting.get(call_id)
+        if future is None or future.done():
+            return
+        try:
+            future.set_result(decode(msg.data, ToolResult))
+        except DecodeError as exc:
+            log.warning("bad tool reply call_id=%s error=%s", call_id, exc)
+
+
+def _error(request: ToolCallRequest, code: str, message: str) -> ToolResult:
+    return ToolResult(
+        call_id=request.call_id,
+        status="error",
+        error=WireError(code=code, message=message),
+        server=request.server,
+        tool=request.tool,
+        finished_at=time.time(),
+    )

@@ -1,0 +1,192 @@
+"""Session leases: one loop worker runs a session at a time.
+
+A lease is the key ``<tenant>.<session>`` in the leases bucket, whose TTL (the bucket's
+max age) frees it when its holder dies. :meth:`Leases.try_acquire` creates the key
+(``kv.create`` fails while someone holds it); :meth:`Lease.keep` renews it every third
+of the TTL with a revision check, and raises :class:`~loop_worker.errors.LeaseLostError`
+when it can no longer be sure it holds it; :meth:`Lease.release` deletes it if it is
+still ours::
+
+    lease = await leases.acquire("acme", "s1", turn_id)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(lease.keep())
+            ...
+    finally:
+        await lease.release()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from schemas import Subjects, session_key
+
+from .errors import LeaseLostError
+from .retry import is_transient, retry
+
+log = logging.getLogger("loopmesh.loop_worker.lease")
+
+DEFAULT_TTL_S = 30.0
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a lease key holds: who, for which turn, and a renewal count."""
+
+    owner: str
+    turn_id: str
+    renewals: int = 0
+    at: float = 0.0
+
+
+class Leases:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, *, owner: str) -> None:
+        self._js = js
+        self._subjects = subjects
+        self.owner = owner
+        self._kv: KeyValue | None = None
+        self.ttl_s = DEFAULT_TTL_S
+
+    async def start(self) -> None:
+        if self._kv is not None:
+            return
+        self._kv = await retry(
+            lambda: self._js.key_value(self._subjects.leases_bucket), "open leases bucket"
+        )
+        status = await retry(self._kv.status, "leases bucket status")
+        self.ttl_s = float(status.ttl or DEFAULT_TTL_S)
+
+    @property
+    def kv(self) -> KeyValue:
+        if self._kv is None:
+            raise RuntimeError("Leases not started")
+        return self._kv
+
+    async def try_acquire(self, tenant: str, session: str, turn_id: str) -> Lease | None:
+        """The session's lease, or ``None`` while another worker holds it."""
+        key = session_key(tenant, session)
+        record = LeaseRecord(owner=self.owner, turn_id=turn_id, at=time.time())
+        data = msgspec.json.encode(record)
+        attempts = 0
+        started = time.monotonic()
+
+        async def create() -> int:
+            nonlocal attempts
+            attempts += 1
+            return await self.kv.create(key, data)
+
+        try:
+            revision = await retry(create, f"acquire lease {key}", timeout=self.ttl_s)
+        except KeyWrongLastSequenceError:
+            landed = await self._landed(key, data) if attempts > 1 else None
+            if landed is None:
+                return None
+            revision = landed
+        return Lease(self, key, record, revision, expires=started + self.ttl_s)
+
+    async def acquire(
+        self,
+        tenant: str,
+        session: str,
+        turn_id: str,
+        *,
+        poll_s: float = 0.05,
+        max_poll_s: float = 1.0,
+    ) -> Lease:
+        """Wait for the session's lease (it frees when released or its TTL passes)."""
+        delay = poll_s
+        while True:
+            lease = await self.try_acquire(tenant, session, turn_id)
+            if lease is not None:
+                return lease
+            await asyncio.sleep(delay * random.uniform(0.75, 1.25))
+            delay = min(delay * 2, max_poll_s)
+
+    async def holder(self, tenant: str, session: str) -> LeaseRecord | None:
+        try:
+            entry = await self.kv.get(session_key(tenant, session))
+        except KeyNotFoundError:
+            return None
+        return msgspec.json.decode(entry.value or b"", type=LeaseRecord)
+
+    async def _landed(self, key: str, data: bytes) -> int | None:
+        try:
+            entry = await retry(lambda: self.kv.get(key), f"check lease {key}")
+        except KeyNotFoundError:
+            return None
+        return entry.revision if entry.value == data else None
+
+
+class Lease:
+    """A held lease. ``expires`` is when, by the local clock, it may have lapsed."""
+
+    def __init__(
+        self, leases: Leases, key: str, record: LeaseRecord, revision: int, *, expires: float
+    ) -> None:
+        self._leases = leases
+        self.key = key
+        self.record = record
+        self.revision = revision
+        self.expires = expires
+        self.released = False
+
+    async def renew(self) -> None:
+        """Extend the lease by a TTL; raise :class:`LeaseLostError` if it is not ours."""
+        kv = self._leases.kv
+        record = msgspec.structs.replace(
+            self.record, renewals=self.record.renewals + 1, at=time.time()
+        )
+        data = msgspec.json.encode(record)
+        started = time.monotonic()
+        attempts = 0
+
+        async def update() -> int:
+            nonlocal attempts
+            attempts += 1
+            return await kv.update(self.key, data, last=self.revision)
+
+        try:
+            revision = await retry(update, f"renew lease {self.key}", timeout=self._remaining())
+        except KeyWrongLastSequenceError:
+            landed = await self._leases._landed(self.key, data) if attempts > 1 else None
+            if landed is None:
+                raise LeaseLostError(self.key) from None
+            revision = landed
+        except Exception as exc:
+            if is_transient(exc):
+                raise LeaseLostError(self.key, f"could not renew the lease of {self.key}") from exc
+            raise
+        self.record, self.revision = record, revision
+        self.expires = started + self._leases.ttl_s
+
+    async def keep(self) -> None:
+        """Renew every third of the TTL until cancelled; raise :class:`LeaseLostError`."""
+        interval = self._leases.ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            await self.renew()
+
+    async def release(self) -> None:
+        """Delete the key if it is still ours. Idempotent; never raises."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            await retry(
+                lambda: self._leases.kv.delete(self.key, last=self.revision),
+                f"release lease {self.key}",
+                timeout=5.0,
+            )
+        except Exception as exc:  # it expires by itself
+            log.info("lease not released key=%s error=%r", self.key, exc)
+
+    def _remaining(self) -> float:
+        return max(0.1, self.expires - time.monotonic())

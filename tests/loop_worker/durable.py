@@ -1,0 +1,422 @@
+"""Helpers for the durable loop-worker tests: provisioning with short timeouts, a
+minimal in-test tool pool that follows the tool worker's side of the wire, and waiting
+on the events stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import api as js_api
+
+from loopmesh.nats import connect
+from loopmesh.provision import ensure_consumer, provision
+from loopmesh.settings import NatsSettings
+from schemas import (
+    Subjects,
+    ToolCallRequest,
+    ToolResult,
+    ToolSpec,
+    catalog_key,
+    decode,
+    definitions,
+    encode,
+    pool_consumer,
+)
+from schemas.events import AnyEvent, Event, ToolResultEvent, tool_event_msg_id
+
+SUBJECTS = Subjects()
+
+
+async def connect_fast(url: str, name: str = "test") -> Client:
+    """A client that reconnects quickly and forever, as the services' clients do."""
+    return await connect(NatsSettings(url=url, reconnect_wait_s=0.05), name=name)
+
+
+Handler = Callable[[ToolCallRequest], Awaitable[str]]
+
+
+async def provision_short(
+    nc: Client, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0, subjects: Subjects = SUBJECTS
+) -> None:
+    """Everything loopmesh needs, with AckWait and lease TTL short enough for tests."""
+    defs = definitions(subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s)
+    await provision(nc.jetstream(), defs)
+
+
+async def register_tool(nc: Client, spec: ToolSpec, subjects: Subjects = SUBJECTS) -> None:
+    kv = await nc.jetstream().key_value(subjects.catalog_bucket)
+    await kv.put(catalog_key(spec.server, spec.name), encode(spec))
+
+
+@contextlib.asynccontextmanager
+async def fake_pool(
+    nc: Client,
+    handler: Handler,
+    *,
+    pool: str = "default",
+    reply: bool = True,
+    subjects: Subjects = SUBJECTS,
+) -> AsyncIterator[list[ToolCallRequest]]:
+    """Serve ``pool`` like a tool worker: effects first, record, event, reply, ack.
+    Yields the list of requests it ran."""
+    js = nc.jetstream()
+    await ensure_consumer(js, pool_consumer(subjects, pool, ack_wait_s=2.0))
+    effects = await js.key_value(subjects.effects_bucket)
+    sub = await js.pull_subscribe_bind(subjects.pool_consumer(pool), subjects.tools_stream)
+    ran: list[ToolCallRequest] = []
+
+    async def serve() -> None:
+        while True:
+            try:
+                msgs = await sub.fetch(1, timeout=0.5)
+            except TimeoutError:
+                continue
+            for msg in msgs:
+                req = decode(msg.data, ToolCallRequest)
+                try:
+                    entry = await effects.get(req.call_id)
+                    data = entry.value or b""
+                except Exception:
+                    ran.append(req)
+                    content = await handler(req)
+                    result = ToolResult(
+                        call_id=req.call_id, content=content, server=req.server, tool=req.tool
+                    )
+                    data = encode(result)
+                    await effects.put(req.call_id, data)
+                    event = ToolResultEvent(
+                        tenant=req.tenant, session=req.session, turn_id=req.turn_id,
+                        iteration=req.iteration, call_id=req.call_id, server=req.server,
+                        tool=req.tool, content=content, ts=time.time(),
+                    )  # fmt: skip
+                    await js.publish(
+                        subjects.event(req.tenant, req.session, "tool_result"),
+                        encode(event),
+                        headers={"Nats-Msg-Id": tool_event_msg_id(req.call_id, "tool_result")},
+                    )
+                if reply and req.reply_to:
+                    await nc.publish(req.reply_to, data)
+                await msg.ack()
+
+    task = asyncio.create_task(serve())
+    try:
+        yield ran
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sub.unsubscribe()
+
+
+async def stream_events(
+    nc: Client, tenant: str, session: str, subjects: Subjects = SUBJECTS
+) -> list[tuple[Event, dict[str, str]]]:
+    """Every stored event of a session, in stream order, with its headers."""
+    js = nc.jetstream()
+    out: list[tuple[Event, dict[str, str]]] = []
+    info = await js.stream_info(subjects.events_stream)
+    last = info.state.last_seq
+    seq = 0
+    while seq < last:
+        try:
+            msg = await js.get_msg(
+                subjects.events_stream, seq=seq + 1,
+                subject=subjects.session_events(tenant, session), next=True,
+            )  # fmt: skip
+        except Exception:
+            break
+        seq = msg.seq or last
+        out.append((decode(msg.data or b"", AnyEvent), dict(msg.headers or {})))
+    return out
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0, what: str = ""
+) -> None:
+    """Poll ``predicate`` until true, failing after ``timeout`` (state in NATS has no
+    event to wait on from a test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+def consumer_config(ack_wait_s: float) -> js_api.ConsumerConfig:
+    return js_api.ConsumerConfig(ack_wait=ack_wait_s)
+
+
+def spec(name: str, *, server: str = "local", pool: str = "default", **kw: Any) -> ToolSpec:
+    return ToolSpec(server=server, name=name, pool=pool, **kw)
+
+
+# -- an in-process mesh: loop workers and a tool worker as tasks, each its own client ----
+
+
+class Running:
+    """A service running as a task with its own NATS client; ``await stop()``."""
+
+    def __init__(self, service: Any, client: Client, task: asyncio.Task[None]) -> None:
+        self.service = service
+        self.client = client
+        self.task = task
+        self.stop_event = asyncio.Event()
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), 30)
+        finally:
+            await self.client.close()
+
+
+class Mesh:
+    """NATS, a fake LLM, and services started on demand; tests drive turns through it."""
+
+    def __init__(self, url: str, llm_url: str, nc: Client) -> None:
+        self.url = url
+        self.llm_url = llm_url
+        self.nc = nc
+        self.running: list[Running] = []
+
+    def config(self, **service: Any) -> Any:
+        from loop_worker.config import LoopWorkerConfig, ServiceSettings
+        from loop_worker.settings import LLMSettings, LoopSettings
+
+        service.setdefault("ack_wait_s", 2.0)
+        service.setdefault("lease_ttl_s", 2.0)
+        service.setdefault("fetch_timeout_s", 0.2)
+        loop = service.pop("loop", LoopSettings(max_iterations=6))
+        return LoopWorkerConfig(
+            nats=NatsSettings(url=self.url, reconnect_wait_s=0.05),
+            llm=LLMSettings(
+                base_url=self.llm_url, api_key="test", model="fake-model", max_retries=0,
+                backoff_initial_s=0.05,
+            ),
+            loop=loop,
+            loop_worker=ServiceSettings(**service),
+        )  # fmt: skip
+
+    async def loop_worker(self, name: str = "w1", **service: Any) -> Running:
+        from loop_worker.llm import OpenAILLM
+        from loop_worker.service import LoopWorker
+
+        config = self.config(name=name, **service)
+        client = await connect(config.nats, name=name)
+        llm = OpenAILLM(config.llm)
+        worker = LoopWorker(client, config, llm=llm)
+        running: Running
+
+        async def run() -> None:
+            try:
+                await worker.run(running.stop_event)
+            finally:
+                await llm.aclose()
+
+        running = Running(worker, client, asyncio.create_task(run()))
+        self.running.append(running)
+        await _ready(worker.ready, running.task)
+        return running
+
+    async def tool_worker(self, pool: str = "default") -> Running:
+        from tool_worker.local import load_module
+        from tool_worker.registry import Registry
+        from tool_worker.service import ToolWorker
+
+        client = await connect(NatsSettings(url=self.url, reconnect_wait_s=0.05), name="tools")
+        worker = ToolWorker(
+            client, Registry(load_module("tests.loop_worker.tools")), pool=pool, ack_wait_s=2.0
+        )
+        stop = asyncio.Event()
+        running = Running(worker, client, asyncio.create_task(worker.run(stop)))
+        running.stop_event = stop
+        self.running.append(running)
+        await _ready(worker.ready, running.task)
+        return running
+
+    async def close(self) -> None:
+        for running in reversed(self.running):
+            if not running.task.done() or not running.client.is_closed:
+                with contextlib.suppress(Exception):
+                    await running.stop()
+
+
+async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
+    waiter = asyncio.ensure_future(ready.wait())
+    done, _ = await asyncio.wait({waiter, task}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        task.result()
+        raise AssertionError("service ended before it was ready")
+    if not ready.is_set():
+        raise AssertionError("service not ready within 15s")
+
+
+async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int:
+    from loop_worker.client import publish_turn
+
+    return await publish_turn(nc.jetstream(), subjects, turn)
+
+
+class Watch:
+    """Every event of one session from now on, in stream order; wait on them."""
+
+    def __init__(self, nc: Client, tenant: str = "acme", session: str = "s1") -> None:
+        from loop_worker.client import Follower
+
+        self.events: list[Event] = []
+        self._follower = Follower(nc, SUBJECTS, tenant, session)
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Watch:
+        await self._follower.__aenter__()
+        self._task = asyncio.create_task(self._collect())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._follower.__aexit__()
+
+    async def _collect(self) -> None:
+        async for event in self._follower:
+            async with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
+
+    def of(self, type_: str, turn_id: str | None = None) -> list[Event]:
+        return [
+            e for e in self.events if e.type == type_ and (turn_id is None or e.turn_id == turn_id)
+        ]
+
+    async def wait(
+        self, type_: str, turn_id: str | None = None, *, count: int = 1, timeout: float = 10.0
+    ) -> Event:
+        """The ``count``-th event of ``type_`` (of ``turn_id``), waiting up to ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(lambda: len(self.of(type_, turn_id)) >= count)
+        except TimeoutError:
+            seen = [e.type for e in self.events]
+            raise AssertionError(
+                f"no {type_} for {turn_id} within {timeout}s; saw {seen}"
+            ) from None
+        return self.of(type_, turn_id)[count - 1]
+
+
+# -- services as real processes ------------------------------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+class Proc:
+    """A service in its own process (``python -m ...``), its log lines collected, so a
+    test can wait for one and kill the process as a crash would."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.env = env or {}
+        self.lines: list[str] = []
+        self._changed = asyncio.Condition()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, ready: str | None = None, timeout: float = 30.0) -> Proc:
+        import os
+        import sys
+
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, *self.args, cwd=str(ROOT), env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        self._reader = asyncio.create_task(self._read())
+        if ready is not None:
+            await self.wait_line(ready, timeout)
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            async with self._changed:
+                self.lines.append(raw.decode(errors="replace").rstrip())
+                self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_line(self, text: str, timeout: float = 30.0) -> str:
+        def found() -> str | None:
+            return next((line for line in self.lines if text in line), None)
+
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(
+                    lambda: (
+                        found() is not None or (self._reader is not None and self._reader.done())
+                    )
+                )
+        except TimeoutError:
+            raise AssertionError(f"no {text!r} within {timeout}s:\n" + self.output()) from None
+        line = found()
+        if line is None:
+            raise AssertionError(f"process ended before {text!r}:\n" + self.output())
+        return line
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
+    async def terminate(self, timeout: float = 20.0) -> int:
+        import signal
+
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            return await self.proc.wait()
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+        if self.proc is not None:
+            await self.proc.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+def worker_env(nats_url: str, llm_url: str, **service: Any) -> dict[str, str]:
+    """Settings of a loop-worker process, as environment variables."""
+    env = {
+        "LOOPMESH_NATS__URL": nats_url,
+        "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
+        "LOOPMESH_LLM__BASE_URL": llm_url,
+        "LOOPMESH_LLM__API_KEY": "test",
+        "LOOPMESH_LLM__MODEL": "fake-model",
+        "LOOPMESH_LOOP__MAX_ITERATIONS": "6",
+        "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": "2",
+        "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": "2",
+        "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.2",
+    }
+    for key, value in service.items():
+        env[f"LOOPMESH_LOOP_WORKER__{key.upper()}"] = str(value)
+    return env

@@ -1,0 +1,62 @@
+import asyncio
+import time
+
+import pytest
+
+from loop_worker.errors import LeaseLostError
+from loop_worker.lease import Leases
+from tests.loop_worker.durable import SUBJECTS, provision_short
+
+
+@pytest.fixture
+async def leases(nc):
+    await provision_short(nc, lease_ttl_s=1.0)
+
+    async def make(owner: str) -> Leases:
+        leases = Leases(nc.jetstream(), SUBJECTS, owner=owner)
+        await leases.start()
+        return leases
+
+    return make
+
+
+async def test_a_held_lease_cannot_be_taken_until_released(leases):
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    assert lease is not None and a.ttl_s == 1.0
+    assert await b.try_acquire("acme", "s1", "t2") is None
+    assert (await b.holder("acme", "s1")).owner == "a"
+    assert await b.try_acquire("acme", "s2", "t3") is not None  # other sessions are free
+    await lease.release()
+    assert await b.try_acquire("acme", "s1", "t2") is not None
+
+
+async def test_a_dead_holders_lease_expires_with_the_ttl(leases):
+    a, b = await leases("a"), await leases("b")
+    assert await a.try_acquire("acme", "s1", "t1") is not None  # then a dies
+    started = time.monotonic()
+    lease = await asyncio.wait_for(b.acquire("acme", "s1", "t1"), 5)
+    assert 0.5 < time.monotonic() - started < 3.0
+    assert lease.record.owner == "b"
+
+
+async def test_a_kept_lease_outlives_its_ttl(leases):
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    keeper = asyncio.create_task(lease.keep())
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(b.acquire("acme", "s1", "t2"), 2.5)
+    finally:
+        keeper.cancel()
+    assert lease.record.renewals >= 5
+
+
+async def test_renewing_a_lease_someone_else_took_raises_lease_lost(leases):
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    await b.acquire("acme", "s1", "t1")  # after a's lease lapsed
+    with pytest.raises(LeaseLostError):
+        await lease.renew()
+    await lease.release()  # not ours any more: leaves b's lease alone
+    assert (await b.holder("acme", "s1")).owner == "b"

@@ -1,0 +1,276 @@
+"""The durable loop worker, in-process: workers and a tool worker as tasks on one real
+nats-server, each with its own client, against the fake OpenAI-compatible server."""
+
+import asyncio
+import json
+import time
+
+import pytest
+from nats.js.errors import KeyNotFoundError
+
+from loop_worker.controls import send_control
+from schemas import ApprovalDecision, Cancel, Pause, Resume, SessionSnapshot, Turn, decode
+from schemas.events import ContentDelta, LoopEnd
+from tests.fake_llm import FakeLLM
+from tests.fake_replies import auto, text
+from tests.loop_worker.durable import (
+    SUBJECTS,
+    Mesh,
+    Watch,
+    connect_fast,
+    provision_short,
+    send_turn,
+    stream_events,
+    wait_for,
+)
+
+
+@pytest.fixture
+async def mesh(nats_server):
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    async with FakeLLM(default=auto()) as llm:
+        mesh = Mesh(nats_server.url, llm.base_url, nc)
+        mesh.fake = llm
+        try:
+            yield mesh
+        finally:
+            await mesh.close()
+            await nc.close()
+
+
+def turn(turn_id: str, task: str, session: str = "s1", **kw) -> Turn:
+    return Turn(
+        id=turn_id, tenant="acme", session=session, input=task, created_at=time.time(), **kw
+    )
+
+
+def count_task(path, label: str = "a", seconds: float = 0.0, tool: str = "count") -> str:
+    args = {"path": str(path), "label": label, "seconds": seconds}
+    if tool != "count":
+        args.pop("seconds")
+    return f"call local__{tool} {json.dumps(args)}"
+
+
+async def turns_left(nc) -> int:
+    return (await nc.jetstream().stream_info(SUBJECTS.turns_stream)).state.messages
+
+
+async def test_a_turn_runs_to_its_end_and_is_acked_once_its_events_are_stored(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker()
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n")))
+        end = await watch.wait("loop_end", "t1")
+    assert isinstance(end, LoopEnd) and end.reason == "task_completion"
+    assert (tmp_path / "n").read_text() == "a\n"
+    await _until(lambda: turns_left(mesh.nc), 0, timeout=5)
+    stored = [e.type for e, _ in await stream_events(mesh.nc, "acme", "s1")]
+    assert stored.count("loop_end") == 1 and stored[0] == "loop_start"
+    assert stored.count("tool_result") == 2  # count, then task_completion
+    kv = await mesh.nc.jetstream().key_value(SUBJECTS.sessions_bucket)
+    snapshot = decode((await kv.get("acme.s1")).value, SessionSnapshot)
+    assert snapshot.status == "idle" and snapshot.turn_id == "t1"
+    leases = await mesh.nc.jetstream().key_value(SUBJECTS.leases_bucket)
+    with pytest.raises(KeyNotFoundError):  # released
+        await leases.get("acme.s1")
+
+
+async def test_two_turns_sent_at_once_to_one_session_run_in_order(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker("w1")
+    await mesh.loop_worker("w2")
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", "first", seconds=0.3)))
+        await send_turn(mesh.nc, turn("t2", count_task(tmp_path / "n", "second")))
+        await watch.wait("loop_end", "t2")
+    order = [(e.type, e.turn_id) for e in watch.events if e.type in ("loop_start", "loop_end")]
+    assert order == [
+        ("loop_start", "t1"), ("loop_end", "t1"), ("loop_start", "t2"), ("loop_end", "t2")
+    ]  # fmt: skip
+    assert (tmp_path / "n").read_text() == "first\nsecond\n"
+
+
+async def test_turns_of_one_tenant_over_its_limit_wait(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker(tenant_max_active=1)
+    async with Watch(mesh.nc, session="s1") as w1, Watch(mesh.nc, session="s2") as w2:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "a", seconds=0.3)))
+        await send_turn(mesh.nc, turn("t2", count_task(tmp_path / "b", seconds=0.3), session="s2"))
+        end1, end2 = await w1.wait("loop_end", "t1"), await w2.wait("loop_end", "t2")
+    start1, start2 = w1.of("loop_start", "t1")[0], w2.of("loop_start", "t2")[0]
+    assert start2.ts >= end1.ts or start1.ts >= end2.ts  # one after the other
+
+
+async def test_a_cancel_during_a_streamed_llm_reply_ends_the_turn_within_a_second(mesh):
+    mesh.fake.script(text("word " * 400, chunk_size=5, delay_s=0.05))  # a 4 s reply
+    await mesh.loop_worker()
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", "write a long essay"))
+        await watch.wait("content_delta", "t1", count=3)
+        sent = time.time()
+        await mesh.nc.publish(
+            SUBJECTS.control("acme", "s1"),
+            b'{"type": "cancel", "tenant": "acme", "session": "s1", "reason": "enough"}',
+        )
+        end = await watch.wait("loop_end", "t1", timeout=2)
+    assert isinstance(end, LoopEnd) and end.reason == "cancelled"
+    assert end.ts - sent < 1.0
+    assert len(watch.of("content_delta")) < 100
+
+
+async def test_pause_holds_the_turn_at_an_iteration_boundary_and_resume_goes_on(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker()
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", seconds=0.5)))
+        await watch.wait("tool_call", "t1")
+        await send_control(mesh.nc, SUBJECTS, Pause(tenant="acme", session="s1"))
+        await watch.wait("paused", "t1")
+        assert not watch.of("loop_end")
+        await send_control(mesh.nc, SUBJECTS, Resume(tenant="acme", session="s1"))
+        await watch.wait("resumed", "t1")
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "task_completion"
+
+
+async def test_an_approval_arriving_while_the_worker_runs_lets_the_call_through(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker()
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "g", tool="guarded")))
+        asked = await watch.wait("approval_required", "t1")
+        decision = ApprovalDecision(
+            tenant="acme", session="s1", call_id=asked.call_id, approved=True
+        )
+        await mesh.nc.publish(SUBJECTS.control("acme", "s1"), _json(decision))
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "task_completion"
+    assert (tmp_path / "g").read_text() == "a\n"
+
+
+async def test_an_approval_sent_while_no_worker_runs_is_seen_after_the_restart(mesh, tmp_path):
+    await mesh.tool_worker()
+    first = await mesh.loop_worker("w1", drain_timeout_s=0.2)
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "g", tool="guarded")))
+        asked = await watch.wait("approval_required", "t1")
+        await first.stop()  # hands the turn back
+        decision = ApprovalDecision(
+            tenant="acme", session="s1", call_id=asked.call_id, approved=True
+        )
+        await send_control(mesh.nc, SUBJECTS, decision)
+        await mesh.loop_worker("w2")
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "task_completion"
+    assert (tmp_path / "g").read_text() == "a\n"
+    assert [e.resumed for e in watch.of("loop_start")] == [False, True]
+
+
+async def test_a_cancel_sent_while_no_worker_runs_ends_the_turn_when_it_is_picked_up(
+    mesh, tmp_path
+):
+    await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n")))
+    await send_control(
+        mesh.nc, SUBJECTS, Cancel(tenant="acme", session="s1", turn_id="t1", reason="nope")
+    )
+    async with Watch(mesh.nc) as watch:
+        await mesh.tool_worker()
+        await mesh.loop_worker()
+        # the watch starts after the publish: the turn's events come after it anyway
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "cancelled"
+    assert not (tmp_path / "n").exists()
+
+
+async def test_a_stopping_worker_finishes_its_turn_within_the_drain_deadline(mesh, tmp_path):
+    await mesh.tool_worker()
+    worker = await mesh.loop_worker(drain_timeout_s=10)
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", seconds=0.5)))
+        await watch.wait("tool_call", "t1")
+        await worker.stop()
+        end = await watch.wait("loop_end", "t1", timeout=1)
+    assert end.reason == "task_completion"
+    assert await turns_left(mesh.nc) == 0
+
+
+async def test_a_turn_handed_back_on_stop_is_resumed_by_another_worker(mesh, tmp_path):
+    await mesh.tool_worker()
+    first = await mesh.loop_worker("w1", drain_timeout_s=0.1)
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", seconds=1.0)))
+        await watch.wait("tool_call", "t1")
+        await first.stop()
+        await mesh.loop_worker("w2")
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "task_completion"
+    assert (tmp_path / "n").read_text() == "a\n"  # the call was awaited, not run again
+    assert len(watch.of("loop_end")) == 1
+
+
+async def test_a_nats_server_restart_mid_turn_does_not_stop_the_turn(mesh, nats_server, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker()
+    await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", seconds=1.0)))
+    await _until_file(tmp_path / "n")
+    await nats_server.restart()
+    ends = await _wait_stored(mesh.nc, "loop_end", timeout=20)
+    assert [e.reason for e in ends] == ["task_completion"]
+    assert (tmp_path / "n").read_text() == "a\n"
+
+
+async def test_an_invalid_turn_is_dropped_and_the_next_one_runs(mesh, tmp_path):
+    await mesh.tool_worker()
+    await mesh.loop_worker()
+    js = mesh.nc.jetstream()
+    await js.publish(SUBJECTS.turn("acme", "s1"), b'{"id": "bad id"}')
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n")))
+        end = await watch.wait("loop_end", "t1")
+    assert end.reason == "task_completion"
+
+
+async def test_many_sessions_run_at_once_in_one_worker(mesh):
+    await mesh.loop_worker(max_active_turns=32)
+    async with Watch(mesh.nc, session="m0") as first:
+        for i in range(40):
+            await send_turn(mesh.nc, turn(f"t{i}", "say hi", session=f"m{i}"))
+        await first.wait("loop_end", "t0")
+    await _until(lambda: turns_left(mesh.nc), 0, timeout=15)
+    deltas = [e for e, _ in await stream_events(mesh.nc, "acme", "m39")]
+    assert deltas[-1].type == "loop_end"
+    assert not any(isinstance(e, ContentDelta) and not e.text for e in deltas)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _json(obj) -> bytes:
+    from schemas import encode
+
+    return encode(obj)
+
+
+async def _until(probe, expected, timeout: float = 10.0):
+    async def reached() -> bool:
+        return (await probe()) == expected
+
+    await wait_for(reached, timeout=timeout, what=f"{expected}")
+
+
+async def _until_file(path, timeout: float = 10.0):
+    await wait_for(path.exists, timeout=timeout, what=f"{path} to exist")
+
+
+async def _wait_stored(nc, type_: str, *, timeout: float):
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                events = [e for e, _ in await stream_events(nc, "acme", "s1")]
+            except Exception:
+                events = []
+            found = [e for e in events if e.type == type_]
+            if found:
+                return found
+            await asyncio.sleep(0.05)

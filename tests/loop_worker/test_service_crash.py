@@ -1,0 +1,127 @@
+"""Crashes with real processes: loop workers and a tool worker as ``python -m``
+processes on one real nats-server; the fake OpenAI-compatible server in the test."""
+
+import json
+import time
+
+import pytest
+
+from loop_worker.controls import send_control
+from schemas import ApprovalDecision, Turn
+from tests.fake_llm import FakeLLM
+from tests.fake_replies import auto
+from tests.loop_worker.durable import (
+    SUBJECTS,
+    Proc,
+    Watch,
+    connect_fast,
+    provision_short,
+    send_turn,
+    stream_events,
+    worker_env,
+)
+
+pytestmark = pytest.mark.slow
+
+READY = "loop worker ready"
+
+
+@pytest.fixture
+async def procs(nats_server):
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    started: list[Proc] = []
+    async with FakeLLM(default=auto()) as llm:
+
+        async def start(*args: str, ready: str, **env) -> Proc:
+            proc = Proc(*args, env=env)
+            started.append(proc)
+            return await proc.start(ready)
+
+        async def loop_worker(name: str, **service) -> Proc:
+            env = worker_env(nats_server.url, llm.base_url, name=name, **service)
+            return await start("-m", "loop_worker", ready=READY, **env)
+
+        async def tool_worker() -> Proc:
+            return await start(
+                "-m", "tool_worker", "--nats-url", nats_server.url, "--no-provision",
+                "--module", "tests.loop_worker.tools", ready="serving pool=default",
+                LOOPMESH_TOOL_WORKER__ACK_WAIT_S="2",
+            )  # fmt: skip
+
+        class P:
+            pass
+
+        p = P()
+        p.nc, p.llm, p.loop_worker, p.tool_worker = nc, llm, loop_worker, tool_worker
+        try:
+            yield p
+        finally:
+            for proc in reversed(started):
+                await proc.close()
+            await nc.close()
+
+
+def turn(turn_id: str, task: str) -> Turn:
+    return Turn(id=turn_id, tenant="acme", session="s1", input=task, created_at=time.time())
+
+
+def call(tool: str, **args) -> str:
+    return f"call local__{tool} {json.dumps(args)}"
+
+
+async def test_kill_9_mid_turn_resumes_on_another_worker_with_the_side_effect_once(procs, tmp_path):
+    counter = tmp_path / "count"
+    await procs.tool_worker()
+    first = await procs.loop_worker("w1")
+    async with Watch(procs.nc) as watch:
+        await send_turn(procs.nc, turn("t1", call("count", path=str(counter), seconds=2.0)))
+        await watch.wait("tool_call", "t1")
+        first.kill()  # kill -9 while the slow tool runs
+        await procs.loop_worker("w2")
+        end = await watch.wait("loop_end", "t1", timeout=20)
+    assert end.reason == "task_completion"
+    assert counter.read_text() == "\n"  # the tool ran once
+    stored = [e for e, _ in await stream_events(procs.nc, "acme", "s1")]
+    types = [e.type for e in stored]
+    assert types.count("loop_end") == 1 and types[-1] == "loop_end"
+    starts = [(e.resumed, e.worker) for e in stored if e.type == "loop_start"]
+    assert starts == [(False, "w1"), (True, "w2")]
+    # nothing missing: each iteration's request, response, call and result are there
+    for k in (1, 2):
+        of_k = [e.type for e in stored if e.iteration == k]
+        for needed in ("loop_iteration", "llm_request", "llm_response", "tool_call", "tool_result"):
+            assert needed in of_k, (k, needed, of_k)
+    assert types.count("tool_result") == 2
+
+
+async def test_an_approval_sent_while_the_worker_restarts_is_applied(procs, tmp_path):
+    written = tmp_path / "written"
+    await procs.tool_worker()
+    first = await procs.loop_worker("w1")
+    async with Watch(procs.nc) as watch:
+        await send_turn(procs.nc, turn("t1", call("guarded", path=str(written))))
+        asked = await watch.wait("approval_required", "t1")
+        first.kill()
+        decision = ApprovalDecision(
+            tenant="acme", session="s1", call_id=asked.call_id, approved=True, reason="ok"
+        )
+        await send_control(procs.nc, SUBJECTS, decision)
+        await procs.loop_worker("w2")
+        end = await watch.wait("loop_end", "t1", timeout=20)
+    assert end.reason == "task_completion"
+    assert written.read_text() == "\n"
+    decided = watch.of("approval_decision", "t1")
+    assert decided and decided[0].approved
+
+
+async def test_sigterm_lets_the_running_turn_finish_and_exits_cleanly(procs, tmp_path):
+    await procs.tool_worker()
+    worker = await procs.loop_worker("w1", drain_timeout_s=10)
+    async with Watch(procs.nc) as watch:
+        await send_turn(procs.nc, turn("t1", call("count", path=str(tmp_path / "n"), seconds=1)))
+        await watch.wait("tool_call", "t1")
+        code = await worker.terminate()
+        end = await watch.wait("loop_end", "t1", timeout=1)
+    assert code == 0
+    assert end.reason == "task_completion"
