@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
+from loopmesh.aio import raise_if_cancelled
 from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
 
 from .registry import Registry
@@ -72,6 +73,7 @@ class Catalog:
                 await self.publish()
             except Exception as exc:  # NATS down: the next round tries again
                 log.warning("catalog refresh failed: %r", exc)
+            raise_if_cancelled()  # nats-py may have swallowed a cancel
             try:
                 async with asyncio.timeout(self.refresh_s):
                     await self._changed.wait()

@@ -17,7 +17,11 @@ LOOPMESH = [sys.executable, "-m", "loopmesh"]
 
 
 def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("LOOPMESH_")}
+    """The environment without LOOPMESH_ settings, with an LLM endpoint configured so
+    that ``up`` does not start the embedded model (these tests are about NATS)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPMESH_")}
+    env["LOOPMESH_LLM__BASE_URL"] = "http://127.0.0.1:9/v1"
+    return env
 
 
 def test_help_lists_the_commands_and_how_settings_are_read():
