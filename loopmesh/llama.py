@@ -26,6 +26,7 @@ from types import TracebackType
 import httpx
 
 from .errors import LoopmeshError
+from .process import die_with_parent
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 #: Replies of the demo model are cut here: it rambles, and CPUs are slow.
@@ -105,6 +106,7 @@ class LlamaServer:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches us; we stop it in order
+            preexec_fn=die_with_parent(),
         )
         self._reader = asyncio.create_task(self._read_log())
         try:

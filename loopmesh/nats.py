@@ -22,7 +22,7 @@ import nats
 from nats.aio.client import Client
 from nats.aio.client import Server as _Server
 
-from .errors import ConfigError, NatsConnectError
+from .errors import NatsConnectError
 from .settings import NatsSettings
 
 log = logging.getLogger("loopmesh.nats")
@@ -30,14 +30,14 @@ log = logging.getLogger("loopmesh.nats")
 #: Attempts at the first connection before giving up (reconnects are unlimited).
 FIRST_CONNECT_ATTEMPTS = 2
 
+#: Where a client connects when no URL is configured: the server ``loopmesh up`` starts
+#: by default (and the ``nats`` CLI's default).
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
 
 async def connect(settings: NatsSettings, *, name: str | None = None) -> Client:
-    """Connect to ``settings.url``; the client then reconnects forever."""
-    if not settings.url:
-        raise ConfigError(
-            "nats.url", "no NATS URL configured (set [nats] url or LOOPMESH_NATS__URL)"
-        )
-    url = settings.url
+    """Connect to ``settings.url`` (or :data:`DEFAULT_URL`); then reconnect forever."""
+    url = settings.url or DEFAULT_URL
     client_name = name or settings.name
     connected = False
     errors: list[Exception] = []

@@ -23,6 +23,7 @@ from types import TracebackType
 import httpx
 
 from .errors import NatsServerError, NatsServerNotFound
+from .process import die_with_parent
 
 _CLIENT = re.compile(rb"Listening for client connections on [\d.]+:(\d+)")
 _MONITOR = re.compile(rb"Starting http monitor on [\d.]+:(\d+)")
@@ -99,6 +100,7 @@ class NatsServer:
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it in order
+            preexec_fn=die_with_parent(),
         )  # fmt: skip
         try:
             await self._wait_ready()

@@ -11,6 +11,7 @@ import pytest
 
 from loopmesh import cli
 from schemas import Subjects, definitions
+from tests.loopmesh.conditions import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPMESH = [sys.executable, "-m", "loopmesh"]
@@ -141,3 +142,14 @@ async def test_up_with_a_nats_url_provisions_that_server_and_stops_on_sigterm(na
             await proc.wait()
     assert proc.returncode == 0
     assert nats_server.running
+
+
+async def test_the_embedded_nats_server_dies_with_up_even_when_up_is_killed(tmp_path):
+    store = tmp_path / "store"
+    proc, _ = await start_up("--store-dir", str(store), "--port", "-1", "--monitor-port", "-1")
+    try:
+        assert nats_server_pids(store)
+    finally:
+        proc.kill()  # SIGKILL: up cannot stop its children itself
+        await proc.wait()
+    await wait_until(lambda: nats_server_pids(store) == [], what="nats-server to exit")

@@ -3,7 +3,8 @@ import logging
 import httpx
 import pytest
 
-from loopmesh.errors import ConfigError, NatsConnectError
+from loopmesh import nats as loopmesh_nats
+from loopmesh.errors import NatsConnectError
 from loopmesh.nats import connect
 from loopmesh.settings import NatsSettings
 from tests.loopmesh.conditions import wait_until
@@ -29,9 +30,16 @@ async def test_a_first_connection_that_fails_raises_an_error_naming_the_url(nats
     assert url in str(info.value)
 
 
-async def test_connect_without_a_url_is_a_config_error():
-    with pytest.raises(ConfigError, match="no NATS URL"):
-        await connect(NatsSettings())
+async def test_connect_without_a_url_uses_the_local_default_that_up_serves(
+    nats_server, monkeypatch
+):
+    monkeypatch.setattr(loopmesh_nats, "DEFAULT_URL", nats_server.url)
+    nc = await connect(NatsSettings())
+    try:
+        assert nc.connected_url is not None
+        assert nc.connected_url.port == nats_server.port
+    finally:
+        await nc.close()
 
 
 async def test_the_client_keeps_reconnecting_until_the_server_is_back(nats_server, caplog):
