@@ -171,10 +171,10 @@ class Mesh:
         await self.nc.close()
         await self.server.stop()
 
-    async def tool_worker(self, concurrency: int = 512) -> Proc:
+    async def tool_worker(self, concurrency: int = 512, module: str = "bench.tools") -> Proc:
         proc = Proc(
             "-m", "tool_worker", "--nats-url", self.server.url, "--no-provision",
-            "--module", "tests.loop_worker.tools", "--concurrency", str(concurrency),
+            "--module", module, "--concurrency", str(concurrency),
             env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_LOG_LEVEL": "WARNING"},
         )  # fmt: skip
         self.procs.append(proc)
@@ -275,7 +275,7 @@ async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float
     from tests.fake_replies import auto
 
     async with Mesh(store) as mesh, FakeLLM(default=auto()) as llm:
-        await mesh.tool_worker(concurrency=max(64, sessions + 8))
+        await mesh.tool_worker(concurrency=max(64, sessions + 8), module="tests.loop_worker.tools")
         worker = await mesh.loop_worker_process(llm.base_url, "m1")
         ends = Ends(mesh.nc)
         await ends.start()

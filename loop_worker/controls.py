@@ -15,7 +15,8 @@ the ``Loopmesh-Recorded`` header, and the workers leave the record alone.
 
 A recorded cancel or pause applies to a turn it names, or, naming no turn, to turns
 created before it was sent (``at``). When a turn ends, a cancel or pause that applied
-to it is cleared, so it does not reach the session's next turn.
+to it is cleared, so it does not reach the session's next turn. (A turn that saw no
+cancel or pause, recorded or live, has none to clear: its end reads nothing.)
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from schemas import (
 )
 
 from .control import TurnControl
+from .publisher import KV, Publisher
 from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.controls")
@@ -64,6 +66,7 @@ class RecordedTurnControl(TurnControl):
         super().__init__()
         self.turn = turn
         self._kv = kv
+        self.stopped = False  # a cancel or pause reached it (recorded or live)
 
     async def wait_decision(self, call_id: str, timeout: float) -> ApprovalDecision | None:
         if call_id not in self._decisions:
@@ -83,11 +86,20 @@ class RecordedTurnControl(TurnControl):
 class Controls:
     """Routes control messages to running turns and records them in KV."""
 
-    def __init__(self, nc: Client, subjects: Subjects, *, record: bool = True) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        *,
+        record: bool = True,
+        publisher: Publisher | None = None,
+    ) -> None:
         self._nc = nc
         self._subjects = subjects
         self._record = record
+        self._publisher = publisher or Publisher(nc)
         self._kv: KeyValue | None = None
+        self._reads: KV | None = None
         self._subs: list[Subscription] = []
         self._running: dict[str, RecordedTurnControl] = {}  # session key → running turn
         #: Called with each control message routed to a running turn (for metrics/tests).
@@ -100,6 +112,8 @@ class Controls:
         self._kv = await retry(
             lambda: js.key_value(self._subjects.control_bucket), "open control bucket"
         )
+        await self._publisher.start()
+        self._reads = KV(self._publisher, self._subjects.control_bucket)
         subject = self._subjects.all_control
         self._subs.append(await self._nc.subscribe(subject, cb=self._route))
         if self._record:
@@ -126,12 +140,13 @@ class Controls:
         control = RecordedTurnControl(turn, self.kv)
         key = session_key(turn.tenant, turn.session)
         self._running[key] = control  # live messages from now on
-        try:
-            entry = await retry(lambda: self.kv.get(key), f"get {key}")
-        except KeyNotFoundError:
+        assert self._reads is not None, "Controls not started"
+        reads = self._reads
+        entry = await retry(lambda: reads.entry(key), f"get {key}")
+        if entry is None or entry.value is None:
             return control
         try:
-            recorded = decode(entry.value or b"", Control)
+            recorded = decode(entry.value, Control)
         except DecodeError as exc:
             log.warning("bad recorded control key=%s error=%s", key, exc)
             return control
@@ -144,10 +159,15 @@ class Controls:
         key = session_key(turn.tenant, turn.session)
         if self._running.get(key) is control:
             del self._running[key]
+        if isinstance(control, RecordedTurnControl) and not control.stopped:
+            return
+        assert self._reads is not None, "Controls not started"
         try:
-            entry = await self.kv.get(key)
-            recorded = decode(entry.value or b"", Control)
-        except (KeyNotFoundError, DecodeError):
+            entry = await self._reads.entry(key)
+            if entry is None or entry.value is None:
+                return
+            recorded = decode(entry.value, Control)
+        except DecodeError:
             return
         except Exception as exc:
             log.info("control record not checked key=%s error=%r", key, exc)
@@ -223,6 +243,8 @@ def _applies(control: Control, turn: Turn) -> bool:
 
 
 async def _apply(target: TurnControl, control: Control) -> None:
+    if isinstance(control, Cancel | Pause) and isinstance(target, RecordedTurnControl):
+        target.stopped = True
     match control:
         case Cancel(reason=reason):
             target.cancel(reason or "cancelled")

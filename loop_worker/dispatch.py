@@ -10,6 +10,13 @@ died is awaited: the tool worker that runs it records the result even when nobod
 left to reply to, and publishing the same call id again inside the stream's duplicate
 window is a no-op.
 
+The publish's ack is not awaited before the reply: the reply cannot come before the
+request is stored, so waiting for the ack first only adds a wake-up. The call waits
+for the reply, and acts on the ack only when it fails (JetStream refused it or was not
+there: publish again, under the same id) or has not come when the reply is overdue
+(it may have been lost in a reconnect: publish again; the stream drops the copy if the
+first one was stored).
+
 One wildcard subscription (``<inbox>.*``) serves every call; replies find their
 waiting call by id. The catalog is read into memory and reloaded in the background.
 """
@@ -20,14 +27,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from schemas import (
@@ -42,7 +48,8 @@ from schemas import (
     encode,
 )
 
-from .retry import retry
+from .publisher import KV, PubAck, Publisher
+from .retry import is_transient, retry
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
 
@@ -54,7 +61,11 @@ class NatsToolDispatcher:
     itself; the grace covers the trip and a queue); ``effect_poll_s`` is how long a
     reply may be missing before the effect record is read. With ``effects_first``
     false, the record is read before publishing only for turns marked with
-    :meth:`resuming` (the service marks redelivered turns).
+    :meth:`resuming` (the service marks redelivered turns). ``before_publish`` runs
+    before a request is published (the service commits the session's checkpoint, so
+    the pending calls are stored before they can run); ``resend_s`` bounds how long
+    after the first publish a copy may be published (well inside the stream's
+    duplicate window).
     """
 
     def __init__(
@@ -67,9 +78,15 @@ class NatsToolDispatcher:
         effect_poll_s: float = 1.0,
         default_timeout_s: float = 60.0,
         effects_first: bool = True,
+        publisher: Publisher | None = None,
+        resend_s: float = 30.0,
+        before_publish: Callable[[ToolCallRequest], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        self._publisher = publisher or Publisher(nc)
+        self._resend_s = resend_s  # no copy is published later (well inside the window)
+        self._before_publish = before_publish
         self._subjects = subjects
         self._refresh_s = refresh_s
         self._grace_s = grace_s
@@ -77,7 +94,7 @@ class NatsToolDispatcher:
         self._default_timeout_s = default_timeout_s
         self._catalog: dict[str, ToolSpec] = {}
         self._catalog_kv: KeyValue | None = None
-        self._effects_kv: KeyValue | None = None
+        self._effects_kv: KV | None = None
         self._inbox = ""
         self._sub: Subscription | None = None
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
@@ -92,9 +109,10 @@ class NatsToolDispatcher:
         self._catalog_kv = await retry(
             lambda: self._js.key_value(self._subjects.catalog_bucket), "open catalog bucket"
         )
-        self._effects_kv = await retry(
-            lambda: self._js.key_value(self._subjects.effects_bucket), "open effects bucket"
-        )
+        effects = self._subjects.effects_bucket
+        await retry(lambda: self._js.key_value(effects), "open effects bucket")
+        await self._publisher.start()
+        self._effects_kv = KV(self._publisher, effects)
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
         await self.reload()
@@ -195,6 +213,8 @@ class NatsToolDispatcher:
             recorded = await self._effect(request.call_id)
             if recorded is not None:
                 return recorded
+        if self._before_publish is not None:  # the service: the checkpoint goes out first
+            await self._before_publish(request)
         timeout = request.timeout_s or spec.timeout_s or self._default_timeout_s
         deadline = time.monotonic() + timeout + self._grace_s
         future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
@@ -206,15 +226,18 @@ class NatsToolDispatcher:
                 timeout_s=timeout,
                 created_at=request.created_at or time.time(),
             )
-            subject = self._subjects.tool(spec.pool, request.server, request.tool)
-            await retry(
-                lambda: self._js.publish(
-                    subject, encode(request), headers={"Nats-Msg-Id": request.call_id}
-                ),
-                f"publish call {request.call_id}",
-                timeout=max(0.1, deadline - time.monotonic()),
+            call = _Publish(
+                self._publisher,
+                self._subjects.tool(spec.pool, request.server, request.tool),
+                encode(request),
+                {"Nats-Msg-Id": request.call_id},
+                resend_until=time.monotonic() + self._resend_s,
             )
-            return await self._await(request, future, deadline, timeout)
+            await call.send(deadline)
+            try:
+                return await self._await(request, future, call, deadline, timeout)
+            finally:
+                call.close()
         except Exception as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -227,6 +250,7 @@ class NatsToolDispatcher:
         self,
         request: ToolCallRequest,
         future: asyncio.Future[ToolResult],
+        call: _Publish,
         deadline: float,
         timeout: float,
     ) -> ToolResult:
@@ -235,9 +259,16 @@ class NatsToolDispatcher:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            done, _ = await asyncio.wait({future}, timeout=min(poll, remaining))
-            if done:
+            await asyncio.wait(
+                (future, call.trouble), timeout=min(poll, remaining), return_when=_FIRST
+            )
+            if future.done():
                 return future.result()
+            if call.trouble.done():  # JetStream refused the request: publish it again
+                await call.resend(deadline)
+                continue
+            if not call.acked:  # neither ack nor reply: the request may be lost
+                await call.resend(deadline, backoff=False)
             recorded = await self._effect(request.call_id)  # a reply that went missing
             if recorded is not None:
                 return recorded
@@ -261,14 +292,14 @@ class NatsToolDispatcher:
         assert self._effects_kv is not None
         kv = self._effects_kv
         try:
-            entry = await retry(lambda: kv.get(call_id), f"get effect {call_id}", timeout=5.0)
-        except KeyNotFoundError:
-            return None
+            entry = await retry(lambda: kv.entry(call_id), f"get effect {call_id}", timeout=5.0)
         except Exception as exc:
             log.info("effect not read call_id=%s error=%r", call_id, exc)
             return None
+        if entry is None or not entry.value:
+            return None
         try:
-            return decode(entry.value or b"", ToolResult)
+            return decode(entry.value, ToolResult)
         except DecodeError as exc:
             log.warning("bad effect record call_id=%s error=%s", call_id, exc)
             return None
@@ -282,6 +313,76 @@ class NatsToolDispatcher:
             future.set_result(decode(msg.data, ToolResult))
         except DecodeError as exc:
             log.warning("bad tool reply call_id=%s error=%s", call_id, exc)
+
+
+_FIRST = asyncio.FIRST_COMPLETED
+
+
+class _Publish:
+    """A tool-call request on its way to the stream: its ack is watched, not awaited.
+
+    ``trouble`` completes when JetStream refuses the request or is not there (a
+    transient error); :meth:`resend` publishes it again under the same ``Nats-Msg-Id``
+    (the stream keeps one copy) and raises what is not transient."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str],
+        *,
+        resend_until: float,
+    ) -> None:
+        self._publisher = publisher
+        self._subject = subject
+        self._payload = payload
+        self._headers = headers
+        self._resend_until = resend_until
+        self._ack: asyncio.Future[PubAck] | None = None
+        self._delay = 0.05
+        self.acked = False
+        self.error: BaseException | None = None
+        self.trouble: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def send(self, deadline: float) -> None:
+        self._ack = await retry(
+            lambda: self._publisher.publish(self._subject, self._payload, self._headers),
+            f"publish call {self._headers['Nats-Msg-Id']}",
+            timeout=max(0.1, deadline - time.monotonic()),
+        )
+        self._ack.add_done_callback(self._on_ack)
+
+    def _on_ack(self, ack: asyncio.Future[PubAck]) -> None:
+        if ack is not self._ack or ack.cancelled():
+            return
+        error = ack.exception()
+        if error is None:
+            self.acked = True
+        elif not self.trouble.done():
+            self.error = error
+            self.trouble.set_result(None)
+
+    async def resend(self, deadline: float, *, backoff: bool = True) -> None:
+        error, self.error = self.error, None
+        if error is not None and not is_transient(error):
+            raise error
+        if time.monotonic() > self._resend_until:
+            if error is not None:
+                raise error
+            return  # too late to publish a copy safely; the effect record decides
+        if self._ack is not None and not self._ack.done():
+            self._ack.cancel()
+        self.trouble = asyncio.get_running_loop().create_future()
+        if backoff:
+            await asyncio.sleep(min(self._delay, max(0.0, deadline - time.monotonic())))
+            self._delay = min(self._delay * 2, 1.0)
+        log.info("publishing call %s again", self._headers["Nats-Msg-Id"])
+        await self.send(deadline)
+
+    def close(self) -> None:
+        if self._ack is not None and not self._ack.done():
+            self._ack.cancel()
 
 
 def _error(request: ToolCallRequest, code: str, message: str) -> ToolResult:

@@ -5,7 +5,9 @@ max age) frees it when its holder dies. :meth:`Leases.try_acquire` creates the k
 (``kv.create`` fails while someone holds it); :meth:`Lease.keep` renews it every third
 of the TTL with a revision check, and raises :class:`~loop_worker.errors.LeaseLostError`
 when it can no longer be sure it holds it; :meth:`Lease.release` deletes it if it is
-still ours::
+still ours. The delete leaves a marker whose revision the worker remembers, so taking
+the same session's lease again is one write (``kv.create`` would need three round trips
+over a marker: a failed create, a read, an update)::
 
     lease = await leases.acquire("acme", "s1", turn_id)
     try:
@@ -24,18 +26,19 @@ import random
 import time
 
 import msgspec
-from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
+from nats.aio.client import Client
+from nats.js.errors import KeyWrongLastSequenceError
 
 from schemas import Subjects, session_key
 
 from .errors import LeaseLostError
+from .publisher import KV, Publisher
 from .retry import is_transient, retry
 
 log = logging.getLogger("loopmesh.loop_worker.lease")
 
 DEFAULT_TTL_S = 30.0
+_MARKERS = 16_384  # released leases whose delete-marker revision is remembered
 
 
 class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,24 +51,35 @@ class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Leases:
-    def __init__(self, js: JetStreamContext, subjects: Subjects, *, owner: str) -> None:
-        self._js = js
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        *,
+        owner: str,
+        publisher: Publisher | None = None,
+    ) -> None:
+        self._nc = nc
+        self._publisher = publisher or Publisher(nc)
         self._subjects = subjects
         self.owner = owner
-        self._kv: KeyValue | None = None
+        self._kv: KV | None = None
+        self._markers: dict[str, int] = {}  # key → revision of the delete marker we left
         self.ttl_s = DEFAULT_TTL_S
 
     async def start(self) -> None:
         if self._kv is not None:
             return
-        self._kv = await retry(
-            lambda: self._js.key_value(self._subjects.leases_bucket), "open leases bucket"
-        )
-        status = await retry(self._kv.status, "leases bucket status")
+        js = self._nc.jetstream()
+        bucket = self._subjects.leases_bucket
+        kv = await retry(lambda: js.key_value(bucket), "open leases bucket")
+        status = await retry(kv.status, "leases bucket status")
         self.ttl_s = float(status.ttl or DEFAULT_TTL_S)
+        await self._publisher.start()
+        self._kv = KV(self._publisher, bucket)
 
     @property
-    def kv(self) -> KeyValue:
+    def kv(self) -> KV:
         if self._kv is None:
             raise RuntimeError("Leases not started")
         return self._kv
@@ -77,11 +91,23 @@ class Leases:
         data = msgspec.json.encode(record)
         attempts = 0
         started = time.monotonic()
+        last = self._markers.pop(key, 0)
 
         async def create() -> int:
-            nonlocal attempts
+            nonlocal attempts, last
             attempts += 1
-            return await self.kv.create(key, data)
+            try:
+                return await self.kv.update(key, data, last)
+            except KeyWrongLastSequenceError:
+                if attempts > 1:
+                    raise
+                entry = await self.kv.entry(key)  # a holder, or a marker we do not know of
+                current = entry.revision if entry is not None else 0
+                if (entry is not None and entry.value is not None) or current == last:
+                    raise
+                last = current
+                attempts += 1
+                return await self.kv.update(key, data, last)
 
         try:
             revision = await retry(create, f"acquire lease {key}", timeout=self.ttl_s)
@@ -91,6 +117,11 @@ class Leases:
                 return None
             revision = landed
         return Lease(self, key, record, revision, expires=started + self.ttl_s)
+
+    def _released(self, key: str, marker: int) -> None:
+        if len(self._markers) >= _MARKERS:
+            del self._markers[next(iter(self._markers))]
+        self._markers[key] = marker
 
     async def acquire(
         self,
@@ -111,18 +142,14 @@ class Leases:
             delay = min(delay * 2, max_poll_s)
 
     async def holder(self, tenant: str, session: str) -> LeaseRecord | None:
-        try:
-            entry = await self.kv.get(session_key(tenant, session))
-        except KeyNotFoundError:
+        entry = await self.kv.entry(session_key(tenant, session))
+        if entry is None or entry.value is None:
             return None
-        return msgspec.json.decode(entry.value or b"", type=LeaseRecord)
+        return msgspec.json.decode(entry.value, type=LeaseRecord)
 
     async def _landed(self, key: str, data: bytes) -> int | None:
-        try:
-            entry = await retry(lambda: self.kv.get(key), f"check lease {key}")
-        except KeyNotFoundError:
-            return None
-        return entry.revision if entry.value == data else None
+        entry = await retry(lambda: self.kv.entry(key), f"check lease {key}")
+        return entry.revision if entry is not None and entry.value == data else None
 
 
 class Lease:
@@ -151,7 +178,7 @@ class Lease:
         async def update() -> int:
             nonlocal attempts
             attempts += 1
-            return await kv.update(self.key, data, last=self.revision)
+            return await kv.update(self.key, data, self.revision)
 
         try:
             revision = await retry(update, f"renew lease {self.key}", timeout=self._remaining())
@@ -180,13 +207,15 @@ class Lease:
             return
         self.released = True
         try:
-            await retry(
-                lambda: self._leases.kv.delete(self.key, last=self.revision),
+            marker = await retry(
+                lambda: self._leases.kv.delete(self.key, self.revision),
                 f"release lease {self.key}",
                 timeout=5.0,
             )
         except Exception as exc:  # it expires by itself
             log.info("lease not released key=%s error=%r", self.key, exc)
+        else:
+            self._leases._released(self.key, marker)
 
     def _remaining(self) -> float:
         return max(0.1, self.expires - time.monotonic())

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge, Histogram
 
 from loopmesh.provision import ensure_bucket, ensure_consumer
@@ -47,6 +46,7 @@ from .engine import Engine
 from .errors import LeaseLostError, StaleSessionError
 from .lease import Lease, Leases
 from .protocols import LLM
+from .publisher import Publisher
 from .retry import retry
 from .sink import JetStreamEvents
 from .store import KVSessionStore
@@ -106,10 +106,13 @@ class LoopWorker:
 
         js = nc.jetstream()
         self._js = js
-        self.events = JetStreamEvents(js, self.subjects)
-        self.store = KVSessionStore(js, self.subjects, on_stale=self._on_stale, pipelined=True)
-        self.leases = Leases(js, self.subjects, owner=self.name)
-        self.controls = Controls(nc, self.subjects)
+        self.publisher = publisher = Publisher(nc)  # every ack and KV read, on one inbox
+        self.events = JetStreamEvents(nc, self.subjects, publisher=publisher)
+        self.store = KVSessionStore(
+            nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher
+        )
+        self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
+        self.controls = Controls(nc, self.subjects, publisher=publisher)
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,
@@ -117,6 +120,8 @@ class LoopWorker:
             grace_s=self.settings.tool_grace_s,
             default_timeout_s=config.loop.tool_timeout_s,
             effects_first=False,
+            publisher=publisher,
+            before_publish=lambda r: self.store.commit(r.tenant, r.session),
         )
         self.engine = Engine(
             settings=config.loop,
@@ -152,6 +157,7 @@ class LoopWorker:
         try:
             async with asyncio.TaskGroup() as tg:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
+                committer = tg.create_task(self.store.run(), name="checkpoints")
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 self.ready.set()
                 log.info(
@@ -164,11 +170,13 @@ class LoopWorker:
                 await puller
                 await self._finish_in_flight()
                 keepalive.cancel()
+                committer.cancel()
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             await self.tools.close()
             await self.controls.close()
+            await self.publisher.close()
             log.info("loop worker stopped name=%s stats=%s", self.name, self.stats)
 
     async def _prepare(self) -> None:
@@ -197,6 +205,7 @@ class LoopWorker:
             "turns consumer info",
         )
         self.ack_wait_s = float(info.config.ack_wait or s.ack_wait_s)
+        await self.publisher.start()
         await self.store.start()
         await self.leases.start()
         await self.controls.start()
@@ -363,16 +372,13 @@ class LoopWorker:
         deadline = time.monotonic() + self.settings.order_wait_s
         delay = 0.02
         while True:
-            try:
-                first = await retry(
-                    lambda: self._js.get_msg(
-                        self.subjects.turns_stream, subject=subject, next=True
-                    ),
-                    f"first turn of {subject}",
-                )
-                first_seq = first.seq or held.seq
-            except NotFoundError:
+            first = await retry(
+                lambda: self.publisher.first_seq(self.subjects.turns_stream, subject),
+                f"first turn of {subject}",
+            )
+            if first is None:
                 return
+            first_seq = first or held.seq
             if first_seq >= held.seq:
                 return
             earlier = self._by_seq.get(first_seq)

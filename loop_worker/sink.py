@@ -1,7 +1,8 @@
 """Events to the events stream, without waiting on the loop's hot path.
 
-:meth:`JetStreamEvents.emit` hands the event to ``publish_async`` and returns; the
-stream's acks arrive in the background. :meth:`JetStreamEvents.flush` waits for every
+:meth:`JetStreamEvents.emit` hands the event to the
+:class:`~loop_worker.publisher.Publisher` and returns; the stream's acks arrive in the
+background. :meth:`JetStreamEvents.flush` waits for every
 ack of a turn and publishes again whatever was not acked (through a reconnect, say);
 the service flushes before it acks the turn, so a turn is never done while one of its
 events is not stored.
@@ -26,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from nats.js import JetStreamContext
+from nats.aio.client import Client
 
 from schemas import Subjects, encode
 from schemas.events import Event, LoopEnd, LoopStart, tool_event_msg_id
 
+from .publisher import Publisher, acked
 from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
@@ -57,8 +59,15 @@ class _Turn:
 class JetStreamEvents:
     """The :class:`~loop_worker.protocols.EventSink` of the durable service."""
 
-    def __init__(self, js: JetStreamContext, subjects: Subjects, *, timeout: float = 30.0) -> None:
-        self._js = js
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        *,
+        timeout: float = 30.0,
+        publisher: Publisher | None = None,
+    ) -> None:
+        self._publisher = publisher or Publisher(nc)
         self._subjects = subjects
         self._timeout = timeout
         self._turns: dict[str, _Turn] = {}
@@ -95,15 +104,16 @@ class JetStreamEvents:
             turn = self._turns[event.turn_id] = _Turn()
         if not event.ts:
             event = _stamped(event)
+        msg_id = self._msg_id(turn, event)
         item = _Pending(
             subject=self._subjects.event(event.tenant, event.session, event.type),
             payload=encode(event),
-            msg_id=self._msg_id(turn, event),
+            msg_id=msg_id,
         )
-        turn.pending[item.msg_id] = item
+        turn.pending[msg_id] = item
         try:
-            future = await self._js.publish_async(
-                item.subject, item.payload, headers={"Nats-Msg-Id": item.msg_id}
+            future = await self._publisher.publish(
+                item.subject, item.payload, {"Nats-Msg-Id": msg_id}
             )
         except Exception as exc:  # flush publishes it again
             log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
@@ -129,8 +139,8 @@ class JetStreamEvents:
             if item.future is not None and not item.future.done():
                 item.future.cancel()
             await retry(
-                lambda item=item: self._js.publish(  # type: ignore[misc]
-                    item.subject, item.payload, headers={"Nats-Msg-Id": item.msg_id}
+                lambda item=item: acked(  # type: ignore[misc]
+                    self._publisher, item.subject, item.payload, {"Nats-Msg-Id": item.msg_id}
                 ),
                 f"publish event {item.msg_id}",
                 timeout=self._timeout,

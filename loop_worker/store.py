@@ -7,12 +7,18 @@ reconnect may find that its first attempt did land: when the stored bytes are ex
 the ones being saved, that counts as success, not as a lost race. ``on_stale`` hears
 of every lost race first (the service mutes that turn's events with it).
 
-With ``pipelined=True`` (the service) a save publishes the checkpoint and returns; its
-ack is awaited by the next save or load of the session, or by :meth:`flush`, which the
-service calls before it acks the turn. The loop does not wait a round trip per
-iteration, and a crash can lose at most the last checkpoint: the iteration is replayed
-with the same call ids, whose effects are recorded, and the same event ids. A lost
-race then surfaces one save later.
+With ``pipelined=True`` (the service) a save only keeps the checkpoint; it is
+published by :meth:`commit` — which the dispatcher calls before it publishes a tool
+call of the session, so the checkpoint holding the pending calls is on the wire first
+— by :meth:`flush` and :meth:`load`, or by :meth:`run` once it is ``commit_after_s``
+old. A checkpoint saved before the previous one went out replaces it (the one after
+an iteration is usually replaced by the next iteration's, which holds it all). A
+commit awaits the previous checkpoint's ack (its revision is the next one's base),
+and :meth:`flush`, which the service calls before it acks the turn, awaits the last.
+The loop does not wait a round trip per iteration, and a crash can lose at most the
+last checkpoint: the iteration is replayed with the same call ids, whose effects are
+recorded, and the same event ids. A lost race surfaces at a later commit, and every
+save of the session raises :class:`~loop_worker.errors.StaleSessionError` from then on.
 
 The engine keeps bulky tool outputs out of the snapshot (it stores a truncated copy in
 the conversation); the full result lives in the call's effect record.
@@ -21,19 +27,27 @@ the conversation); the full result lives in the call's effect record.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
+from nats.aio.client import Client
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
 from .errors import StaleSessionError
+from .publisher import KV, WRONG_LAST_SEQUENCE, Publisher
 from .retry import retry
 
+log = logging.getLogger("loopmesh.loop_worker.store")
+
 _ACK_WAIT_S = 5.0
+
+
+def _acked(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 class KVSessionStore:
@@ -41,65 +55,98 @@ class KVSessionStore:
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: Client,
         subjects: Subjects,
         *,
         timeout: float = 30.0,
         on_stale: Callable[[str], None] | None = None,
         pipelined: bool = False,
+        publisher: Publisher | None = None,
+        commit_after_s: float = 0.05,
     ) -> None:
-        self._js = js
+        self._nc = nc
+        self._publisher = publisher or Publisher(nc)
         self._on_stale = on_stale
         self._pipelined = pipelined
         self._pending: dict[str, tuple[asyncio.Future[Any], bytes]] = {}
+        self._kept: dict[str, tuple[SessionSnapshot, float]] = {}  # saved, not published
+        self._lost: set[str] = set()  # sessions whose checkpoint lost a race
+        self._commit_after_s = commit_after_s
         self._subjects = subjects
         self._timeout = timeout
-        self._kv: KeyValue | None = None
+        self._kv: KV | None = None
         self._revisions: dict[str, int] = {}
 
     async def start(self) -> None:
         if self._kv is None:
-            self._kv = await retry(
-                lambda: self._js.key_value(self._subjects.sessions_bucket),
-                "open sessions bucket",
-                timeout=self._timeout,
-            )
+            bucket = self._subjects.sessions_bucket
+            js = self._nc.jetstream()
+            await retry(lambda: js.key_value(bucket), "open sessions bucket", timeout=self._timeout)
+            await self._publisher.start()
+            self._kv = KV(self._publisher, bucket)
 
     @property
-    def kv(self) -> KeyValue:
+    def kv(self) -> KV:
         if self._kv is None:
             raise RuntimeError("KVSessionStore not started")
         return self._kv
 
     async def load(self, tenant: str, session: str) -> SessionSnapshot | None:
         key = session_key(tenant, session)
+        await self._commit(key)
         await self._settle(key)
-        try:
-            entry = await retry(lambda: self.kv.get(key), f"load {key}", timeout=self._timeout)
-        except KeyNotFoundError:
-            self._revisions[key] = 0
+        entry = await retry(lambda: self.kv.entry(key), f"load {key}", timeout=self._timeout)
+        self._revisions[key] = entry.revision if entry is not None else 0
+        if entry is None or entry.value is None:
             return None
-        self._revisions[key] = entry.revision or 0
-        return decode(entry.value or b"", SessionSnapshot)
+        return decode(entry.value, SessionSnapshot)
 
     async def save(self, snapshot: SessionSnapshot) -> None:
         key = session_key(snapshot.tenant, snapshot.session)
-        data = encode(snapshot)
         if not self._pipelined:
-            await self._write(key, data)
+            await self._write(key, encode(snapshot))
             return
-        await self._settle(key)  # the previous checkpoint's revision is the next's base
-        last = self._revisions.get(key) or 0
-        future = await self._js.publish_async(
-            f"$KV.{self._subjects.sessions_bucket}.{key}",
-            data,
-            headers={"Nats-Expected-Last-Subject-Sequence": str(last)},
-        )
-        self._pending[key] = (future, data)
+        if key in self._lost:
+            raise StaleSessionError(key)
+        kept = self._kept.get(key)
+        self._kept[key] = (snapshot, kept[1] if kept else time.monotonic())
+
+    async def commit(self, tenant: str, session: str) -> None:
+        """Publish the session's kept checkpoint (pipelined saves); its ack is awaited
+        later. Raises :class:`StaleSessionError` if an earlier one lost a race."""
+        await self._commit(session_key(tenant, session))
 
     async def flush(self, tenant: str, session: str) -> None:
         """Wait until the session's last checkpoint is stored (pipelined saves)."""
-        await self._settle(session_key(tenant, session))
+        key = session_key(tenant, session)
+        await self._commit(key)
+        await self._settle(key)
+
+    async def run(self) -> None:
+        """Publish checkpoints kept for ``commit_after_s`` (until cancelled)."""
+        while True:
+            await asyncio.sleep(self._commit_after_s)
+            due = time.monotonic() - self._commit_after_s
+            for key, (_, since) in list(self._kept.items()):
+                pending = self._pending.get(key)
+                if since > due or (pending is not None and not _acked(pending[0])):
+                    continue  # its base is not known yet: the next commit waits for it
+                try:
+                    await self._commit(key)
+                except Exception as exc:  # the engine's next save or commit sees it
+                    log.debug("checkpoint not committed key=%s error=%r", key, exc)
+
+    async def _commit(self, key: str) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is None:
+            return
+        data = encode(kept[0])
+        await self._settle(key)  # the previous checkpoint's revision is the next's base
+        last = self._revisions.get(key) or 0
+        future = await self._publisher.publish(
+            self.kv.prefix + key, data, {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        )
+        self._pending[key] = (future, data)
 
     async def _settle(self, key: str) -> None:
         pending = self._pending.pop(key, None)
@@ -110,7 +157,7 @@ class KVSessionStore:
             async with asyncio.timeout(_ACK_WAIT_S):
                 ack = await asyncio.shield(future)
         except APIError as exc:
-            if exc.err_code not in (10071, 10164):  # not a lost race: write it again
+            if exc.err_code not in WRONG_LAST_SEQUENCE:  # not a lost race: write it again
                 await self._write(key, data)
                 return
             self._stale(key)
@@ -142,6 +189,9 @@ class KVSessionStore:
 
     def _stale(self, key: str) -> NoReturn:
         self._revisions.pop(key, None)
+        if self._pipelined:
+            self._lost.add(key)
+            self._kept.pop(key, None)
         if self._on_stale is not None:
             self._on_stale(key)
         raise StaleSessionError(key) from None
@@ -150,14 +200,13 @@ class KVSessionStore:
         """Drop what is remembered of a session this worker no longer runs."""
         key = session_key(tenant, session)
         self._revisions.pop(key, None)
+        self._kept.pop(key, None)
+        self._lost.discard(key)
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending[0].cancel()
 
     async def _landed(self, key: str, data: bytes) -> int | None:
         """The revision of ``data`` if it is what ``key`` holds now."""
-        try:
-            entry = await retry(lambda: self.kv.get(key), f"check {key}", timeout=self._timeout)
-        except KeyNotFoundError:
-            return None
-        return entry.revision if entry.value == data else None
+        entry = await retry(lambda: self.kv.entry(key), f"check {key}", timeout=self._timeout)
+        return entry.revision if entry is not None and entry.value == data else None

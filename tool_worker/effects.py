@@ -7,7 +7,9 @@ again, and a requester whose inbox died can read (or watch) the key for the resu
 Both operations are single NATS round trips on the hot path: a get is one direct (or
 stream API) get of the key's last message, a put is one JetStream publish to the key's
 subject whose acknowledgement comes back through :class:`Publisher` (so a caller can
-do other things, such as replying, while the store confirms).
+do other things, such as replying, while the store confirms). A get can be started
+before its answer is needed (:meth:`Effects.lookup`): the service sends it as a request
+is delivered and decodes and validates the request meanwhile.
 """
 
 from __future__ import annotations
@@ -42,14 +44,15 @@ _decode_ack = msgspec.json.Decoder(_PubAck).decode
 
 
 class Publisher:
-    """JetStream publishes whose acks are futures, resolved by one wildcard subscription
-    (lighter than a request per publish)."""
+    """JetStream publishes whose acks are futures, and requests whose replies are
+    futures, resolved by one wildcard subscription (lighter than nats-py's request)."""
 
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._prefix = nc.new_inbox() + "."
         self._seq = itertools.count()
         self._pending: dict[str, tuple[str, asyncio.Future[None]]] = {}
+        self._requests: dict[str, asyncio.Future[Msg]] = {}
         self._sub: Subscription | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -66,6 +69,8 @@ class Publisher:
             if not future.done():
                 future.set_exception(StoreError(subject, "no acknowledgement before close"))
         self._pending.clear()
+        for request in list(self._requests.values()):
+            request.cancel()
         self._idle.set()
 
     async def publish(
@@ -79,6 +84,16 @@ class Publisher:
         await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
         return future
 
+    async def request(self, subject: str, payload: bytes = b"") -> asyncio.Future[Msg]:
+        """Send a request now; the future completes with the reply. The caller bounds
+        the wait (and cancels the future when it gives up)."""
+        token = "r" + str(next(self._seq))
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._requests[token] = future
+        future.add_done_callback(lambda _: self._requests.pop(token, None))
+        await self._nc.publish(subject, payload, reply=self._prefix + token)
+        return future
+
     @property
     def pending(self) -> int:
         return len(self._pending)
@@ -87,7 +102,13 @@ class Publisher:
         await self._idle.wait()
 
     async def _on_ack(self, msg: Msg) -> None:
-        entry = self._pending.pop(msg.subject[len(self._prefix) :], None)
+        token = msg.subject[len(self._prefix) :]
+        if token[:1] == "r":
+            request = self._requests.pop(token, None)
+            if request is not None and not request.done():
+                request.set_result(msg)
+            return
+        entry = self._pending.pop(token, None)
         if not self._pending:
             self._idle.set()
         if entry is None:
@@ -128,23 +149,34 @@ class Effects:
 
     async def get(self, call_id: str) -> tuple[ToolResult, bytes] | None:
         """The recorded result of ``call_id`` and its encoded form, or None."""
+        return await self.result(await self.lookup(call_id))
+
+    async def lookup(self, call_id: str) -> asyncio.Future[Msg]:
+        """Start reading ``call_id``'s record; :meth:`result` reads the answer."""
         subject = self._pre + call_id
+        if self._direct:
+            return await self._publisher.request(f"$JS.API.DIRECT.GET.{self._stream}.{subject}")
+        return await self._publisher.request(
+            f"$JS.API.STREAM.MSG.GET.{self._stream}", b'{"last_by_subj":"%s"}' % subject.encode()
+        )
+
+    async def result(self, lookup: asyncio.Future[Msg]) -> tuple[ToolResult, bytes] | None:
+        """The record a :meth:`lookup` found, or None; raises ``TimeoutError``."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                msg = await lookup
+        finally:
+            lookup.cancel()
         value: bytes | None
         if self._direct:
-            msg = await self._nc.request(
-                f"$JS.API.DIRECT.GET.{self._stream}.{subject}", b"", timeout=self._timeout
-            )
             if msg.headers and msg.headers.get("Status"):
-                return None  # 404: no such key
+                if msg.headers["Status"] == "404":
+                    return None  # no such key
+                raise StoreError(self._stream, f"direct get answered {msg.headers['Status']}")
             if msg.headers and msg.headers.get("KV-Operation"):
                 return None  # deleted or purged
             value = msg.data
         else:
-            msg = await self._nc.request(
-                f"$JS.API.STREAM.MSG.GET.{self._stream}",
-                b'{"last_by_subj":"%s"}' % subject.encode(),
-                timeout=self._timeout,
-            )
             value = _stream_msg_value(msg.data)
         if not value:
             return None

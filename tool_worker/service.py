@@ -5,9 +5,11 @@ for the capacity it has free (so a backlog stays in the stream, where KEDA sees 
 keeping pull requests outstanding so that an idle worker gets a new call pushed at
 once. For each request:
 
-1. decode it (a request that cannot be decoded is terminated, never redelivered, and
+1. look up the call's effect record (the lookup is sent as the request is delivered,
+   by its ``Nats-Msg-Id``, and answers while the request is decoded); decode the
+   request (a request that cannot be decoded is terminated, never redelivered, and
    answered with ``invalid_request`` when its ``reply_to`` can be recovered);
-2. look up the call's effect record; if there is one, that is the result;
+2. if there is an effect record, that is the result;
 3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
    its timeout (with in-progress acks while it runs) and publish the result to the
    effects bucket;
@@ -63,6 +65,7 @@ log = logging.getLogger("tool_worker")
 
 _STATUS = "Status"
 _PENDING = "Nats-Pending-Messages"
+_MSG_ID = "Nats-Msg-Id"
 
 
 def worker_name() -> str:
@@ -249,7 +252,11 @@ class ToolWorker:
             await msg.nak()
             self.stats["naked"] += 1
             return
-        task = self._tg.create_task(self._handle(msg))
+        lookup = None
+        call_id = msg.headers.get(_MSG_ID) if msg.headers else None
+        if call_id and self._effects is not None:
+            lookup = await self._effects.lookup(call_id)
+        task = self._tg.create_task(self._handle(msg, call_id, lookup))
         self._running[msg.reply] = (msg, time.monotonic(), task)
         self._busy += 1
 
@@ -270,7 +277,9 @@ class ToolWorker:
 
     # -- one call -------------------------------------------------------------------
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(
+        self, msg: Msg, call_id: str | None = None, lookup: asyncio.Future[Msg] | None = None
+    ) -> None:
         freed = False
 
         def free() -> None:
@@ -282,7 +291,7 @@ class ToolWorker:
                 self._capacity.set()
 
         try:
-            await self._process(msg, free)
+            await self._process(msg, free, call_id, lookup)
         except asyncio.CancelledError:
             await _quietly(msg.nak())
             self.stats["naked"] += 1
@@ -292,10 +301,18 @@ class ToolWorker:
             await _quietly(msg.nak(delay=1.0))
             self.stats["naked"] += 1
         finally:
+            if lookup is not None:
+                lookup.cancel()
             free()
             self._running.pop(msg.reply, None)
 
-    async def _process(self, msg: Msg, free: Callable[[], None]) -> None:
+    async def _process(
+        self,
+        msg: Msg,
+        free: Callable[[], None],
+        call_id: str | None = None,
+        lookup: asyncio.Future[Msg] | None = None,
+    ) -> None:
         try:
             request = decode(msg.data, ToolCallRequest)
         except DecodeError as exc:
@@ -308,7 +325,9 @@ class ToolWorker:
             )
             return
         assert self._effects is not None
-        recorded = await self._effects.get(request.call_id)
+        if lookup is None or call_id != request.call_id:
+            lookup = await self._effects.lookup(request.call_id)
+        recorded = await self._effects.result(lookup)
         if recorded is not None:
             result, payload = recorded
             self.stats["recorded"] += 1

@@ -4,6 +4,7 @@ import time
 import pytest
 
 from loop_worker.dispatch import NatsToolDispatcher
+from loop_worker.publisher import Publisher
 from schemas import ToolCallRequest, ToolResult, encode
 from tests.loop_worker.durable import (
     SUBJECTS,
@@ -116,3 +117,58 @@ async def test_cancelling_a_call_ends_the_wait_at_once(nc, dispatcher):
         await task
     assert time.monotonic() - started < 0.1
     assert not dispatcher._waiting
+
+
+class LossyPublisher(Publisher):
+    """Drops the acks of the first ``lose`` tool-call publishes (as a reconnect would)."""
+
+    def __init__(self, nc, lose: int = 1) -> None:
+        super().__init__(nc)
+        self.lose = lose
+        self.tool_publishes: list[str] = []
+        self._lost_tokens: set[str] = set()
+
+    async def _send(self, subject, payload, headers, ack):
+        future = await super()._send(subject, payload, headers, ack)
+        if subject.startswith(f"{SUBJECTS.prefix}.tools."):
+            self.tool_publishes.append(headers["Nats-Msg-Id"])
+            if self.lose:
+                self.lose -= 1
+                self._lost_tokens.add(str(self._n))
+        return future
+
+    def _on_reply_sync(self, msg) -> None:
+        if msg.subject.rpartition(".")[2] in self._lost_tokens:
+            return  # the ack never arrives
+        super()._on_reply_sync(msg)
+
+
+async def test_a_publish_whose_ack_is_lost_is_published_again_and_runs_once(nc, dispatcher):
+    publisher = LossyPublisher(nc)
+    async with NatsToolDispatcher(
+        nc, SUBJECTS, grace_s=0.5, effect_poll_s=0.1, publisher=publisher
+    ) as lossy:
+        call = asyncio.create_task(lossy.call(request(text="again")))
+        # nobody serves the pool yet: no reply, no ack -> the request goes out again
+        await wait_for(lambda: len(publisher.tool_publishes) >= 2, what="a second publish")
+        async with fake_pool(nc, echo) as ran:
+            result = await call
+    assert result.status == "ok" and result.content == "again"
+    assert set(publisher.tool_publishes) == {"t1-1-0"}  # the same Nats-Msg-Id each time
+    assert [r.call_id for r in ran] == ["t1-1-0"]  # the stream kept one copy
+    info = await nc.jetstream().stream_info(SUBJECTS.tools_stream)
+    assert info.state.last_seq == 1
+
+
+async def test_the_reply_is_not_held_up_by_a_missing_ack(nc, dispatcher):
+    publisher = LossyPublisher(nc)
+    async with (
+        NatsToolDispatcher(
+            nc, SUBJECTS, grace_s=0.5, effect_poll_s=5.0, publisher=publisher
+        ) as lossy,
+        fake_pool(nc, echo) as ran,
+    ):
+        started = time.monotonic()
+        result = await lossy.call(request(text="fast"))
+    assert result.content == "fast" and len(ran) == 1
+    assert time.monotonic() - started < 1.0 and publisher.tool_publishes == ["t1-1-0"]

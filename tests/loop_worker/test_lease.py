@@ -13,7 +13,7 @@ async def leases(nc):
     await provision_short(nc, lease_ttl_s=1.0)
 
     async def make(owner: str) -> Leases:
-        leases = Leases(nc.jetstream(), SUBJECTS, owner=owner)
+        leases = Leases(nc, SUBJECTS, owner=owner)
         await leases.start()
         return leases
 
@@ -60,3 +60,17 @@ async def test_renewing_a_lease_someone_else_took_raises_lease_lost(leases):
         await lease.renew()
     await lease.release()  # not ours any more: leaves b's lease alone
     assert (await b.holder("acme", "s1")).owner == "b"
+
+
+async def test_a_released_lease_is_taken_again_by_its_worker_and_by_others(nc, leases):
+    a, b = await leases("a"), await leases("b")
+    info = await nc.jetstream().stream_info(f"KV_{SUBJECTS.leases_bucket}")
+    before = info.state.last_seq
+    for owner, turn in ((a, "t1"), (a, "t2"), (b, "t3"), (a, "t4")):
+        lease = await owner.try_acquire("acme", "s1", turn)
+        assert lease is not None, turn
+        assert (await b.holder("acme", "s1")).turn_id == turn
+        await lease.release()
+        assert await b.holder("acme", "s1") is None
+    info = await nc.jetstream().stream_info(f"KV_{SUBJECTS.leases_bucket}")
+    assert info.state.last_seq - before == 8  # a write and a delete marker per turn

@@ -31,7 +31,7 @@ def run_events(turn: str = "t1", *, resumed_at: int | None = None):
 
 async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order(nc):
     await provision_short(nc)
-    sink = JetStreamEvents(nc.jetstream(), SUBJECTS)
+    sink = JetStreamEvents(nc, SUBJECTS)
     sink.begin("t1")
     started = time.perf_counter()
     for event in run_events():
@@ -49,11 +49,11 @@ async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order
 
 async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
     await provision_short(nc)
-    first = JetStreamEvents(nc.jetstream(), SUBJECTS)
+    first = JetStreamEvents(nc, SUBJECTS)
     for event in run_events()[:4]:  # the worker dies here
         await first.emit(event)
     await first.flush()
-    second = JetStreamEvents(nc.jetstream(), SUBJECTS)  # another worker replays iteration 1
+    second = JetStreamEvents(nc, SUBJECTS)  # another worker replays iteration 1
     second.begin("t1", delivery=2)
     for event in run_events():
         await second.emit(event)
@@ -66,7 +66,7 @@ async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
 
 async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
     await provision_short(nc)
-    sink = JetStreamEvents(nc.jetstream(), SUBJECTS)
+    sink = JetStreamEvents(nc, SUBJECTS)
     sink.begin("t1", delivery=2)
     await sink.emit(run_events(resumed_at=1)[0])
     for _ in range(2):
@@ -81,7 +81,7 @@ async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
 
 async def test_tool_outcome_events_share_the_tool_workers_msg_id(nc):
     await provision_short(nc)
-    sink = JetStreamEvents(nc.jetstream(), SUBJECTS)
+    sink = JetStreamEvents(nc, SUBJECTS)
     event = run_events()[4]
     msg_id = tool_event_msg_id("t1-1-0", "tool_result")
     from schemas import encode
@@ -99,7 +99,7 @@ async def test_flush_stores_events_emitted_while_the_server_was_down(nats_server
     await provision_short(nc)
     client = await connect_fast(nats_server.url)
     try:
-        sink = JetStreamEvents(client.jetstream(), SUBJECTS)
+        sink = JetStreamEvents(client, SUBJECTS)
         await nats_server.stop()
         for event in run_events():
             await sink.emit(event)

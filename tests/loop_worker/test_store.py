@@ -1,9 +1,12 @@
+import asyncio
+
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from loop_worker.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
-from schemas import ChatMessage, SessionSnapshot
-from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short
+from schemas import ChatMessage, SessionSnapshot, decode
+from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, wait_for
 
 
 def snapshot(**kw) -> SessionSnapshot:
@@ -13,7 +16,7 @@ def snapshot(**kw) -> SessionSnapshot:
 @pytest.fixture
 async def store(nc):
     await provision_short(nc)
-    store = KVSessionStore(nc.jetstream(), SUBJECTS)
+    store = KVSessionStore(nc, SUBJECTS)
     await store.start()
     return store
 
@@ -28,7 +31,7 @@ async def test_a_saved_snapshot_loads_back(store):
 
 
 async def test_a_save_over_someone_elses_newer_snapshot_is_refused(nc, store):
-    other = KVSessionStore(nc.jetstream(), SUBJECTS)
+    other = KVSessionStore(nc, SUBJECTS)
     await other.start()
     await store.save(snapshot(iteration=1))
     await store.load("acme", "s1")
@@ -41,7 +44,7 @@ async def test_a_save_over_someone_elses_newer_snapshot_is_refused(nc, store):
 
 
 async def test_a_first_save_never_overwrites_an_existing_session(nc, store):
-    other = KVSessionStore(nc.jetstream(), SUBJECTS)
+    other = KVSessionStore(nc, SUBJECTS)
     await other.start()
     await other.save(snapshot(iteration=5))
     with pytest.raises(StaleSessionError):
@@ -51,7 +54,7 @@ async def test_a_first_save_never_overwrites_an_existing_session(nc, store):
 async def test_a_save_goes_through_a_nats_server_restart(nats_server, store):
     client = await connect_fast(nats_server.url)
     try:
-        store = KVSessionStore(client.jetstream(), SUBJECTS)
+        store = KVSessionStore(client, SUBJECTS)
         await store.start()
         await store.save(snapshot(iteration=1))
         await nats_server.restart()
@@ -59,3 +62,63 @@ async def test_a_save_goes_through_a_nats_server_restart(nats_server, store):
         assert (await store.load("acme", "s1")).iteration == 2
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def pipelined(nc):
+    await provision_short(nc)
+    store = KVSessionStore(nc, SUBJECTS, pipelined=True, commit_after_s=0.05)
+    await store.start()
+    return store
+
+
+async def stored(nc) -> tuple[int, SessionSnapshot | None]:
+    """(messages in the sessions bucket, what acme.s1 holds)."""
+    js = nc.jetstream()
+    info = await js.stream_info(f"KV_{SUBJECTS.sessions_bucket}")
+    kv = await js.key_value(SUBJECTS.sessions_bucket)
+    try:
+        entry = await kv.get("acme.s1")
+    except KeyNotFoundError:
+        return info.state.last_seq, None
+    return info.state.last_seq, decode(entry.value, SessionSnapshot)
+
+
+async def test_a_pipelined_save_is_kept_until_commit_and_the_next_save_replaces_it(nc, pipelined):
+    assert await pipelined.load("acme", "s1") is None
+    await pipelined.save(snapshot(iteration=1))
+    await pipelined.save(snapshot(iteration=2))
+    assert await stored(nc) == (0, None)  # nothing on the wire yet
+    await pipelined.commit("acme", "s1")  # the dispatcher does this before a tool call
+    await pipelined.flush("acme", "s1")
+    assert await stored(nc) == (1, snapshot(iteration=2))  # one write, the latest
+    await pipelined.save(snapshot(iteration=3))
+    await pipelined.flush("acme", "s1")
+    assert (await stored(nc))[1] == snapshot(iteration=3)
+
+
+async def test_a_kept_checkpoint_is_published_by_itself_soon_after(nc, pipelined):
+    await pipelined.load("acme", "s1")
+    committer = asyncio.create_task(pipelined.run())
+    try:
+        await pipelined.save(snapshot(iteration=1))
+        await wait_for(lambda: _has(nc, snapshot(iteration=1)), timeout=2.0, what="the checkpoint")
+    finally:
+        committer.cancel()
+
+
+async def _has(nc, expected: SessionSnapshot) -> bool:
+    return (await stored(nc))[1] == expected
+
+
+async def test_after_a_lost_race_every_pipelined_save_raises(nc, pipelined):
+    other = KVSessionStore(nc, SUBJECTS)
+    await other.start()
+    await pipelined.load("acme", "s1")
+    await other.save(snapshot(iteration=7))  # someone else took the session over
+    await pipelined.save(snapshot(iteration=1))
+    with pytest.raises(StaleSessionError):
+        await pipelined.flush("acme", "s1")
+    with pytest.raises(StaleSessionError):
+        await pipelined.save(snapshot(iteration=2))
+    assert (await stored(nc))[1] == snapshot(iteration=7)

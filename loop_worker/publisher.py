@@ -1,0 +1,270 @@
+"""JetStream publishes and direct gets whose answers are futures, on one inbox.
+
+nats-py's ``js.publish`` is a request per message (a fresh token, an ``asyncio.wait_for``,
+``json.loads`` and a dataclass per ack) and ``publish_async`` is much the same without
+the wait. The loop worker publishes a dozen messages per iteration (events,
+checkpoints, the tool call), so it uses :class:`Publisher` instead: one wildcard
+subscription (``<inbox>.*``) receives every ack and reply, a counter names them, and acks
+are decoded by msgspec::
+
+    publisher = Publisher(nc)
+    ack = await publisher.publish(subject, payload, {"Nats-Msg-Id": msg_id})
+    ...  # the message is on its way; do something else
+    seq = (await ack).seq  # raises nats.js.errors.APIError if JetStream refused it
+
+A future is never resolved when its answer is lost (a reconnect); callers bound their
+waits and publish again under the same ``Nats-Msg-Id`` (or with a revision check), as
+they would after a timed-out request. Errors are nats-py's own exception types, so
+:func:`~loop_worker.retry.retry` treats them as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+_SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
+
+
+class PubAck(msgspec.Struct):
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool = False
+    error: dict[str, Any] | None = None
+
+
+_decode_ack = msgspec.json.Decoder(PubAck).decode
+
+
+class _StoredMsg(msgspec.Struct):
+    seq: int = 0
+
+
+class _MsgGet(msgspec.Struct):
+    message: _StoredMsg | None = None
+    error: dict[str, Any] | None = None
+
+
+_decode_get = msgspec.json.Decoder(_MsgGet).decode
+
+
+class Publisher:
+    """Publishes to JetStream and sends requests; answers arrive on one subscription."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._prefix = ""
+        self._n = 0
+        self._waiting: dict[str, tuple[asyncio.Future[Any], bool]] = {}
+        self._sub: Subscription | None = None
+        self._starting: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        if self._sub is not None:
+            return
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._sub is None:
+                prefix = self._nc.new_inbox() + "."
+                self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
+                self._prefix = prefix
+
+    async def close(self) -> None:
+        """Unsubscribe and fail what is still waiting. Idempotent."""
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        waiting, self._waiting = self._waiting, {}
+        for future, _ in waiting.values():
+            if not future.done():
+                future.cancel()
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting)
+
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> asyncio.Future[PubAck]:
+        """Publish now; the future resolves with JetStream's ack (or its refusal)."""
+        return await self._send(subject, payload, headers, True)
+
+    async def request(
+        self, subject: str, payload: bytes = b"", headers: dict[str, str] | None = None
+    ) -> asyncio.Future[Msg]:
+        """Send a request now; the future resolves with the reply."""
+        return await self._send(subject, payload, headers, False)
+
+    async def _send(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None, ack: bool
+    ) -> asyncio.Future[Any]:
+        if self._sub is None:
+            await self.start()
+        self._n += 1
+        if self._n % _SWEEP_EVERY == 0:
+            self._sweep()
+        token = str(self._n)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = (future, ack)
+        try:
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        return future
+
+    async def direct_get(self, stream: str, subject: str, *, timeout: float = 5.0) -> Msg | None:
+        """The last message of ``subject`` (a direct get: the stream must allow it), or
+        ``None`` when there is none."""
+        future = await self.request(f"$JS.API.DIRECT.GET.{stream}.{subject}")
+        msg = await _within(future, timeout)
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is None:
+            return msg
+        if status == "404":
+            return None
+        if status == "503":
+            raise nats.errors.NoRespondersError
+        raise nats.js.errors.APIError(code=int(status), description=msg.headers.get("Description"))
+
+    async def first_seq(self, stream: str, subject: str, *, timeout: float = 5.0) -> int | None:
+        """The sequence of the first message of ``subject`` in ``stream``, or ``None``."""
+        future = await self.request(
+            f"$JS.API.STREAM.MSG.GET.{stream}", msgspec.json.encode({"next_by_subj": subject})
+        )
+        msg = await _within(future, timeout)
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise nats.errors.NoRespondersError
+        reply = _decode_get(msg.data)
+        if reply.error is not None:
+            if reply.error.get("code") == 404:
+                return None
+            _raise(reply.error)
+        return reply.message.seq if reply.message is not None else None
+
+    def _on_reply_sync(self, msg: Msg) -> None:
+        entry = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        if entry is None:
+            return
+        future, ack = entry
+        if future.done():
+            return
+        if not ack:
+            future.set_result(msg)
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            reply = _decode_ack(msg.data)
+        except msgspec.DecodeError as exc:
+            future.set_exception(nats.js.errors.APIError(description=f"bad ack: {exc}"))
+            return
+        if reply.error is not None:
+            try:
+                _raise(reply.error)
+            except nats.js.errors.APIError as exc:
+                future.set_exception(exc)
+            return
+        future.set_result(reply)
+
+    async def _on_reply(self, msg: Msg) -> None:
+        self._on_reply_sync(msg)
+
+    def _sweep(self) -> None:
+        """Forget futures their callers gave up on (their answers were lost)."""
+        for token in [t for t, (f, _) in self._waiting.items() if f.done()]:
+            del self._waiting[token]
+
+
+def _raise(error: dict[str, Any]) -> None:
+    nats.js.errors.APIError.from_error(
+        {"code": error.get("code", 500), "description": error.get("description"),
+         "err_code": error.get("err_code")}
+    )  # fmt: skip
+
+
+async def _within(future: asyncio.Future[Any], timeout: float) -> Any:
+    try:
+        async with asyncio.timeout(timeout):
+            return await future
+    except TimeoutError:
+        future.cancel()
+        raise nats.errors.TimeoutError from None
+
+
+async def acked(
+    publisher: Publisher,
+    subject: str,
+    payload: bytes,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout: float = 5.0,
+) -> PubAck:
+    """Publish and wait for the ack (``js.publish``); raises ``nats.errors.TimeoutError``."""
+    return await _within(await publisher.publish(subject, payload, headers), timeout)
+
+
+class KVEntry(msgspec.Struct, frozen=True):
+    """A key's last revision: ``value`` is ``None`` for a delete or purge marker."""
+
+    revision: int
+    value: bytes | None
+
+
+class KV:
+    """The hot-path operations of one KV bucket through a :class:`Publisher`: a read is
+    one direct get, a write one publish with a revision check."""
+
+    def __init__(self, publisher: Publisher, bucket: str) -> None:
+        self.publisher = publisher
+        self.bucket = bucket
+        self.stream = f"KV_{bucket}"
+        self.prefix = f"$KV.{bucket}."
+
+    async def entry(self, key: str, *, timeout: float = 5.0) -> KVEntry | None:
+        """The key's last revision (a delete marker included), or ``None``."""
+        msg = await self.publisher.direct_get(self.stream, self.prefix + key, timeout=timeout)
+        if msg is None:
+            return None
+        headers = msg.headers or {}
+        revision = int(headers.get("Nats-Sequence", 0))
+        if headers.get("KV-Operation"):
+            return KVEntry(revision, None)
+        return KVEntry(revision, msg.data)
+
+    async def update(self, key: str, value: bytes, last: int, *, timeout: float = 5.0) -> int:
+        """Write ``value`` if ``last`` is the key's revision (0: no key); the new revision.
+        Raises :class:`~nats.js.errors.KeyWrongLastSequenceError` otherwise."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        return await self._write(key, value, headers, timeout)
+
+    async def delete(self, key: str, last: int, *, timeout: float = 5.0) -> int:
+        """Put a delete marker if ``last`` is the key's revision; the marker's revision."""
+        headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(last)}
+        return await self._write(key, b"", headers, timeout)
+
+    async def _write(self, key: str, value: bytes, headers: dict[str, str], timeout: float) -> int:
+        try:
+            ack = await acked(self.publisher, self.prefix + key, value, headers, timeout=timeout)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in WRONG_LAST_SEQUENCE:
+                wrong = nats.js.errors.KeyWrongLastSequenceError(description=exc.description)
+                raise wrong from None
+            raise
+        return ack.seq
+
+
+#: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
+WRONG_LAST_SEQUENCE = (10071, 10164)
