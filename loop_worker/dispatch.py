@@ -36,6 +36,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from loopmesh.aio import raise_if_cancelled
 from schemas import (
     DecodeError,
     Subjects,
@@ -178,6 +179,7 @@ class NatsToolDispatcher:
                 await self.reload()
             except Exception as exc:
                 log.info("catalog reload failed error=%r", exc)
+            raise_if_cancelled()
 
     async def _spec(self, server: str, tool: str) -> ToolSpec | None:
         key = catalog_key(server, tool)

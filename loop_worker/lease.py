@@ -29,6 +29,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.js.errors import KeyWrongLastSequenceError
 
+from loopmesh.aio import raise_if_cancelled
 from schemas import Subjects, session_key
 
 from .errors import LeaseLostError
@@ -138,6 +139,7 @@ class Leases:
             lease = await self.try_acquire(tenant, session, turn_id)
             if lease is not None:
                 return lease
+            raise_if_cancelled()
             await asyncio.sleep(delay * random.uniform(0.75, 1.25))
             delay = min(delay * 2, max_poll_s)
 
@@ -200,6 +202,7 @@ class Lease:
         while True:
             await asyncio.sleep(interval)
             await self.renew()
+            raise_if_cancelled()
 
     async def release(self) -> None:
         """Delete the key if it is still ours. Idempotent; never raises."""

@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
+from loopmesh.aio import raise_if_cancelled
 from loopmesh.provision import ensure_bucket, ensure_consumer
 from schemas import ConsumerDef, DecodeError, KVDef, Subjects, Turn, decode, session_key
 from schemas.events import Error, LoopEnd
@@ -266,6 +267,7 @@ class LoopWorker:
             await asyncio.sleep(period)
             for held in list(self._held.values()):
                 await _quietly(held.msg.in_progress())
+            raise_if_cancelled()
 
     # -- one turn -----------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 from nats.aio.client import Client
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
+from loopmesh.aio import raise_if_cancelled
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
 from .errors import StaleSessionError
@@ -135,6 +136,7 @@ class KVSessionStore:
                     await self._commit(key)
                 except Exception as exc:  # the engine's next save or commit sees it
                     log.debug("checkpoint not committed key=%s error=%r", key, exc)
+            raise_if_cancelled()
 
     async def _commit(self, key: str) -> None:
         kept = self._kept.pop(key, None)

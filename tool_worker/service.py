@@ -41,6 +41,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from loopmesh.aio import raise_if_cancelled
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -214,6 +215,7 @@ class ToolWorker:
         share one pull request."""
         while True:
             await self._pull()
+            raise_if_cancelled()
             await self._capacity.wait()
             self._capacity.clear()
 
@@ -269,6 +271,7 @@ class ToolWorker:
             for msg, started, _ in list(self._running.values()):
                 if now - started >= period:
                     await msg.in_progress()
+            raise_if_cancelled()
             if self._outstanding and now - self._last_activity > self.pull_expires_s + 5:
                 silent = now - self._last_activity
                 log.warning("no answer to pull requests for %.0fs; pulling again", silent)
