@@ -216,6 +216,17 @@ async def acked(
     return await _within(await publisher.publish(subject, payload, headers), timeout)
 
 
+async def answered(
+    publisher: Publisher, subject: str, payload: bytes = b"", *, timeout: float = 5.0
+) -> Msg:
+    """Send a request and wait for the reply (``nc.request``); raises
+    ``nats.errors.TimeoutError``, or ``NoRespondersError`` when nobody listens."""
+    msg: Msg = await _within(await publisher.request(subject, payload), timeout)
+    if msg.headers and msg.headers.get("Status") == "503":
+        raise nats.errors.NoRespondersError
+    return msg
+
+
 class KVEntry(msgspec.Struct, frozen=True):
     """A key's last revision: ``value`` is ``None`` for a delete or purge marker."""
 

@@ -47,7 +47,7 @@ from .engine import Engine
 from .errors import LeaseLostError, StaleSessionError
 from .lease import Lease, Leases
 from .protocols import LLM
-from .publisher import Publisher
+from .publisher import Publisher, answered
 from .retry import retry
 from .sink import JetStreamEvents
 from .store import KVSessionStore
@@ -288,11 +288,11 @@ class LoopWorker:
             self._by_seq[held.seq] = held
             if meta.num_delivered > self.settings.max_deliveries:
                 await self._give_up(turn, meta.num_delivered)
-                await retry(lambda: msg.ack_sync(), f"ack turn {turn.id}")
+                await self._ack(msg, turn)
                 outcome = "gave_up"
                 return
             await self._run(held, turn, meta.num_delivered)
-            await retry(lambda: msg.ack_sync(), f"ack turn {turn.id}")
+            await self._ack(msg, turn)
         except HandBack as back:
             outcome = "handed_back"
             self.stats["handed_back"] += 1
@@ -319,10 +319,16 @@ class LoopWorker:
             DURATION.observe(time.monotonic() - started)
             self._room.set()
 
+    async def _ack(self, msg: Msg, turn: Turn) -> None:
+        """``msg.ack_sync()``, with the reply on the publisher's inbox."""
+        await retry(lambda: answered(self.publisher, msg.reply, b"+ACK"), f"ack turn {turn.id}")
+
     async def _run(self, held: _Held, turn: Turn, delivery: int) -> None:
-        await self._wait_turn_order(held, turn)
+        early = await self._order_and_lease(held, turn)
         async with self._tenant_slot(turn.tenant):
-            lease = held.lease = await self.leases.acquire(turn.tenant, turn.session, turn.id)
+            lease = held.lease = early or await self.leases.acquire(
+                turn.tenant, turn.session, turn.id
+            )
             key = session_key(turn.tenant, turn.session)
             try:
                 async with self._slots:
@@ -340,7 +346,9 @@ class LoopWorker:
     async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> None:
         self.events.begin(turn.id, delivery=delivery)
         self.tools.resuming(turn.id, delivery > 1)
-        control = await self.controls.open(turn)
+        control, _ = await asyncio.gather(
+            self.controls.open(turn), self.store.preload(turn.tenant, turn.session)
+        )
         try:
             async with asyncio.TaskGroup() as tg:
                 keeper = tg.create_task(lease.keep(), name=f"lease-{turn.id}")
@@ -368,16 +376,36 @@ class LoopWorker:
             self.tools.resuming(turn.id, False)
             await self.controls.close_turn(turn, control)
 
+    async def _order_and_lease(self, held: _Held, turn: Turn) -> Lease | None:
+        """Wait for the turn's order; with no tenant limit to wait for, the first order
+        check and a first try for the lease go out together (the lease is given back
+        if an earlier turn is still in the stream). The lease, if it was taken."""
+        if self.settings.tenant_max_active:
+            await self._wait_turn_order(held, turn)
+            return None
+        first, lease = await asyncio.gather(
+            self._first_turn(turn), self.leases.try_acquire(turn.tenant, turn.session, turn.id)
+        )
+        if first is None or (first or held.seq) >= held.seq:
+            return lease
+        if lease is not None:
+            await lease.release()
+        await self._wait_turn_order(held, turn)
+        return None
+
+    async def _first_turn(self, turn: Turn) -> int | None:
+        subject = self.subjects.turn(turn.tenant, turn.session)
+        return await retry(
+            lambda: self.publisher.first_seq(self.subjects.turns_stream, subject),
+            f"first turn of {subject}",
+        )
+
     async def _wait_turn_order(self, held: _Held, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream."""
-        subject = self.subjects.turn(turn.tenant, turn.session)
         deadline = time.monotonic() + self.settings.order_wait_s
         delay = 0.02
         while True:
-            first = await retry(
-                lambda: self.publisher.first_seq(self.subjects.turns_stream, subject),
-                f"first turn of {subject}",
-            )
+            first = await self._first_turn(turn)
             if first is None:
                 return
             first_seq = first or held.seq

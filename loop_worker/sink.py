@@ -1,11 +1,17 @@
 """Events to the events stream, without waiting on the loop's hot path.
 
-:meth:`JetStreamEvents.emit` hands the event to the
-:class:`~loop_worker.publisher.Publisher` and returns; the stream's acks arrive in the
-background. :meth:`JetStreamEvents.flush` waits for every
-ack of a turn and publishes again whatever was not acked (through a reconnect, say);
-the service flushes before it acks the turn, so a turn is never done while one of its
-events is not stored.
+:meth:`JetStreamEvents.emit` publishes the event and returns. Most events go out as
+plain publishes (no reply subject, so no ack to receive and decode); every
+``barrier_every``-th event of a turn, one that would take the turn's unacked bytes past
+``UNACKED_BYTES``, and its ``loop_end`` go out with an ack. The server handles the
+messages of one connection in order, and the events stream stores them in that order,
+so the ack of a barrier means every event published before it on the same connection
+was stored too, provided the client did not reconnect in between (its reconnect count
+is compared). Events a barrier cannot vouch for (a reconnect, a failed publish) stay
+pending. :meth:`JetStreamEvents.flush` sends a barrier for the turn's last events if
+it has none, waits for the acks and publishes again, with acks, whatever is still
+pending; the service flushes before it acks the
+turn, so a turn is never done while one of its events is not stored.
 
 Every event carries a deterministic ``Nats-Msg-Id``, so the events of an iteration that
 is replayed after a crash are deduplicated by the stream:
@@ -39,6 +45,8 @@ log = logging.getLogger("loopmesh.loop_worker.sink")
 
 _TOOL_OUTCOMES = frozenset({"tool_result", "tool_error", "tool_timeout"})
 _ACK_WAIT_S = 5.0  # how long flush waits for outstanding acks before publishing again
+BARRIER_EVERY = 64  # events published without an ack before one is published with one
+UNACKED_BYTES = 64 * 1024  # nor more bytes than this (a larger event has its own ack)
 
 
 @dataclass(slots=True)
@@ -49,11 +57,25 @@ class _Pending:
     future: asyncio.Future[Any] | None = None
 
 
+@dataclass(slots=True, eq=False)
+class _Barrier:
+    """An event published with an ack, vouching for the events published before it."""
+
+    item: _Pending
+    covers: list[_Pending]
+    reconnects: int  # the client's reconnect count when the first of ``covers`` went out
+
+
 @dataclass(slots=True)
 class _Turn:
     delivery: int = 1
     counters: dict[tuple[int, str], int] = field(default_factory=dict)
     pending: dict[str, _Pending] = field(default_factory=dict)
+    unacked: list[_Pending] = field(default_factory=list)  # since the last barrier
+    unacked_bytes: int = 0
+    reconnects: int = 0  # when the first of ``unacked`` was published
+    barriers: list[_Barrier] = field(default_factory=list)  # not settled yet
+    subjects: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
 
 class JetStreamEvents:
@@ -66,10 +88,13 @@ class JetStreamEvents:
         *,
         timeout: float = 30.0,
         publisher: Publisher | None = None,
+        barrier_every: int = BARRIER_EVERY,
     ) -> None:
+        self._nc = nc
         self._publisher = publisher or Publisher(nc)
         self._subjects = subjects
         self._timeout = timeout
+        self._barrier_every = max(1, barrier_every)
         self._turns: dict[str, _Turn] = {}
         self._muted: set[str] = set()
 
@@ -88,6 +113,9 @@ class JetStreamEvents:
         turn = self._turns.get(turn_id)
         if turn is not None:
             turn.pending.clear()
+            turn.unacked.clear()
+            turn.unacked_bytes = 0
+            turn.barriers.clear()
 
     def muted(self, turn_id: str) -> bool:
         return turn_id in self._muted
@@ -105,21 +133,58 @@ class JetStreamEvents:
         if not event.ts:
             event = _stamped(event)
         msg_id = self._msg_id(turn, event)
-        item = _Pending(
-            subject=self._subjects.event(event.tenant, event.session, event.type),
-            payload=encode(event),
-            msg_id=msg_id,
-        )
+        where = (event.tenant, event.session, event.type)
+        subject = turn.subjects.get(where)
+        if subject is None:
+            subject = turn.subjects[where] = self._subjects.event(*where)
+        item = _Pending(subject=subject, payload=encode(event), msg_id=msg_id)
         turn.pending[msg_id] = item
+        if (
+            isinstance(event, LoopEnd)
+            or len(turn.unacked) + 1 >= self._barrier_every
+            or turn.unacked_bytes + len(item.payload) > UNACKED_BYTES
+        ):
+            await self._barrier(turn, item)
+            return
+        reconnects = self._reconnects()
         try:
-            future = await self._publisher.publish(
-                item.subject, item.payload, {"Nats-Msg-Id": msg_id}
-            )
+            await self._nc.publish(item.subject, item.payload, headers={"Nats-Msg-Id": msg_id})
         except Exception as exc:  # flush publishes it again
             log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
             return
+        if not turn.unacked:
+            turn.reconnects = reconnects
+        turn.unacked.append(item)
+        turn.unacked_bytes += len(item.payload)
+
+    async def _barrier(self, turn: _Turn, item: _Pending) -> None:
+        """Publish ``item`` with an ack that vouches for the turn's unacked events."""
+        barrier = _Barrier(item, turn.unacked, turn.reconnects)
+        turn.unacked, turn.unacked_bytes = [], 0
+        try:
+            future = await self._publisher.publish(
+                item.subject, item.payload, {"Nats-Msg-Id": item.msg_id}
+            )
+        except Exception as exc:  # flush publishes them again
+            log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
+            return
         item.future = future
-        future.add_done_callback(lambda f: _acked(turn, item, f))
+        turn.barriers.append(barrier)
+        future.add_done_callback(lambda f: self._settle(turn, barrier))
+
+    def _settle(self, turn: _Turn, barrier: _Barrier) -> None:
+        if barrier not in turn.barriers:
+            return
+        turn.barriers.remove(barrier)
+        if not _ok(barrier.item.future):
+            return  # its events stay pending: flush publishes them again
+        turn.pending.pop(barrier.item.msg_id, None)
+        if barrier.covers and self._reconnects() == barrier.reconnects:
+            for item in barrier.covers:
+                turn.pending.pop(item.msg_id, None)
+
+    def _reconnects(self) -> int:
+        return int(self._nc.stats["reconnects"])
 
     async def flush(self, turn_id: str | None = None) -> None:
         """Wait until every event of ``turn_id`` (or of every turn) is stored."""
@@ -130,11 +195,18 @@ class JetStreamEvents:
                 await self._flush_turn(turn)
 
     async def _flush_turn(self, turn: _Turn) -> None:
+        if turn.unacked:  # the last events have no barrier yet: publish the last again
+            await self._barrier(turn, turn.unacked[-1])
         waiting = [p.future for p in turn.pending.values() if p.future is not None]
         if waiting:
             await asyncio.wait(waiting, timeout=_ACK_WAIT_S)
-        for item in list(turn.pending.values()):  # not acked: publish again, in order
+        for barrier in [b for b in turn.barriers if b.item.future and b.item.future.done()]:
+            self._settle(turn, barrier)
+        for item in list(turn.pending.values()):  # not stored: publish again, in order
+            if item.msg_id not in turn.pending:
+                continue  # vouched for by a barrier that settled meanwhile
             if _ok(item.future):
+                turn.pending.pop(item.msg_id, None)
                 continue
             if item.future is not None and not item.future.done():
                 item.future.cancel()
@@ -168,11 +240,6 @@ def _ok(future: asyncio.Future[Any] | None) -> bool:
         and not future.cancelled()
         and future.exception() is None
     )
-
-
-def _acked(turn: _Turn, item: _Pending, future: asyncio.Future[Any]) -> None:
-    if _ok(future):
-        turn.pending.pop(item.msg_id, None)
 
 
 def _stamped(event: Event) -> Event:

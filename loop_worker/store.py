@@ -77,6 +77,7 @@ class KVSessionStore:
         self._timeout = timeout
         self._kv: KV | None = None
         self._revisions: dict[str, int] = {}
+        self._preloaded: dict[str, SessionSnapshot | BaseException | None] = {}
 
     async def start(self) -> None:
         if self._kv is None:
@@ -92,8 +93,24 @@ class KVSessionStore:
             raise RuntimeError("KVSessionStore not started")
         return self._kv
 
+    async def preload(self, tenant: str, session: str) -> None:
+        """Load the snapshot now (alongside other reads); the next :meth:`load` of the
+        session returns it, or raises what this one raised."""
+        key = session_key(tenant, session)
+        loaded: SessionSnapshot | BaseException | None
+        try:
+            loaded = await self.load(tenant, session)
+        except Exception as exc:
+            loaded = exc
+        self._preloaded[key] = loaded
+
     async def load(self, tenant: str, session: str) -> SessionSnapshot | None:
         key = session_key(tenant, session)
+        if key in self._preloaded:
+            loaded = self._preloaded.pop(key)
+            if isinstance(loaded, BaseException):
+                raise loaded
+            return loaded
         await self._commit(key)
         await self._settle(key)
         entry = await retry(lambda: self.kv.entry(key), f"load {key}", timeout=self._timeout)
@@ -204,6 +221,7 @@ class KVSessionStore:
         self._revisions.pop(key, None)
         self._kept.pop(key, None)
         self._lost.discard(key)
+        self._preloaded.pop(key, None)
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending[0].cancel()

@@ -10,6 +10,7 @@ from schemas.events import (
     tool_event_msg_id,
 )
 from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, stream_events
+from tests.loopmesh.conditions import wait_until
 
 
 def run_events(turn: str = "t1", *, resumed_at: int | None = None):
@@ -109,3 +110,105 @@ async def test_flush_stores_events_emitted_while_the_server_was_down(nats_server
     finally:
         await client.close()
     assert len(stored) == 6
+
+
+def many_events(turn: str, n: int):
+    base = {"tenant": "acme", "session": "s1", "turn_id": turn}
+    deltas = [ContentDelta(**base, iteration=1, text=str(i)) for i in range(n)]
+    return [LoopStart(**base), *deltas, LoopEnd(**base, iteration=1, reason="task_completion")]
+
+
+async def test_events_published_without_acks_are_all_stored_after_flush(nc):
+    await provision_short(nc)
+    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=4)
+    sink.begin("t1")
+    events = many_events("t1", 10)
+    for event in events[:-1]:  # no loop_end: flush publishes the barrier itself
+        await sink.emit(event)
+    await sink.flush("t1")
+    assert sink.pending("t1") == 0
+    stored = await stream_events(nc, "acme", "s1")
+    assert [e.text for e, _ in stored if isinstance(e, ContentDelta)] == [str(i) for i in range(10)]
+    await sink.emit(events[-1])
+    await sink.flush("t1")
+    stored = await stream_events(nc, "acme", "s1")
+    assert [e.type for e, _ in stored].count("loop_end") == 1
+    assert len(stored) == 12
+
+
+async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
+    await provision_short(nc)
+    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
+    sink.begin("t1")
+    publish = nc.publish
+    replies: list[str] = []
+
+    async def counting(subject, payload=b"", reply="", headers=None):
+        replies.append(reply)
+        await publish(subject, payload, reply=reply, headers=headers)
+
+    nc.publish = counting  # type: ignore[method-assign]
+    for event in many_events("t1", 20):
+        await sink.emit(event)
+    await sink.flush("t1")
+    assert len(replies) == 22
+    assert [r for r in replies if r] == replies[-1:]  # only loop_end asked for an ack
+    assert len(await stream_events(nc, "acme", "s1")) == 22
+
+
+async def test_events_lost_before_a_reconnect_are_published_again_once(nats_server, nc):
+    await provision_short(nc)
+    client = await connect_fast(nats_server.url)
+    try:
+        sink = JetStreamEvents(client, SUBJECTS, barrier_every=1000)
+        sink.begin("t1")
+        events = many_events("t1", 6)
+        publish = client.publish
+        lost: list[str] = []
+
+        async def losing(subject, payload=b"", reply="", headers=None):
+            if not reply and len(lost) < 3:  # as if the old connection ate them
+                lost.append(subject)
+                return
+            await publish(subject, payload, reply=reply, headers=headers)
+
+        client.publish = losing  # type: ignore[method-assign]
+        for event in events[:4]:
+            await sink.emit(event)
+        reconnected = client.stats["reconnects"] + 1
+        await nats_server.stop()
+        await nats_server.start()
+        await wait_until(
+            lambda: client.stats["reconnects"] >= reconnected and client.is_connected,
+            what="the reconnect",
+        )
+        for event in events[4:]:
+            await sink.emit(event)
+        await sink.flush("t1")
+        stored = await stream_events(client, "acme", "s1")
+    finally:
+        await client.close()
+    assert len(lost) == 3
+    ids = [h["Nats-Msg-Id"] for _, h in stored]
+    expected = ["t1:0:loop_start:0", *(f"t1:1:content_delta:{i}" for i in range(6)), "t1:loop_end"]
+    assert sorted(ids) == sorted(expected)  # none missing, none twice
+
+
+async def test_unacked_events_are_bounded_in_bytes(nc):
+    await provision_short(nc)
+    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
+    sink.begin("t1")
+    publish = nc.publish
+    replies: list[str] = []
+
+    async def counting(subject, payload=b"", reply="", headers=None):
+        replies.append(reply)
+        await publish(subject, payload, reply=reply, headers=headers)
+
+    nc.publish = counting  # type: ignore[method-assign]
+    base = {"tenant": "acme", "session": "s1", "turn_id": "t1", "iteration": 1}
+    for text in ("a", "b" * 40_000, "c" * 40_000, "d"):
+        await sink.emit(ContentDelta(**base, text=text))
+    assert [bool(r) for r in replies] == [False, False, True, False]  # 64 KB reached
+    await sink.flush("t1")
+    assert len(await stream_events(nc, "acme", "s1")) == 4

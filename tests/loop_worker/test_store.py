@@ -122,3 +122,23 @@ async def test_after_a_lost_race_every_pipelined_save_raises(nc, pipelined):
     with pytest.raises(StaleSessionError):
         await pipelined.save(snapshot(iteration=2))
     assert (await stored(nc))[1] == snapshot(iteration=7)
+
+
+async def test_a_preloaded_snapshot_is_what_the_next_load_returns(nc, store):
+    await store.save(snapshot(iteration=1))
+    await store.preload("acme", "s1")
+    other = KVSessionStore(nc, SUBJECTS)
+    await other.start()
+    await other.load("acme", "s1")
+    await other.save(snapshot(iteration=2))
+    assert (await store.load("acme", "s1")).iteration == 1  # read by the preload
+    with pytest.raises(StaleSessionError):  # the preload's revision was remembered
+        await store.save(snapshot(iteration=3))
+    assert (await store.load("acme", "s1")).iteration == 2  # a preload is used once
+
+
+async def test_a_preload_that_failed_fails_the_next_load(nc):
+    store = KVSessionStore(nc, SUBJECTS)  # not started: every read fails
+    await store.preload("acme", "s1")
+    with pytest.raises(RuntimeError, match="not started"):
+        await store.load("acme", "s1")
