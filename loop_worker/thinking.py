@@ -14,6 +14,9 @@ PieceKind = Literal["content", "thinking_start", "thinking", "thinking_end"]
 
 #: Opening tag -> closing tag.
 TAGS = {"<thinking>": "</thinking>", "<think>": "</think>"}
+#: Every tag looked for outside a thinking section: a stray closing tag (from models
+#: whose chat template opens the section in the prompt) is dropped, not shown.
+_OUTSIDE = (*TAGS, *TAGS.values())
 
 
 class Piece(NamedTuple):
@@ -54,6 +57,8 @@ class ThinkingSplitter:
                 break
             self._text(self._buf[:at], out)
             self._buf = self._buf[at + len(tag) :]
+            if self._close_tag is None and tag not in TAGS:
+                continue  # a stray closing tag
             if self._close_tag is None:
                 self._close_tag = TAGS[tag]
                 self._thought = []
@@ -78,7 +83,7 @@ class ThinkingSplitter:
             at = self._buf.find(self._close_tag)
             return (self._close_tag, at) if at >= 0 else (None, -1)
         best: tuple[str | None, int] = (None, -1)
-        for tag in TAGS:
+        for tag in _OUTSIDE:
             at = self._buf.find(tag)
             if at >= 0 and (best[1] < 0 or at < best[1]):
                 best = (tag, at)
@@ -86,7 +91,7 @@ class ThinkingSplitter:
 
     def _partial_tag_len(self) -> int:
         """How many trailing characters could begin a tag (to hold back)."""
-        tags = [self._close_tag] if self._close_tag is not None else list(TAGS)
+        tags = [self._close_tag] if self._close_tag is not None else _OUTSIDE
         start = self._buf.rfind("<")
         if start < 0:
             return 0

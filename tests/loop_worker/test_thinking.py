@@ -75,3 +75,9 @@ def test_content_and_thinking_together_keep_every_character_but_the_tags(text: s
     assert len(content) + len(thinking.replace("\n", "")) <= len(stripped)
     if "<" not in text:
         assert (content, thinking) == (text, "")
+
+
+def test_a_stray_closing_tag_is_dropped_from_the_content() -> None:
+    # Models whose chat template opens <think> in the prompt only ever write the close.
+    assert split_thinking("</thinking>") == ("", "")
+    assert split_thinking("reasoning</think>The answer is 4.") == ("reasoningThe answer is 4.", "")
