@@ -70,11 +70,22 @@ class Engine:
         self.store = store
         self.hooks = hooks if hooks is not None else Hooks.from_paths(settings.hooks)
         self.counter = counter
+        self._counters: dict[str | None, TokenCounter] = {}  # one per model, shared by turns
         self.model = model
         self.clock = clock
         self.prompts = load_prompts()
         self.fallback_message = fallback_message or LLMSettings().fallback_message
         self.worker = worker
+
+    def counter_for(self, model: str | None) -> TokenCounter:
+        """The token counter of ``model``: kept across turns, so that what one turn
+        counted (the system prompt, the history) is not tokenised again by the next."""
+        if self.counter is not None:
+            return self.counter
+        counter = self._counters.get(model)
+        if counter is None:
+            counter = self._counters[model] = TokenCounter(model)
+        return counter
 
     async def run(self, turn: Turn, control: TurnControl | None = None) -> LoopEnd | None:
         scope = TurnScope(turn, control or TurnControl(), self.events, self.clock)
@@ -292,7 +303,7 @@ class _Run:
         )
 
     def _counter(self) -> TokenCounter:
-        return self.e.counter or TokenCounter(self.model or None)
+        return self.e.counter_for(self.model or None)
 
     async def _checkpoint(self, status: str = "running", *, iteration: int | None = None) -> None:
         snapshot = msgspec.structs.replace(

@@ -12,6 +12,7 @@ import pytest
 
 from loop_worker.errors import StaleSessionError
 from loop_worker.inmemory import LocalTools
+from loop_worker.tokens import TokenCounter
 from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolCallRequest, call_id
 from schemas.events import (
     Error,
@@ -319,3 +320,27 @@ async def test_loop_end_is_the_last_event_and_there_is_only_one(fake_llm: FakeLL
     assert (end.reason, end.content) == ("task_completion", "a")  # the first one wins
     assert rig.types.count("loop_end") == 1
     assert isinstance(rig.events.events[-1], LoopEnd)
+
+
+async def test_the_next_turn_does_not_tokenise_again_what_an_earlier_turn_counted(
+    fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded: list[str] = []
+    real = TokenCounter.count_text
+
+    def spy(self: TokenCounter, text: str) -> int:
+        encoded.append(text)
+        return real(self, text)
+
+    monkeypatch.setattr(TokenCounter, "count_text", spy)
+    fake_llm.script(
+        tool_calls(("task_completion", {"result": "one"})),
+        tool_calls(("task_completion", {"result": "two"})),
+    )
+    async with Rig.openai(fake_llm) as rig:
+        await rig.run("first task", id="t1")
+        system = fake_llm.requests[0]["messages"][0]["content"]
+        first = encoded.count(system)
+        await rig.run("second task", id="t2")
+    assert fake_llm.requests[1]["messages"][0]["content"] == system
+    assert first == 1 and encoded.count(system) == 1
