@@ -78,14 +78,16 @@ class Engine:
         self.worker = worker
 
     def counter_for(self, model: str | None) -> TokenCounter:
-        """The token counter of ``model``: kept across turns, so that what one turn
-        counted (the system prompt, the history) is not tokenised again by the next."""
+        """A token counter for one turn of ``model``. Its per-message cache is shared
+        by every turn, so what one turn counted (the system prompt, the history) is
+        not tokenised again by the next; its history memo is its own, so concurrent
+        sessions do not displace each other's."""
         if self.counter is not None:
             return self.counter
         counter = self._counters.get(model)
         if counter is None:
             counter = self._counters[model] = TokenCounter(model)
-        return counter
+        return counter.fork()
 
     async def run(self, turn: Turn, control: TurnControl | None = None) -> LoopEnd | None:
         scope = TurnScope(turn, control or TurnControl(), self.events, self.clock)

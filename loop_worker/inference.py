@@ -101,7 +101,8 @@ class Inference:
                 for name, spec in names.items()
             ]
         )
-        self.tools_tokens = counter.count_text(msgspec.json.encode(self.tools_param).decode())
+        tools_json = msgspec.json.encode(self.tools_param).decode()
+        self.tools_tokens = counter.count_text_cached(tools_json)
         self.prompt: list[ChatMessage] = []
         self.tokens = 0
 

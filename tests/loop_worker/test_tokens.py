@@ -157,7 +157,7 @@ async def test_rebuilt_system_prompt_costs_only_itself_and_the_new_messages(
     spy.texts.clear()
     prompt = [ChatMessage(role="system", content="iteration 2 of 3"), *history]
     total = await counter.count_all(prompt)
-    assert spy.texts == ["system", "iteration 2 of 3", "assistant", "done"]
+    assert spy.texts == ["iteration 2 of 3", "assistant", "done"]  # "system" is known
     assert total == await TokenCounter().count_all(prompt)
 
 
@@ -182,6 +182,40 @@ async def test_message_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None
     spy.texts.clear()
     await counter.count(messages[0])  # evicted from the cache: encoded again
     assert "note 0" in spy.texts
+
+
+async def test_forks_share_counts_but_not_the_history_memo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two sessions' turns interleaving (one fork each) encode each message once."""
+    base = TokenCounter()
+    spy = EncodeSpy(base, monkeypatch)
+    a, b = base.fork(), base.fork()
+    assert a.encoding is base.encoding
+    one = [ChatMessage(role="user", content=f"a {i}") for i in range(5)]
+    two = [ChatMessage(role="user", content=f"b {i}") for i in range(5)]
+    for _ in range(3):
+        one.append(ChatMessage(role="assistant", content=f"a reply {len(one)}"))
+        two.append(ChatMessage(role="assistant", content=f"b reply {len(two)}"))
+        await a.count_all(one)
+        await b.count_all(two)
+    encoded = len(spy.texts)
+    assert encoded == 2 * 8 + 2  # each message's content once, each role once
+    later = base.fork()  # a later turn of the first session, decoded anew
+    copy = [ChatMessage(role=m.role, content=m.content) for m in one]
+    total = await later.count_all(copy)
+    assert len(spy.texts) == encoded
+    assert total == sum(len(CL100K.encode_ordinary(m.content)) + 4 for m in one) + 3
+
+
+def test_tool_schema_text_is_encoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = TokenCounter()
+    spy = EncodeSpy(base, monkeypatch)
+    text = '[{"type": "function", "function": {"name": "echo"}}]'
+    assert base.fork().count_text_cached(text) == base.count_text(text)
+    spy.texts.clear()
+    assert base.fork().count_text_cached(text) == base.count_text(text)
+    assert spy.texts == [text]  # the second count_text only
 
 
 async def test_long_text_is_counted_off_the_event_loop() -> None:
