@@ -8,6 +8,7 @@ directly. The engine only waits on it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from schemas import ApprovalDecision
 
@@ -20,13 +21,19 @@ class TurnControl:
         self._running.set()
         self._decisions: dict[str, ApprovalDecision] = {}
         self._decided = asyncio.Condition()
+        self._watchers: set[Callable[[], None]] = set()
 
     # -- what controllers call ----------------------------------------------------
 
     def cancel(self, reason: str = "") -> None:
+        """Cancel the turn; the first reason given is the one reported."""
+        self._running.set()  # a paused loop must wake up to see the cancel
+        if self.cancelled.is_set():
+            return
         self.cancel_reason = reason or "cancelled"
         self.cancelled.set()
-        self._running.set()  # a paused loop must wake up to see the cancel
+        for watcher in list(self._watchers):
+            watcher()
 
     def pause(self) -> None:
         self._running.clear()
@@ -40,6 +47,13 @@ class TurnControl:
             self._decided.notify_all()
 
     # -- what the engine calls ----------------------------------------------------
+
+    def watch(self, on_cancel: Callable[[], None]) -> None:
+        """Call ``on_cancel`` when the turn is cancelled (once), until :meth:`unwatch`."""
+        self._watchers.add(on_cancel)
+
+    def unwatch(self, on_cancel: Callable[[], None]) -> None:
+        self._watchers.discard(on_cancel)
 
     @property
     def paused(self) -> bool:

@@ -67,21 +67,44 @@ class TurnScope:
 
     async def race(self, aw: Awaitable[T]) -> T:
         """Await ``aw`` unless the turn is cancelled first; then cancel it and raise
-        :class:`TurnCancelled`."""
-        task = asyncio.ensure_future(aw)
-        if self.control.cancelled.is_set():
-            task.cancel()
-        else:
-            waiter = asyncio.ensure_future(self.control.cancelled.wait())
-            try:
-                await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                if not task.done():  # we were cancelled, or the turn was
-                    task.cancel()
-        if not task.done() or task.cancelled():
-            await asyncio.wait((task,))  # let it unwind; its outcome no longer matters
-            if not task.cancelled():
-                task.exception()
-            raise TurnCancelled(self.control.cancel_reason)
-        return task.result()
+        :class:`TurnCancelled`.
+
+        ``aw`` runs in the calling task, as under ``asyncio.timeout``: a cancel of the
+        turn cancels the task where it waits, and the cancellation is taken back here
+        (``uncancel``) and becomes :class:`TurnCancelled`. A cancel of the task from
+        elsewhere still propagates. No task is made per call."""
+        control = self.control
+        if control.cancelled.is_set():
+            _discard(aw)
+            raise TurnCancelled(control.cancel_reason)
+        task = asyncio.current_task()
+        assert task is not None, "race() runs inside a task"
+        fired = False
+
+        def interrupt() -> None:
+            nonlocal fired
+            if not fired:
+                fired = True
+                task.cancel()
+
+        control.watch(interrupt)
+        try:
+            result = await aw
+        except asyncio.CancelledError:
+            if fired and task.uncancel() == 0:
+                raise TurnCancelled(control.cancel_reason) from None
+            raise
+        finally:
+            control.unwatch(interrupt)
+        if fired:  # the cancel reached ``aw``, which swallowed it
+            task.uncancel()
+            raise TurnCancelled(control.cancel_reason)
+        return result
+
+
+def _discard(aw: Awaitable[Any]) -> None:
+    """Drop an awaitable that will not be awaited (without a never-awaited warning)."""
+    if asyncio.iscoroutine(aw):
+        aw.close()
+    elif isinstance(aw, asyncio.Future):
+        aw.cancel()
