@@ -30,6 +30,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from loopmesh.publish import publish_async
+
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
 
 
@@ -118,7 +120,9 @@ class Publisher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[token] = (future, ack)
         try:
-            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
+            await publish_async(
+                self._nc, subject, payload, reply=self._prefix + token, headers=headers
+            )
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -196,12 +200,47 @@ def _raise(error: dict[str, Any]) -> None:
 
 
 async def _within(future: asyncio.Future[Any], timeout: float) -> Any:
-    try:
-        async with asyncio.timeout(timeout):
-            return await future
-    except TimeoutError:
-        future.cancel()
-        raise nats.errors.TimeoutError from None
+    """``await future``, failing it with ``nats.errors.TimeoutError`` after ``timeout``
+    (one timer, no task or timeout context: this runs several times per turn)."""
+    if not future.done():
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        finally:
+            timer.cancel()
+    return future.result()
+
+
+async def settled(future: asyncio.Future[Any], timeout: float) -> Any:
+    """The result of ``future`` once it is done; ``TimeoutError`` after ``timeout``.
+    Unlike :func:`_within`, neither the timeout nor a cancel of the caller touches
+    ``future`` (``asyncio.wait_for(asyncio.shield(future))``, for less)."""
+    if not future.done():
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        timer = loop.call_later(timeout, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            future.remove_done_callback(wake)
+        if not future.done():
+            raise TimeoutError
+    return future.result()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(nats.errors.TimeoutError())
 
 
 async def acked(

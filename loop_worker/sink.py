@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
+from loopmesh.publish import publish_async
 from schemas import Subjects, encode
 from schemas.events import Event, LoopEnd, LoopStart, tool_event_msg_id
 
@@ -148,7 +149,9 @@ class JetStreamEvents:
             return
         reconnects = self._reconnects()
         try:
-            await self._nc.publish(item.subject, item.payload, headers={"Nats-Msg-Id": msg_id})
+            await publish_async(
+                self._nc, item.subject, item.payload, headers={"Nats-Msg-Id": msg_id}
+            )
         except Exception as exc:  # flush publishes it again
             log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
             return
