@@ -161,9 +161,10 @@ class TokenCounter:
         offload_chars: int = 8_000,
         cache_size: int = 65_536,
         _counts: _Counts | None = None,
+        _encoding: tiktoken.Encoding | None = None,
     ) -> None:
         self.model = model
-        self.encoding = encoding_for(model)
+        self.encoding = _encoding or encoding_for(model)
         self.offload_chars = offload_chars
         self._cache = _counts if _counts is not None else _Counts(cache_size)
         self._prefix: list[ChatMessage] = []  # the history count_all last summed
@@ -173,7 +174,12 @@ class TokenCounter:
 
     def fork(self) -> TokenCounter:
         """A counter with this one's per-message cache and a history memo of its own."""
-        return TokenCounter(self.model, offload_chars=self.offload_chars, _counts=self._cache)
+        return TokenCounter(
+            self.model,
+            offload_chars=self.offload_chars,
+            _counts=self._cache,
+            _encoding=self.encoding,
+        )
 
     def count_text(self, text: str) -> int:
         """Tokens of ``text`` (special tokens counted as plain text). Blocking."""

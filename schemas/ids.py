@@ -7,6 +7,7 @@ would change what a subject means; such an id is refused here, never turned into
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
@@ -27,15 +28,20 @@ class InvalidIdError(ValueError):
         )
 
 
+@functools.lru_cache(maxsize=16_384)
+def _valid(value: str) -> bool:  # ids recur: a session's id is checked a dozen times a turn
+    return _TOKEN.fullmatch(value) is not None
+
+
 def check_token(value: str, kind: str = "id") -> str:
     """Return ``value`` if it is a valid token, else raise :class:`InvalidIdError`."""
-    if not isinstance(value, str) or _TOKEN.fullmatch(value) is None:
+    if not isinstance(value, str) or not _valid(value):
         raise InvalidIdError(kind, value)
     return value
 
 
 def is_token(value: str) -> bool:
-    return isinstance(value, str) and _TOKEN.fullmatch(value) is not None
+    return isinstance(value, str) and _valid(value)
 
 
 def safe_token(name: str) -> str:
