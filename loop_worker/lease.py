@@ -5,9 +5,11 @@ max age) frees it when its holder dies. :meth:`Leases.try_acquire` creates the k
 (``kv.create`` fails while someone holds it); :meth:`Lease.keep` renews it every third
 of the TTL with a revision check, and raises :class:`~loop_worker.errors.LeaseLostError`
 when it can no longer be sure it holds it; :meth:`Lease.release` deletes it if it is
-still ours. The delete leaves a marker whose revision the worker remembers, so taking
-the same session's lease again is one write (``kv.create`` would need three round trips
-over a marker: a failed create, a read, an update)::
+still ours. (The loop worker renews the leases of all its turns from one loop instead,
+with :meth:`Lease.due` and :meth:`Lease.renew`: a task per turn costs more than the
+turn's requests.) The delete leaves a marker whose revision the worker remembers, so
+taking the same session's lease again is one write (``kv.create`` would need three
+round trips over a marker: a failed create, a read, an update)::
 
     lease = await leases.acquire("acme", "s1", turn_id)
     try:
@@ -205,20 +207,46 @@ class Lease:
             raise_if_cancelled()
 
     async def release(self) -> None:
-        """Delete the key if it is still ours. Idempotent; never raises."""
+        """Delete the key if it is still ours. Idempotent; never raises.
+
+        A renewal that lands just before the delete moves the revision on: the key is
+        read again and, while it still holds this lease's record, deleted at the new
+        revision."""
         if self.released:
             return
         self.released = True
+        kv = self._leases.kv
         try:
-            marker = await retry(
-                lambda: self._leases.kv.delete(self.key, self.revision),
-                f"release lease {self.key}",
-                timeout=5.0,
-            )
+            try:
+                marker = await retry(
+                    lambda: kv.delete(self.key, self.revision),
+                    f"release lease {self.key}",
+                    timeout=5.0,
+                )
+            except KeyWrongLastSequenceError:
+                entry = await retry(lambda: kv.entry(self.key), f"check lease {self.key}")
+                if entry is None or entry.value is None or not self._ours(entry.value):
+                    return  # expired, or someone else's now
+                revision = entry.revision
+                marker = await retry(
+                    lambda: kv.delete(self.key, revision), f"release lease {self.key}", timeout=5.0
+                )
         except Exception as exc:  # it expires by itself
             log.info("lease not released key=%s error=%r", self.key, exc)
         else:
             self._leases._released(self.key, marker)
+
+    def _ours(self, value: bytes) -> bool:
+        try:
+            record = msgspec.json.decode(value, type=LeaseRecord)
+        except msgspec.DecodeError:
+            return False
+        return record.owner == self.record.owner and record.turn_id == self.record.turn_id
+
+    def due(self, now: float) -> bool:
+        """Whether the lease should be renewed: a third of its TTL has passed since it
+        was taken or last renewed (what :meth:`keep` waits between renewals)."""
+        return not self.released and self.expires - now <= self._leases.ttl_s * 2 / 3
 
     def _remaining(self) -> float:
         return max(0.1, self.expires - time.monotonic())

@@ -8,7 +8,7 @@ many sessions at once (``max_active_turns``). For each delivered turn it:
    for room under the tenant's limit, then for the session lease;
 2. opens the turn's controls (live messages, plus what was recorded while no worker
    ran it) and runs the engine, which resumes from the checkpoint when the turn was
-   started before; the lease is renewed meanwhile;
+   started before; one loop renews the leases of every running turn meanwhile;
 3. flushes the turn's events, releases the lease and acks the turn.
 
 While a turn is held, in-progress acks go out every third of AckWait. A worker that
@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
-from loopmesh.aio import raise_if_cancelled
+from loopmesh.aio import both, raise_if_cancelled
 from loopmesh.provision import ensure_bucket, ensure_consumer
 from schemas import ConsumerDef, DecodeError, KVDef, Subjects, Turn, decode, session_key
 from schemas.events import Error, LoopEnd
@@ -84,6 +84,7 @@ class _Held:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     lease: Lease | None = None
+    lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
 
 
 class LoopWorker:
@@ -158,6 +159,7 @@ class LoopWorker:
         try:
             async with asyncio.TaskGroup() as tg:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
+                renewer = tg.create_task(self._renew_leases(), name="leases")
                 committer = tg.create_task(self.store.run(), name="checkpoints")
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 self.ready.set()
@@ -171,6 +173,7 @@ class LoopWorker:
                 await puller
                 await self._finish_in_flight()
                 keepalive.cancel()
+                renewer.cancel()
                 committer.cancel()
         finally:
             with contextlib.suppress(Exception):
@@ -269,6 +272,37 @@ class LoopWorker:
                 await _quietly(held.msg.in_progress())
             raise_if_cancelled()
 
+    async def _renew_leases(self) -> None:
+        """Renew the lease of every running turn once a third of its TTL has passed;
+        a turn whose lease cannot be renewed is muted and stopped (:meth:`_lose`)."""
+        while True:
+            await asyncio.sleep(self.leases.ttl_s / 6)
+            now = time.monotonic()
+            due = [h for h in self._held.values() if h.lease is not None and h.lease.due(now)]
+            if due:
+                await asyncio.gather(*(self._renew(held) for held in due))
+            raise_if_cancelled()
+
+    async def _renew(self, held: _Held) -> None:
+        lease = held.lease
+        assert lease is not None
+        try:
+            await lease.renew()
+        except LeaseLostError as exc:
+            if not lease.released:
+                self._lose(held, exc)
+        except Exception as exc:  # not a lost lease: the next round tries again
+            log.warning("lease not renewed key=%s error=%r", lease.key, exc)
+
+    def _lose(self, held: _Held, exc: LeaseLostError) -> None:
+        """Another worker may run the turn now: drop its events and stop it, keeping
+        nothing (no checkpoint, no ack, no nak)."""
+        held.lost = exc
+        if held.turn is not None:
+            self.events.mute(held.turn.id)
+        if held.task is not None:
+            held.task.cancel()
+
     # -- one turn -----------------------------------------------------------------------
 
     async def _handle(self, held: _Held) -> None:
@@ -298,6 +332,11 @@ class LoopWorker:
             self.stats["handed_back"] += 1
             await _quietly(msg.nak(delay=back.delay))
         except asyncio.CancelledError:
+            if held.lost is not None:
+                outcome = "lost"
+                self.stats["lost"] += 1
+                log.warning("another worker took over turn=%s: %s", turn_id(held), held.lost)
+                return  # the task ends here: its cancel was this worker's own
             outcome = "handed_back"
             self.stats["handed_back"] += 1
             await _quietly(msg.nak())
@@ -305,10 +344,10 @@ class LoopWorker:
         except (LeaseLostError, StaleSessionError) as exc:
             outcome = "lost"
             self.stats["lost"] += 1
-            log.warning("another worker took over turn=%s: %s", held.turn and held.turn.id, exc)
+            log.warning("another worker took over turn=%s: %s", turn_id(held), exc)
         except Exception:
             outcome = "failed"
-            log.exception("turn failed; handing it back turn=%s", held.turn and held.turn.id)
+            log.exception("turn failed; handing it back turn=%s", turn_id(held))
             await _quietly(msg.nak(delay=1.0))
         finally:
             held.done.set()
@@ -324,6 +363,7 @@ class LoopWorker:
         await retry(lambda: answered(self.publisher, msg.reply, b"+ACK"), f"ack turn {turn.id}")
 
     async def _run(self, held: _Held, turn: Turn, delivery: int) -> None:
+        """Order, tenant room and lease, then the engine; the lease is released after."""
         early = await self._order_and_lease(held, turn)
         async with self._tenant_slot(turn.tenant):
             lease = held.lease = early or await self.leases.acquire(
@@ -335,25 +375,25 @@ class LoopWorker:
                     self._running[key] = held
                     ACTIVE.inc()
                     try:
-                        await self._run_engine(turn, delivery, lease)
+                        await self._run_engine(held, turn, delivery)
                     finally:
                         ACTIVE.dec()
                         self._running.pop(key, None)
                         self.store.forget(turn.tenant, turn.session)
             finally:
-                await lease.release()
+                if held.lost is None:
+                    await lease.release()
+                else:
+                    lease.released = True  # someone else's now: leave the key alone
 
-    async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> None:
+    async def _run_engine(self, held: _Held, turn: Turn, delivery: int) -> None:
         self.events.begin(turn.id, delivery=delivery)
         self.tools.resuming(turn.id, delivery > 1)
-        control, _ = await asyncio.gather(
+        control, _ = await both(
             self.controls.open(turn), self.store.preload(turn.tenant, turn.session)
         )
         try:
-            async with asyncio.TaskGroup() as tg:
-                keeper = tg.create_task(lease.keep(), name=f"lease-{turn.id}")
-                end = await self.engine.run(turn, control)
-                keeper.cancel()
+            end = await self.engine.run(turn, control)
             await self.store.flush(turn.tenant, turn.session)
             if self.events.muted(turn.id):
                 raise StaleSessionError(session_key(turn.tenant, turn.session))
@@ -362,14 +402,9 @@ class LoopWorker:
             self.stats["finished"] += 1
             await self.events.flush(turn.id)
         except asyncio.CancelledError:  # handed back: store what was emitted so far
-            await _quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
-            await _quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
-            raise
-        except BaseExceptionGroup as group:
-            lost = group.subgroup((LeaseLostError,))
-            if lost is not None:
-                self.events.mute(turn.id)
-                raise lost.exceptions[0] from None
+            if held.lost is None:
+                await _quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
+                await _quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
             raise
         finally:
             self.events.end(turn.id)
@@ -383,7 +418,7 @@ class LoopWorker:
         if self.settings.tenant_max_active:
             await self._wait_turn_order(held, turn)
             return None
-        first, lease = await asyncio.gather(
+        first, lease = await both(
             self._first_turn(turn), self.leases.try_acquire(turn.tenant, turn.session, turn.id)
         )
         if first is None or (first or held.seq) >= held.seq:
@@ -459,6 +494,10 @@ class LoopWorker:
         held = self._running.get(key)
         if held is not None and held.turn is not None:
             self.events.mute(held.turn.id)
+
+
+def turn_id(held: _Held) -> str | None:
+    return held.turn.id if held.turn is not None else None
 
 
 async def _quietly(op: object) -> None:

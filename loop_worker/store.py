@@ -39,7 +39,7 @@ from loopmesh.aio import raise_if_cancelled
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
 from .errors import StaleSessionError
-from .publisher import KV, WRONG_LAST_SEQUENCE, Publisher
+from .publisher import KV, WRONG_LAST_SEQUENCE, Publisher, settled
 from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.store")
@@ -173,8 +173,7 @@ class KVSessionStore:
             return
         future, data = pending
         try:
-            async with asyncio.timeout(_ACK_WAIT_S):
-                ack = await asyncio.shield(future)
+            ack = await settled(future, _ACK_WAIT_S)
         except APIError as exc:
             if exc.err_code not in WRONG_LAST_SEQUENCE:  # not a lost race: write it again
                 await self._write(key, data)

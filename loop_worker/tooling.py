@@ -178,9 +178,12 @@ class ToolRunner:
                 arguments=call.arguments or {},
             )
         results: dict[int, ToolResult] = {}
-        async with asyncio.TaskGroup() as group:
-            for call in calls:
-                if not call.builtin:
+        remote = [call for call in calls if not call.builtin]
+        if len(remote) == 1:  # the usual case: no task needed
+            await self._one(remote[0], results)
+        elif remote:
+            async with asyncio.TaskGroup() as group:
+                for call in remote:
                     group.create_task(self._one(call, results))
         for call in calls:
             if call.builtin:

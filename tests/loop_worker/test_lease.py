@@ -74,3 +74,23 @@ async def test_a_released_lease_is_taken_again_by_its_worker_and_by_others(nc, l
         assert await b.holder("acme", "s1") is None
     info = await nc.jetstream().stream_info(f"KV_{SUBJECTS.leases_bucket}")
     assert info.state.last_seq - before == 8  # a write and a delete marker per turn
+
+
+async def test_a_release_racing_a_renewal_still_frees_the_lease(leases):
+    a = await leases("a")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    before_renewal = lease.revision
+    await lease.renew()
+    lease.revision = before_renewal  # as if the renewal's ack had not come back yet
+    await lease.release()
+    assert await a.holder("acme", "s1") is None
+
+
+async def test_a_lease_is_due_for_renewal_after_a_third_of_its_ttl(leases):
+    a = await leases("a")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    now = time.monotonic()
+    assert not lease.due(now)
+    assert lease.due(now + a.ttl_s / 3 + 0.01)
+    await lease.release()
+    assert not lease.due(now + a.ttl_s)

@@ -243,6 +243,28 @@ async def test_many_sessions_run_at_once_in_one_worker(mesh):
     assert not any(isinstance(e, ContentDelta) and not e.text for e in deltas)
 
 
+async def test_a_worker_whose_lease_is_taken_stops_the_turn_and_keeps_nothing(mesh, tmp_path):
+    """A worker that stalled past its lease TTL finds the lease taken at its next
+    renewal: it drops the turn's events, writes no checkpoint, neither acks nor naks."""
+    await mesh.tool_worker()
+    worker = await mesh.loop_worker()
+    leases = await mesh.nc.jetstream().key_value(SUBJECTS.leases_bucket)
+    sessions = await mesh.nc.jetstream().key_value(SUBJECTS.sessions_bucket)
+    counter = tmp_path / "n"
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", count_task(counter, seconds=1.5)))
+        await wait_for(counter.exists, timeout=10, what="the slow tool to start")
+        before = (await sessions.get("acme.s1")).revision
+        await leases.put("acme.s1", b'{"owner": "intruder", "turn_id": "t1"}')  # taken over
+        await wait_for(lambda: worker.service.stats["lost"] == 1, timeout=5, what="the loss")
+        intruder = await leases.get("acme.s1")  # left alone (it expires with the TTL)
+        assert intruder.value == b'{"owner": "intruder", "turn_id": "t1"}'
+        await asyncio.sleep(1.5)  # the tool's result arrives: nothing may follow from it
+        assert not watch.of("loop_end", "t1")
+    assert (await sessions.get("acme.s1")).revision == before  # no checkpoint after the loss
+    assert await turns_left(mesh.nc) == 1  # not acked: it is the new holder's to finish
+
+
 # -- helpers ------------------------------------------------------------------------------
 
 

@@ -1,8 +1,9 @@
 import asyncio
+import time
 
 import pytest
 
-from loopmesh.aio import raise_if_cancelled
+from loopmesh.aio import both, raise_if_cancelled
 
 
 async def test_a_cancel_that_a_library_swallowed_is_raised_again() -> None:
@@ -27,3 +28,41 @@ async def test_a_cancel_that_a_library_swallowed_is_raised_again() -> None:
 
 async def test_without_a_cancel_nothing_is_raised() -> None:
     raise_if_cancelled()
+
+
+async def test_both_returns_both_results_and_overlaps_them() -> None:
+    started = time.perf_counter()
+    a, b = await both(_later(0.1, "a"), _later(0.1, "b"))
+    assert (a, b) == ("a", "b")
+    assert time.perf_counter() - started < 0.19
+
+
+async def test_both_cancels_the_second_when_the_first_fails() -> None:
+    unwound = []
+
+    async def second() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            unwound.append(True)
+
+    async def first() -> None:
+        await asyncio.sleep(0.01)
+        raise ValueError("first failed")
+
+    with pytest.raises(ValueError, match="first failed"):
+        await both(first(), second())
+    assert unwound == [True]
+
+
+async def test_both_raises_what_the_second_raised() -> None:
+    async def second() -> None:
+        raise KeyError("second failed")
+
+    with pytest.raises(KeyError):
+        await both(_later(0.01, "a"), second())
+
+
+async def _later(delay: float, value: str) -> str:
+    await asyncio.sleep(delay)
+    return value
