@@ -35,9 +35,9 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from loopmesh.publish import publish_async
+from loopmesh.publish import msg_id_header, publish
 from schemas import Subjects, encode
-from schemas.events import Event, LoopEnd, LoopStart, tool_event_msg_id
+from schemas.events import Event, tool_event_msg_id
 
 from .publisher import Publisher, acked
 from .retry import retry
@@ -76,7 +76,8 @@ class _Turn:
     unacked_bytes: int = 0
     reconnects: int = 0  # when the first of ``unacked`` was published
     barriers: list[_Barrier] = field(default_factory=list)  # not settled yet
-    subjects: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    subjects: dict[str, str] = field(default_factory=dict)  # by event type
+    where: tuple[str, str] = ("", "")  # the tenant and session ``subjects`` are for
 
 
 class JetStreamEvents:
@@ -126,34 +127,35 @@ class JetStreamEvents:
         return len(turn.pending) if turn else 0
 
     async def emit(self, event: Event) -> None:
-        if event.turn_id in self._muted:
+        turn_id = event.turn_id
+        if turn_id in self._muted:
             return
-        turn = self._turns.get(event.turn_id)
+        turn = self._turns.get(turn_id)
         if turn is None:
-            turn = self._turns[event.turn_id] = _Turn()
+            turn = self._turns[turn_id] = _Turn()
         if not event.ts:
             event = _stamped(event)
-        msg_id = self._msg_id(turn, event)
-        where = (event.tenant, event.session, event.type)
-        subject = turn.subjects.get(where)
-        if subject is None:
-            subject = turn.subjects[where] = self._subjects.event(*where)
-        item = _Pending(subject=subject, payload=encode(event), msg_id=msg_id)
+        kind = event.type
+        msg_id = self._msg_id(turn, event, kind)
+        subject = turn.subjects.get(kind)
+        if subject is None or turn.where != (event.tenant, event.session):
+            turn.where = (event.tenant, event.session)
+            subject = turn.subjects[kind] = self._subjects.event(event.tenant, event.session, kind)
+        item = _Pending(subject, encode(event), msg_id)
         turn.pending[msg_id] = item
         if (
-            isinstance(event, LoopEnd)
+            kind == "loop_end"
             or len(turn.unacked) + 1 >= self._barrier_every
             or turn.unacked_bytes + len(item.payload) > UNACKED_BYTES
         ):
             await self._barrier(turn, item)
             return
-        reconnects = self._reconnects()
+        reconnects = self._nc.stats["reconnects"]
         try:
-            await publish_async(
-                self._nc, item.subject, item.payload, headers={"Nats-Msg-Id": msg_id}
-            )
+            if not publish(self._nc, subject, item.payload, header=msg_id_header(msg_id)):
+                await self._nc.publish(subject, item.payload, headers={"Nats-Msg-Id": msg_id})
         except Exception as exc:  # flush publishes it again
-            log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
+            log.debug("event publish deferred msg_id=%s error=%r", msg_id, exc)
             return
         if not turn.unacked:
             turn.reconnects = reconnects
@@ -222,13 +224,12 @@ class JetStreamEvents:
             )
             turn.pending.pop(item.msg_id, None)
 
-    def _msg_id(self, turn: _Turn, event: Event) -> str:
-        kind = event.type
+    def _msg_id(self, turn: _Turn, event: Event, kind: str) -> str:
         if kind in _TOOL_OUTCOMES:
             return tool_event_msg_id(event.call_id, kind)  # type: ignore[attr-defined]
-        if isinstance(event, LoopEnd):
+        if kind == "loop_end":
             return f"{event.turn_id}:loop_end"
-        if isinstance(event, LoopStart) and event.resumed:
+        if kind == "loop_start" and event.resumed:  # type: ignore[attr-defined]
             return f"{event.turn_id}:loop_start:r{turn.delivery}"
         key = (event.iteration, kind)
         n = turn.counters.get(key, 0)

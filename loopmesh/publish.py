@@ -18,13 +18,22 @@ across reconnects and raises nats-py's own errors: :func:`publish_async` does bo
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 from nats.aio.client import Client
 
 _HEADER_LINE = b"NATS/1.0\r\n"
-_DONE: asyncio.Future[None] | None = None  # what wakes the flusher (already finished)
+
+
+class _Kick:
+    """What wakes nats-py's flusher: it takes a future from its queue, writes what is
+    pending and resolves the future unless it is done. This one always is."""
+
+    def done(self) -> bool:
+        return True
+
+
+_KICK = _Kick()
 
 
 _RELIED_ON = (
@@ -67,6 +76,13 @@ def header_bytes(headers: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
+def msg_id_header(msg_id: str) -> bytes:
+    """The header block of a message whose only header is ``Nats-Msg-Id``."""
+    if "\r" in msg_id or "\n" in msg_id:
+        raise ValueError(f"message id {msg_id!r} cannot be sent")
+    return b"NATS/1.0\r\nNats-Msg-Id: " + msg_id.encode() + b"\r\n\r\n"
+
+
 def publish(
     nc: Client,
     subject: str,
@@ -74,16 +90,17 @@ def publish(
     *,
     reply: str = "",
     headers: Mapping[str, str] | None = None,
+    header: bytes | None = None,
 ) -> bool:
     """Queue the message for the client's flusher; ``False`` if the caller must use
-    ``Client.publish`` instead (nothing was queued then)."""
-    global _DONE
+    ``Client.publish`` instead (nothing was queued then). ``header`` is a header block
+    already built (:func:`header_bytes`, :func:`msg_id_header`), in place of ``headers``."""
     if not _plain(subject) or (reply and not _plain(reply)):
         return False  # let nats-py refuse it, with its error
     if not nc.is_connected or not _supported(nc):
         return False
-    if headers:
-        hdr = header_bytes(headers)
+    hdr = header if header is not None else header_bytes(headers) if headers else None
+    if hdr is not None:
         size = len(hdr) + len(payload)
         cmd = b"HPUB %b %b %d %d\r\n%b%b\r\n" % (
             subject.encode(), reply.encode(), len(hdr), size, hdr, payload
@@ -101,10 +118,7 @@ def publish(
     nc.stats["out_bytes"] += len(payload)
     queue = nc._flush_queue
     if queue is not None and queue.empty():
-        if _DONE is None or _DONE.get_loop() is not asyncio.get_running_loop():
-            _DONE = asyncio.get_running_loop().create_future()
-            _DONE.set_result(None)
-        queue.put_nowait(_DONE)
+        queue.put_nowait(_KICK)  # type: ignore[arg-type]  # a finished future, as far as it looks
     return True
 
 

@@ -2,6 +2,7 @@ import time
 
 import pytest
 
+import loop_worker.sink
 import loopmesh.publish
 from loop_worker.sink import JetStreamEvents
 from schemas.events import (
@@ -20,6 +21,7 @@ from tests.loopmesh.conditions import wait_until
 def slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every publish through ``Client.publish``, which these tests intercept."""
     monkeypatch.setattr(loopmesh.publish, "publish", lambda *args, **kwargs: False)
+    monkeypatch.setattr(loop_worker.sink, "publish", lambda *args, **kwargs: False)
 
 
 def run_events(turn: str = "t1", *, resumed_at: int | None = None):
