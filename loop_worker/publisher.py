@@ -4,8 +4,8 @@ nats-py's ``js.publish`` is a request per message (a fresh token, an ``asyncio.w
 ``json.loads`` and a dataclass per ack) and ``publish_async`` is much the same without
 the wait. The loop worker publishes a dozen messages per iteration (events,
 checkpoints, the tool call), so it uses :class:`Publisher` instead: one wildcard
-subscription (``<inbox>.*``) receives every ack and reply, a counter names them, and acks
-are decoded by msgspec::
+subscription (``<inbox>.*``, handled inline: no task per message) receives every ack
+and reply, a counter names them, and acks are decoded by msgspec::
 
     publisher = Publisher(nc)
     ack = await publisher.publish(subject, payload, {"Nats-Msg-Id": msg_id})
@@ -30,7 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from loopmesh.publish import publish_async
+from loopmesh.fastpath import publish_async, subscribe_inline
 
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
 
@@ -76,7 +76,7 @@ class Publisher:
         async with self._starting:
             if self._sub is None:
                 prefix = self._nc.new_inbox() + "."
-                self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
+                self._sub = await subscribe_inline(self._nc, prefix + "*", self._on_reply)
                 self._prefix = prefix
 
     async def close(self) -> None:
@@ -157,7 +157,7 @@ class Publisher:
             _raise(reply.error)
         return reply.message.seq if reply.message is not None else None
 
-    def _on_reply_sync(self, msg: Msg) -> None:
+    def _on_reply(self, msg: Msg) -> None:
         entry = self._waiting.pop(msg.subject[len(self._prefix) :], None)
         if entry is None:
             return
@@ -182,9 +182,6 @@ class Publisher:
                 future.set_exception(exc)
             return
         future.set_result(reply)
-
-    async def _on_reply(self, msg: Msg) -> None:
-        self._on_reply_sync(msg)
 
     def _sweep(self) -> None:
         """Forget futures their callers gave up on (their answers were lost)."""

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from loopmesh.publish import msg_id_header, publish
+from loopmesh.fastpath import msg_id_header, publish
 from schemas import Subjects, encode
 from schemas.events import Event, tool_event_msg_id
 

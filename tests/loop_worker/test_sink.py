@@ -3,7 +3,7 @@ import time
 import pytest
 
 import loop_worker.sink
-import loopmesh.publish
+import loopmesh.fastpath
 from loop_worker.sink import JetStreamEvents
 from schemas.events import (
     ContentDelta,
@@ -20,7 +20,7 @@ from tests.loopmesh.conditions import wait_until
 @pytest.fixture
 def slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every publish through ``Client.publish``, which these tests intercept."""
-    monkeypatch.setattr(loopmesh.publish, "publish", lambda *args, **kwargs: False)
+    monkeypatch.setattr(loopmesh.fastpath, "publish", lambda *args, **kwargs: False)
     monkeypatch.setattr(loop_worker.sink, "publish", lambda *args, **kwargs: False)
 
 

@@ -1,4 +1,4 @@
-"""The fast publish path, against a real nats-server: what arrives is what nats-py
+"""The fast paths, against a real nats-server: what arrives is what nats-py
 would have sent, and whatever it cannot send safely is left to ``Client.publish``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
+from loopmesh.fastpath import header_bytes, publish, publish_async, subscribe_inline
 from loopmesh.nats import connect
-from loopmesh.publish import header_bytes, publish, publish_async
 from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from tests.loopmesh.conditions import wait_until
@@ -104,3 +104,40 @@ async def test_while_reconnecting_publish_async_buffers_like_nats_py(
     finally:
         await nc.close()
         await watcher.close()
+
+
+async def test_an_inline_subscription_gets_every_message_in_order(nc: Client) -> None:
+    got: list[tuple[str, bytes, dict[str, str] | None]] = []
+    sub = await subscribe_inline(
+        nc, "inbox.*", lambda m: got.append((m.subject, m.data, m.headers))
+    )
+    for i in range(100):
+        await nc.publish(f"inbox.{i}", str(i).encode(), headers={"N": str(i)} if i % 2 else None)
+    await nc.flush()
+    await wait_until(lambda: len(got) == 100, what="100 messages")
+    assert [int(data) for _, data, _ in got] == list(range(100))
+    assert got[3] == ("inbox.3", b"3", {"N": "3"}) and got[4][2] is None
+    await sub.unsubscribe()
+    await nc.publish("inbox.x", b"after")
+    await nc.flush()
+    await asyncio.sleep(0.05)
+    assert len(got) == 100
+
+
+async def test_a_failing_inline_handler_does_not_break_the_connection(
+    nc: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    got: list[bytes] = []
+
+    def handler(msg: nats.aio.msg.Msg) -> None:
+        if msg.data == b"bad":
+            raise RuntimeError("handler bug")
+        got.append(msg.data)
+
+    await subscribe_inline(nc, "h", handler)
+    for data in (b"one", b"bad", b"two"):
+        await nc.publish("h", data)
+    await nc.flush()
+    await wait_until(lambda: len(got) == 2, what="the good messages")
+    assert got == [b"one", b"two"] and nc.is_connected
+    assert "handler bug" in caplog.text
