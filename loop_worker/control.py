@@ -20,8 +20,14 @@ class TurnControl:
         self._running = asyncio.Event()
         self._running.set()
         self._decisions: dict[str, ApprovalDecision] = {}
-        self._decided = asyncio.Condition()
+        self._decided_: asyncio.Condition | None = None  # made when approvals are used
         self._watchers: set[Callable[[], None]] = set()
+
+    @property
+    def _decided(self) -> asyncio.Condition:
+        if self._decided_ is None:
+            self._decided_ = asyncio.Condition()
+        return self._decided_
 
     # -- what controllers call ----------------------------------------------------
 
