@@ -1,23 +1,39 @@
 """The cost of running the loop durably on NATS, against the in-process engine.
 
-    python bench/distributed.py [--iterations 200] [--sessions 1,64,256] [--memory-sessions 256]
+    python bench/distributed.py [--iterations 200] [--sessions 1,64,256] [--turns 2048]
+                                [--turns-per-session 4] [--memory-sessions 256]
 
-Prints, in one run:
+Both paths run the same zero-latency model (``bench.instant_worker.InstantLLM``: a
+turn whose input ends in "echo N" makes N echo calls, any other turn one, then
+``task_completion``) and an async echo tool, with the same loop settings. In-process,
+the engine, model and tool run in this process with in-memory events and store.
+Distributed, the engine and model run in a separate loop-worker process
+(``python -m bench.instant_worker``: the real ``LoopWorker``, only the LLM swapped), the
+echo in a tool-worker process, and this process is only the load generator: it
+publishes turns to JetStream and waits for their ``loop_end`` events. Prints, in one
+run (so every ratio is a same-run comparison):
 
-1. per-iteration cost, distributed vs in-process: one turn of ``--iterations`` echo
-   calls; the time between consecutive ``loop_iteration`` events. Both paths use the
-   same zero-latency LLM (in this process) and an echo tool; the distributed path adds
-   the tool call over JetStream to a tool-worker process, the events to the events
-   stream, the checkpoint to KV and the lease (goal: p50 within +1.5 ms);
-2. throughput at 1, 64 and 256 concurrent sessions, each running two-iteration turns
-   back to back, against the in-process engine (goal: >= 50% at 256);
-3. loop-worker memory per active session: a loop-worker process with N sessions waiting
-   on a slow tool, RSS over an idle baseline (goal: <= 100 KB);
+1. per-iteration cost: one turn of ``--iterations`` echo calls; the time between
+   consecutive ``loop_iteration`` events. Distributed adds the tool call over JetStream
+   to the tool worker, the events to the events stream, the checkpoint to KV and the
+   lease (goal: p50 within +1.5 ms);
+2. throughput (turns/s) at each of ``--sessions`` concurrent clients, turns of one echo
+   call. Each client runs sessions of ``--turns-per-session`` turns back to back, then
+   starts a fresh session, until it has run its share of ``--turns`` (at least one
+   session), so history stays short and the figure is the system's, not history
+   growth's. Goal: distributed >= 50% of in-process at 256 sessions with one
+   loop-worker process. A scale-out line: the largest run again with two loop-worker
+   processes on the same consumer. Then the CPU time per turn of each process during
+   the largest runs (``/proc/<pid>/stat``), and of the rest of the machine
+   (``/proc/stat``): other work there disturbs the figures, and the bench says so;
+3. loop-worker memory per active session: a ``python -m loop_worker`` process with N
+   sessions waiting on a slow tool, RSS over an idle baseline (goal: <= 100 KB);
 4. the time from kill -9 of a loop worker mid-turn to the turn finishing on another
    (AckWait and lease TTL 2 s here).
 
-Everything is local: an embedded nats-server, tool and loop workers as processes, the
-fake OpenAI-compatible server (``tests.fake_llm``) for the loop-worker processes.
+Everything is local: an embedded nats-server, tool and loop workers as processes, and
+for sections 3 and 4 the fake OpenAI-compatible server (``tests.fake_llm``). Sections 1
+and 2 provision AckWait and lease TTL at their production defaults (30 s).
 """
 
 from __future__ import annotations
@@ -26,73 +42,43 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loop_worker.config import LoopWorkerConfig, ServiceSettings  # noqa: E402
+from bench.instant_worker import InstantLLM  # noqa: E402
 from loop_worker.engine import Engine  # noqa: E402
 from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
-from loop_worker.protocols import Completion, OnDelta, OnRetry  # noqa: E402
-from loop_worker.service import LoopWorker  # noqa: E402
 from loop_worker.settings import LoopSettings  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings  # noqa: E402
-from schemas import ChatMessage, Subjects, ToolCall, Turn, decode, encode  # noqa: E402
+from schemas import Subjects, Turn, decode, encode  # noqa: E402
 from schemas.events import AnyEvent, Event, LoopEnd  # noqa: E402
 from tests.loop_worker.durable import Proc, provision_short, stream_events  # noqa: E402
 
 S = Subjects()
 TENANT = "bench"
+MODEL = "instant"  # no tiktoken encoding of its own: both paths count with the fallback
 
 
-class InstantLLM:
-    """A zero-latency model: calls echo until the turn has ``n`` tool results, then
-    ``task_completion``. Stateless (reads the messages), so sessions can share it."""
-
-    def __init__(self, n: int, echo_name: str) -> None:
-        self.n = n
-        self.echo_name = echo_name
-        self.calls = 0
-
-    async def complete(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        tools: Sequence[dict[str, Any]] = (),
-        model: str | None = None,
-        on_delta: OnDelta | None = None,
-        on_retry: OnRetry | None = None,
-    ) -> Completion:
-        self.calls += 1
-        results = 0  # echo results since the last task_completion
-        for m in messages:
-            if m.role == "tool":
-                results += 1
-            elif any(c.name == "task_completion" for c in m.tool_calls):
-                results = -1  # its own result follows
-        done = results >= self.n
-        name, args = (
-            ("task_completion", {"result": "ok"}) if done else (self.echo_name, {"text": "hi"})
-        )
-        call = ToolCall(id=f"c{self.calls}", name=name, arguments=json.dumps(args))
-        return Completion(
-            content="", tool_calls=(call,), finish_reason="tool_calls", model="instant"
-        )
-
-
-def loop_settings(iterations: int) -> LoopSettings:
-    return LoopSettings(
-        max_iterations=iterations + 2, context_budget_tokens=1_000_000, summarize_with_llm=False
-    )
+def loop_fields(iterations: int) -> dict[str, Any]:
+    """The ``[loop]`` settings of both paths: room for ``iterations`` echo calls, no
+    pruning or summaries."""
+    return {
+        "max_iterations": iterations + 2,
+        "context_budget_tokens": 1_000_000,
+        "summarize_with_llm": False,
+    }
 
 
 def turn(turn_id: str, session: str, text: str = "go") -> Turn:
@@ -109,6 +95,78 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class Load:
+    """The throughput runs' shape: each client runs its turns one after another, in
+    fresh sessions of ``per_session`` turns; a run is about ``total`` turns, split among
+    its clients (at least one session each)."""
+
+    per_session: int
+    total: int
+
+    def turns_each(self, clients: int) -> int:
+        return max(self.per_session, self.total // clients)
+
+    async def run(
+        self, run_turn: Callable[[Turn], Awaitable[object]], clients: int, tag: str
+    ) -> float:
+        """Turns/s of ``clients`` concurrent clients."""
+        each, per = self.turns_each(clients), self.per_session
+
+        async def client(i: int) -> None:
+            for k in range(each):
+                await run_turn(turn(f"{tag}{i}x{k}", f"{tag}{i}s{k // per}"))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return clients * each / (time.perf_counter() - started)
+
+    async def warm_up(self, run_turn: Callable[[Turn], Awaitable[object]], tag: str) -> None:
+        await Load(self.per_session, 0).run(run_turn, 16, tag)
+
+
+# -- CPU time of processes ------------------------------------------------------------------
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # fields 14 and 15 of proc(5)
+
+
+def machine_busy_seconds() -> float:
+    """CPU time every core of the machine has spent busy so far (``/proc/stat``)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) * TICK_S
+
+
+class CpuMeter:
+    """CPU seconds each named process spends between ``start()`` and ``stop()``, and
+    what the rest of the machine spends meanwhile (``OTHERS``)."""
+
+    OTHERS = "rest of the machine"
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+        self.spent: dict[str, float] = {}
+        self.wall = 0.0
+
+    def start(self) -> None:
+        self._before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine = machine_busy_seconds()
+        self._started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.wall = time.perf_counter() - self._started
+        self.spent = {n: cpu_seconds(p) - self._before[n] for n, p in self.pids.items()}
+        machine = machine_busy_seconds() - self._machine
+        self.spent[self.OTHERS] = max(0.0, machine - sum(self.spent.values()))
+
+
 # -- in-process ---------------------------------------------------------------------------
 
 
@@ -121,48 +179,38 @@ def local_engine(iterations: int) -> tuple[Engine, InMemoryEvents]:
 
     events = InMemoryEvents()
     engine = Engine(
-        settings=loop_settings(iterations),
-        llm=InstantLLM(iterations, "local__echo"),
+        settings=LoopSettings(**loop_fields(iterations)),
+        llm=InstantLLM("local__echo"),
         tools=tools,
         events=events,
         store=InMemoryStore(),
+        model=MODEL,
     )
     return engine, events
 
 
 async def inprocess_iteration(iterations: int) -> list[float]:
     engine, events = local_engine(iterations)
-    await engine.run(turn("warm", "warm"))
+    await engine.run(turn("warm", "warm", f"echo {iterations}"))
     events.events.clear()
-    await engine.run(turn("t", "s"))
+    await engine.run(turn("t", "s", f"echo {iterations}"))
     return iteration_gaps(events.events)
-
-
-async def inprocess_throughput(sessions: int, turns_each: int) -> float:
-    engine, _ = local_engine(1)
-
-    async def session(i: int) -> None:
-        for k in range(turns_each):
-            await engine.run(turn(f"t{i}x{k}", f"s{i}"))
-
-    await session(-1)
-    started = time.perf_counter()
-    await asyncio.gather(*(session(i) for i in range(sessions)))
-    return sessions * turns_each / (time.perf_counter() - started)
 
 
 # -- distributed ------------------------------------------------------------------------
 
 
 class Mesh:
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0) -> None:
         self.server = NatsServer(store)
+        self.ack_wait_s = ack_wait_s
+        self.lease_ttl_s = lease_ttl_s
         self.procs: list[Proc] = []
 
     async def __aenter__(self) -> Mesh:
         await self.server.start()
         self.nc = await connect(NatsSettings(url=self.server.url), name="bench")
-        await provision_short(self.nc)
+        await provision_short(self.nc, ack_wait_s=self.ack_wait_s, lease_ttl_s=self.lease_ttl_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -175,39 +223,46 @@ class Mesh:
         proc = Proc(
             "-m", "tool_worker", "--nats-url", self.server.url, "--no-provision",
             "--module", module, "--concurrency", str(concurrency),
-            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_LOG_LEVEL": "WARNING"},
+            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2"},
         )  # fmt: skip
         self.procs.append(proc)
         return await proc.start("serving pool=")
 
-    async def loop_worker_process(self, llm_url: str, name: str) -> Proc:
-        env = {
+    def _service_env(self, name: str) -> dict[str, str]:
+        return {
             "LOOPMESH_NATS__URL": self.server.url,
+            "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": str(self.ack_wait_s),
+            "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": str(self.lease_ttl_s),
+            "LOOPMESH_LOOP_WORKER__NAME": name,
+        }
+
+    async def loop_worker_process(self, llm_url: str, name: str) -> Proc:
+        """``python -m loop_worker`` with an OpenAI-compatible LLM at ``llm_url``."""
+        env = {
+            **self._service_env(name),
             "LOOPMESH_LLM__BASE_URL": llm_url,
             "LOOPMESH_LLM__API_KEY": "bench",
             "LOOPMESH_LLM__MODEL": "fake-model",
-            "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": "2",
-            "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": "2",
             "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.5",
-            "LOOPMESH_LOOP_WORKER__NAME": name,
         }
         proc = Proc("-m", "loop_worker", env=env)
         self.procs.append(proc)
         return await proc.start("loop worker ready")
 
-    async def run_local_worker(self, iterations: int, stop: asyncio.Event) -> LoopWorker:
-        config = LoopWorkerConfig(
-            nats=NatsSettings(url=self.server.url),
-            loop=loop_settings(iterations),
-            loop_worker=ServiceSettings(
-                ack_wait_s=30, lease_ttl_s=30, max_active_turns=512, name="bench"
-            ),
-        )
-        self.worker_nc = await connect(config.nats, name="bench-loop-worker")
-        worker = LoopWorker(self.worker_nc, config, llm=InstantLLM(iterations, "local__echo"))
-        self.worker_task = asyncio.create_task(worker.run(stop))
-        await worker.ready.wait()
-        return worker
+    async def instant_worker(self, name: str, iterations: int) -> Proc:
+        """``python -m bench.instant_worker``: the same worker with :class:`InstantLLM`
+        and the in-process side's loop settings."""
+        env = {
+            **self._service_env(name),
+            "LOOPMESH_LLM__MODEL": MODEL,
+            "LOOPMESH_LOOP_WORKER__PROVISION": "false",  # keep this bench's provisioning
+            "LOOPMESH_LOOP_WORKER__MAX_ACTIVE_TURNS": "512",
+        }
+        for field, value in loop_fields(iterations).items():
+            env[f"LOOPMESH_LOOP__{field.upper()}"] = json.dumps(value)
+        proc = Proc("-m", "bench.instant_worker", "--log-level", "INFO", env=env)
+        self.procs.append(proc)
+        return await proc.start("loop worker ready")
 
 
 class Ends:
@@ -231,6 +286,12 @@ class Ends:
         self.waiters[turn_id] = future
         return future
 
+    async def run(self, t: Turn, timeout: float = 120) -> LoopEnd:
+        """Publish ``t`` and wait for its loop_end."""
+        done = self.expect(t.id)
+        await publish(self.nc, t)
+        return await asyncio.wait_for(done, timeout)
+
 
 async def publish(nc: Any, t: Turn) -> None:
     await nc.jetstream().publish(
@@ -240,26 +301,9 @@ async def publish(nc: Any, t: Turn) -> None:
 
 async def distributed_iteration(mesh: Mesh, ends: Ends, iterations: int) -> list[float]:
     for tid, session in (("warm", "warm"), ("t", "s")):
-        done = ends.expect(tid)
-        await publish(mesh.nc, turn(tid, session))
-        await asyncio.wait_for(done, 120)
+        await ends.run(turn(tid, session, f"echo {iterations}"))
     stored = [e for e, _ in await stream_events(mesh.nc, TENANT, "s")]
     return iteration_gaps(stored)
-
-
-async def distributed_throughput(
-    mesh: Mesh, ends: Ends, sessions: int, turns_each: int, tag: str
-) -> float:
-    async def session(i: int) -> None:
-        for k in range(turns_each):
-            tid = f"{tag}{i}x{k}"
-            done = ends.expect(tid)
-            await publish(mesh.nc, turn(tid, f"{tag}{i}"))
-            await asyncio.wait_for(done, 300)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(session(i) for i in range(sessions)))
-    return sessions * turns_each / (time.perf_counter() - started)
 
 
 def rss_kb(pid: int) -> int:
@@ -279,17 +323,14 @@ async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float
         worker = await mesh.loop_worker_process(llm.base_url, "m1")
         ends = Ends(mesh.nc)
         await ends.start()
-        tmp = Path(tempfile.mkdtemp())
-        counter = tmp / "count"
+        counter = store / "count"
 
         def slow(seconds: float) -> str:
             args = {"path": str(counter), "seconds": seconds}
             return f"call local__count {json.dumps(args)}"
 
         for k in range(3):  # warm up: imports, connections, caches
-            done = ends.expect(f"warm{k}")
-            await publish(mesh.nc, turn(f"warm{k}", f"warm{k}", slow(0)))
-            await asyncio.wait_for(done, 30)
+            await ends.run(turn(f"warm{k}", f"warm{k}", slow(0)), 30)
         assert worker.proc is not None
         base = rss_kb(worker.proc.pid)
         for i in range(sessions):
@@ -336,54 +377,146 @@ async def _until(probe: Any, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
+def _pid(proc: Proc) -> int:
+    assert proc.proc is not None
+    return proc.proc.pid
+
+
+@dataclass
+class Figures:
+    local_gaps: list[float]
+    local_tp: dict[int, float]
+    local_cpu: CpuMeter  # the largest run
+    dist_gaps: list[float]
+    dist_tp: dict[int, float]  # one loop-worker process
+    one_cpu: CpuMeter  # the largest run, one loop-worker process
+    scaled: float  # the largest run, two loop-worker processes
+    two_cpu: CpuMeter
+
+
+async def measure(args: argparse.Namespace, store: Path) -> Figures:
+    """Sections 1 and 2, in-process then distributed."""
+    sessions = [int(s) for s in args.sessions.split(",")]
+    top = max(sessions)
+    load = Load(args.turns_per_session, args.turns)
+
+    local_gaps = await inprocess_iteration(args.iterations)
+    local_tp: dict[int, float] = {}
+    local_cpu = CpuMeter({"in-process engine": os.getpid()})
+    for c in sessions:
+        engine, _ = local_engine(1)
+        await load.warm_up(engine.run, "w")
+        if c == top:
+            local_cpu.start()
+        local_tp[c] = await load.run(engine.run, c, f"c{c}_")
+        if c == top:
+            local_cpu.stop()
+
+    async with Mesh(store, ack_wait_s=30, lease_ttl_s=30) as mesh:
+        tools = await mesh.tool_worker()
+        first = await mesh.instant_worker("i1", args.iterations)
+        ends = Ends(mesh.nc)
+        await ends.start()
+        dist_gaps = await distributed_iteration(mesh, ends, args.iterations)
+
+        assert mesh.server.pid is not None
+        others = {
+            "tool worker": _pid(tools),
+            "nats-server": mesh.server.pid,
+            "load generator (bench)": os.getpid(),
+        }
+        await load.warm_up(ends.run, "w")
+        one_cpu = CpuMeter({"loop worker 1": _pid(first), **others})
+        dist_tp: dict[int, float] = {}
+        for c in sessions:
+            if c == top:
+                one_cpu.start()
+            dist_tp[c] = await load.run(ends.run, c, f"c{c}_")
+            if c == top:
+                one_cpu.stop()
+
+        second = await mesh.instant_worker("i2", args.iterations)
+        await load.warm_up(ends.run, "w2_")
+        two_cpu = CpuMeter({"loop worker 1": _pid(first), "loop worker 2": _pid(second), **others})
+        two_cpu.start()
+        scaled = await load.run(ends.run, top, "x")
+        two_cpu.stop()
+        for worker in (second, first):
+            await worker.terminate()
+    return Figures(
+        local_gaps=local_gaps, local_tp=local_tp, local_cpu=local_cpu, dist_gaps=dist_gaps,
+        dist_tp=dist_tp, one_cpu=one_cpu, scaled=scaled, two_cpu=two_cpu,
+    )  # fmt: skip
+
+
+ALL = "all of the above"
+
+
+def report(args: argparse.Namespace, f: Figures) -> None:
+    lp50, dp50 = statistics.median(f.local_gaps), statistics.median(f.dist_gaps)
+    print(f"\nper-iteration cost ({len(f.dist_gaps)} iterations, zero-latency LLM, echo tool)")
+    print(f"  in-process   p50 {lp50:7.3f} ms   p95 {pct(f.local_gaps, 0.95):7.3f} ms")
+    print(f"  distributed  p50 {dp50:7.3f} ms   p95 {pct(f.dist_gaps, 0.95):7.3f} ms")
+    print(f"  overhead     p50 {dp50 - lp50:+7.3f} ms   (goal <= +1.5 ms)")
+
+    load = Load(args.turns_per_session, args.turns)
+    top = max(f.local_tp)
+    print(
+        f"\nthroughput (turns/s; each turn: echo call + task_completion; sessions of "
+        f"{load.per_session} turns, {args.turns} turns per run)"
+    )
+
+    def line(c: int, label: str, dist: float) -> None:
+        print(
+            f"  {c:4d} sessions  in-process {f.local_tp[c]:8.1f}   {label:>14s} {dist:8.1f}"
+            f"   {dist / f.local_tp[c]:6.1%}"
+        )
+
+    for c in f.local_tp:
+        line(c, "distributed", f.dist_tp[c])
+    print("  (goal at 256: >= 50%, with one loop-worker process)")
+    line(top, "2 loop workers", f.scaled)
+
+    turns = top * load.turns_each(top)
+    print(
+        f"\nCPU time per turn at {top} sessions, ms (and % of one core over the run; "
+        f"{os.cpu_count()} cores)"
+    )
+    print(f"  {'':24s}{'one loop worker':>20s}{'two loop workers':>20s}")
+
+    def cell(meter: CpuMeter, name: str) -> str:
+        if name not in meter.spent:
+            return f"{'-':>20s}"
+        spent = meter.spent[name]
+        return f"{spent / turns * 1000:12.3f} ({spent / meter.wall:4.0%})"
+
+    for meter in (f.one_cpu, f.two_cpu):
+        meter.spent[ALL] = sum(v for k, v in meter.spent.items() if k != CpuMeter.OTHERS)
+    for name in dict.fromkeys([*f.two_cpu.pids, ALL, CpuMeter.OTHERS]):
+        print(f"  {name:24s}{cell(f.one_cpu, name)}{cell(f.two_cpu, name)}")
+    local, rest = f.local_cpu.spent["in-process engine"], f.local_cpu.spent[CpuMeter.OTHERS]
+    print(
+        f"  (in-process: {local / turns * 1000:.3f} ms per turn, "
+        f"{local / f.local_cpu.wall:.0%} of one core; rest of the machine "
+        f"{rest / f.local_cpu.wall:.0%})"
+    )
+    busy = max(m.spent[CpuMeter.OTHERS] / m.wall for m in (f.local_cpu, f.one_cpu, f.two_cpu))
+    if busy > 0.2:
+        print(
+            f"  note: other processes on this machine used up to {busy:.0%} of a core during "
+            "these runs; the throughput figures are disturbed"
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
-    sessions = [int(s) for s in args.sessions.split(",")]
-    store = Path(tempfile.mkdtemp(prefix="loopmesh-bench-"))
-
-    local_gaps = await inprocess_iteration(args.iterations)
-    local_tp = {c: await inprocess_throughput(c, max(3, args.turns // c)) for c in sessions}
-
-    async with Mesh(store / "a") as mesh:
-        await mesh.tool_worker()
-        stop = asyncio.Event()
-        await mesh.run_local_worker(args.iterations, stop)
-        ends = Ends(mesh.nc)
-        await ends.start()
-        dist_gaps = await distributed_iteration(mesh, ends, args.iterations)
-        # throughput: one-echo turns (the worker's LLM decides per turn from its messages)
-        stop.set()
-        await mesh.worker_task
-        await mesh.worker_nc.close()
-        stop = asyncio.Event()
-        await mesh.run_local_worker(1, stop)
-        await distributed_throughput(mesh, ends, 4, 2, "w")  # warm up
-        dist_tp = {}
-        for c in sessions:
-            dist_tp[c] = await distributed_throughput(
-                mesh, ends, c, max(3, args.turns // c), f"c{c}_"
-            )
-        stop.set()
-        await mesh.worker_task
-        await mesh.worker_nc.close()
-
-    per_session, n, recovery = await memory_and_kill(store / "b", args.memory_sessions)
-
-    lp50, dp50 = statistics.median(local_gaps), statistics.median(dist_gaps)
-    print(f"\nper-iteration cost ({len(dist_gaps)} iterations, zero-latency LLM, echo tool)")
-    print(f"  in-process   p50 {lp50:7.3f} ms   p95 {pct(local_gaps, 0.95):7.3f} ms")
-    print(f"  distributed  p50 {dp50:7.3f} ms   p95 {pct(dist_gaps, 0.95):7.3f} ms")
-    print(f"  overhead     p50 {dp50 - lp50:+7.3f} ms   (goal <= +1.5 ms)")
-    print("\nthroughput (turns/s; each turn: echo call + task_completion)")
-    for c in sessions:
-        ratio = dist_tp[c] / local_tp[c]
-        print(
-            f"  {c:4d} sessions  in-process {local_tp[c]:8.1f}"
-            f"   distributed {dist_tp[c]:8.1f}   {ratio:6.1%}"
-        )
-    print("  (goal at 256: >= 50%)")
+    with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
+        store = Path(tmp)
+        figures = await measure(args, store / "a")
+        per_session, n, recovery = await memory_and_kill(store / "b", args.memory_sessions)
+    report(args, figures)
     print(
         f"\nloop-worker memory: {per_session:.1f} KB per active session "
         f"({n} sessions waiting on a tool; goal <= 100 KB)"
@@ -398,7 +531,8 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--sessions", default="1,64,256")
-    parser.add_argument("--turns", type=int, default=512, help="turns per throughput run (about)")
+    parser.add_argument("--sessions", default="1,64,256", help="concurrent clients per run")
+    parser.add_argument("--turns", type=int, default=2048, help="turns per throughput run")
+    parser.add_argument("--turns-per-session", type=int, default=4)
     parser.add_argument("--memory-sessions", type=int, default=256)
     asyncio.run(main(parser.parse_args()))
