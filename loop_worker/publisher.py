@@ -202,10 +202,7 @@ async def _within(future: asyncio.Future[Any], timeout: float) -> Any:
     if not future.done():
         timer = asyncio.get_running_loop().call_later(timeout, _expire, future)
         try:
-            await future
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
+            await future  # a cancel of the caller cancels the future too
         finally:
             timer.cancel()
     return future.result()
