@@ -59,6 +59,7 @@ from bench.instant_worker import InstantLLM  # noqa: E402
 from loop_worker.engine import Engine  # noqa: E402
 from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
 from loop_worker.settings import LoopSettings  # noqa: E402
+from loopmesh.aio import run  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings  # noqa: E402
@@ -545,4 +546,4 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=2048, help="turns per throughput run")
     parser.add_argument("--turns-per-session", type=int, default=4)
     parser.add_argument("--memory-sessions", type=int, default=256)
-    asyncio.run(main(parser.parse_args()))
+    run(main(parser.parse_args()))

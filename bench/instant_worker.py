@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.protocols import Completion, OnDelta, OnRetry
 from loop_worker.service import LoopWorker
+from loopmesh.aio import run
 from loopmesh.cli import add_common_options, config_from_args
 from loopmesh.log import setup_logging
 from loopmesh.nats import connect
@@ -112,4 +113,4 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     setup_logging(arguments.log_level, arguments.log_json)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(arguments))
+        run(main(arguments))

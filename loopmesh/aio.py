@@ -1,5 +1,11 @@
 """Asyncio helpers that the services share.
 
+:func:`run` runs a service's main coroutine on uvloop where it is installed (Linux and
+macOS: it is a dependency there), else on the standard loop. A loop worker's turn is
+dozens of small NATS messages, timers and task switches, and uvloop's C event loop
+and transports take about a tenth off the CPU those cost (``bench/floor.py``, run with
+and without ``LOOPMESH_EVENT_LOOP=asyncio``, which picks the standard loop anyway).
+
 :func:`both` awaits two things at once with one task instead of ``gather``'s two (a
 task costs more than the request it waits for on a loop worker's hot path).
 
@@ -12,11 +18,31 @@ call :func:`raise_if_cancelled` after their NATS calls, so a cancel is never los
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+import os
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 A = TypeVar("A")
 B = TypeVar("B")
+T = TypeVar("T")
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's ``new_event_loop`` if installed and not turned off, else ``None`` (the
+    standard loop)."""
+    if os.environ.get("LOOPMESH_EVENT_LOOP", "").strip().lower() == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on the loop :func:`loop_factory` picks."""
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)
 
 
 def raise_if_cancelled() -> None:

@@ -16,7 +16,6 @@ with them applied.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import sys
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from .aio import run
 from .errors import LoopmeshError
 from .log import setup_logging
 from .settings import CONFIG_VAR, load
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        return int(asyncio.run(modules[args.command].main(args)) or 0)
+        return int(run(modules[args.command].main(args)) or 0)
     except KeyboardInterrupt:
         return 130
     except LoopmeshError as exc:

@@ -1,0 +1,181 @@
+"""The floor of a durable turn: its NATS messages alone, with no engine and no logic.
+
+    python bench/floor.py [--turns 20000] [--concurrency 256]
+
+A durable turn of ``bench/distributed.py`` (one echo call, then ``task_completion``)
+sends and receives these messages from the loop worker, whatever the code around them:
+the turn pulled from the turns stream, the order check, the lease taken, the control
+and snapshot reads, the tool request and its reply, two checkpoints, fifteen events
+(one with an ack), the lease released and the turn acked. This script does exactly
+those, through the same plumbing the loop worker uses (``Publisher``, ``KV``, the fast
+path), against the real streams and buckets, with an immediate responder in its own
+process standing in for the tool worker. It prints the CPU time per turn of this
+process, of nats-server and of the responder: what the distributed path costs before
+any of loopmesh's own work, to set beside the in-process engine's CPU per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from asyncio.subprocess import Process
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loop_worker.publisher import KV, Publisher, acked, answered  # noqa: E402
+from loopmesh.aio import run  # noqa: E402
+from loopmesh.fastpath import msg_id_header, publish, subscribe_inline  # noqa: E402
+from loopmesh.nats import connect  # noqa: E402
+from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
+from loopmesh.server import NatsServer  # noqa: E402
+from loopmesh.settings import NatsSettings  # noqa: E402
+from schemas import Subjects  # noqa: E402
+from schemas.streams import ConsumerDef, KVDef  # noqa: E402
+from tests.loop_worker.durable import provision_short  # noqa: E402
+
+S = Subjects()
+TOOL = S.tool("local", "local", "echo")
+EVENTS = [  # the events of one turn, as the in-process engine emits them
+    "loop_start", "loop_iteration", "context_budget", "llm_request", "llm_response",
+    "tool_call", "tool_result", "loop_iteration", "context_budget", "llm_request",
+    "llm_response", "tool_call", "message", "tool_result", "loop_end",
+]  # fmt: skip
+PAYLOAD = b'{"type":"x","tenant":"t","session":"s","turn_id":"x","ts":1.0,"n":"' + b"x" * 200
+SNAPSHOT = b"s" * 1500
+
+
+def ticks(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def respond(url: str) -> None:
+    nc = await connect(NatsSettings(url=url), name="floor-responder")
+
+    def on_call(msg: object) -> None:
+        publish(nc, msg.reply, b'{"ok":true,"result":"hi"}')  # type: ignore[attr-defined]
+
+    await subscribe_inline(nc, TOOL, on_call)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+
+MARKERS: dict[str, int] = {}  # session → its lease's delete marker, as the worker keeps
+
+
+async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
+    lease_key = f"t.{session}"
+    _, lease = await asyncio.gather(
+        pub.first_seq(S.turns_stream, S.turn("t", session)),
+        kv["leases"].update(lease_key, b"w", MARKERS.pop(lease_key, 0)),
+    )
+    _, snapshot = await asyncio.gather(
+        kv["control"].entry(lease_key), kv["sessions"].entry(lease_key)
+    )
+    rev = snapshot.revision if snapshot is not None else 0
+    for i, event in enumerate(EVENTS):
+        subject = S.event("t", session, event)
+        header = msg_id_header(f"{n}:{i}:{event}")
+        if event == "loop_end":
+            await acked(pub, subject, PAYLOAD, {"Nats-Msg-Id": f"{n}:{i}:{event}"})
+            continue
+        publish(pub._nc, subject, PAYLOAD, header=header)
+        if i == 5:
+            await answered(pub, TOOL, b'{"call_id":"c","arguments":{"text":"hi"}}')
+        if i in (6, 13):
+            rev = await kv["sessions"].update(lease_key, SNAPSHOT, rev)
+    MARKERS[lease_key] = await kv["leases"].delete(lease_key, lease)
+
+
+async def drive(
+    args: argparse.Namespace, nc: Any, server_pid: int | None, responder: Process
+) -> tuple[float, list[float], int]:
+    """Publish the turns, then run them ``args.concurrency`` at once (a session's turns
+    one after another, as the loop worker does); wall time, CPU seconds of this process,
+    nats-server and the responder, and the turns done."""
+    assert responder.stdout is not None and server_pid is not None
+    await responder.stdout.readline()
+    js = nc.jetstream()
+    for n in range(args.turns):
+        await js.publish(S.turn("t", f"s{n % args.concurrency}"), b"{}")
+    pub = Publisher(nc)
+    await pub.start()
+    kv = {
+        "leases": KV(pub, S.leases_bucket),
+        "sessions": KV(pub, S.sessions_bucket),
+        "control": KV(pub, S.control_bucket),
+    }
+    sub = await js.pull_subscribe_bind(S.turns_consumer, S.turns_stream)
+    room = asyncio.Semaphore(args.concurrency)
+    in_order = collections.defaultdict(asyncio.Lock)
+    done = 0
+
+    async def one(msg: Any, n: int) -> None:
+        nonlocal done
+        try:
+            session = msg.subject.rsplit(".", 1)[1]
+            async with in_order[session]:
+                await turn(pub, kv, n, session)
+            await answered(pub, msg.reply, b"+ACK")
+            done += 1
+        finally:
+            room.release()
+
+    pids = [os.getpid(), server_pid, responder.pid]
+    start, before = time.perf_counter(), [ticks(p) for p in pids]
+    n = 0
+    async with asyncio.TaskGroup() as tg:
+        while n < args.turns:
+            for msg in await sub.fetch(64, timeout=5):
+                await room.acquire()
+                tg.create_task(one(msg, n))
+                n += 1
+    wall = time.perf_counter() - start
+    return wall, [ticks(p) - b for p, b in zip(pids, before, strict=True)], done
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="loopmesh-floor-") as tmp:
+        async with NatsServer(Path(tmp)) as server:
+            nc = await connect(NatsSettings(url=server.url), name="floor")
+            await provision_short(nc, ack_wait_s=30.0, lease_ttl_s=30.0)
+            js = nc.jetstream()
+            await ensure_consumer(js, ConsumerDef(stream=S.turns_stream, durable=S.turns_consumer))
+            await ensure_bucket(js, KVDef(bucket=S.leases_bucket, ttl_s=30.0))
+            responder = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--respond", server.url, stdout=subprocess.PIPE
+            )
+            try:
+                wall, cpu, done = await drive(args, nc, server.pid, responder)
+            finally:
+                responder.kill()
+                await responder.wait()
+                await nc.close()
+    per = [c / done * 1000 for c in cpu]
+    print(f"{done} turns in {wall:.1f} s: {done / wall:.0f} turns/s, {args.concurrency} at once")
+    print("CPU per turn, ms (the messages of a durable turn, no engine):")
+    print(f"  loop-worker side   {per[0]:.3f}")
+    print(f"  nats-server        {per[1]:.3f}")
+    print(f"  tool responder     {per[2]:.3f}")
+    print(f"  all                {sum(per):.3f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--turns", type=int, default=20000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--respond", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    run(respond(a.respond) if a.respond else main(a))
