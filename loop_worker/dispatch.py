@@ -212,7 +212,8 @@ class NatsToolDispatcher:
                 f"there is no tool {request.server}.{request.tool}; "
                 "call one of the tools listed in your instructions",
             )
-        if self._effects_first or request.turn_id in self._resuming:
+        first_attempt = not (self._effects_first or request.turn_id in self._resuming)
+        if not first_attempt:
             recorded = await self._effect(request.call_id)
             if recorded is not None:
                 return recorded
@@ -228,6 +229,7 @@ class NatsToolDispatcher:
                 reply_to=f"{self._inbox}.{request.call_id}",
                 timeout_s=timeout,
                 created_at=request.created_at or time.time(),
+                first_attempt=first_attempt,
             )
             call = _Publish(
                 self._publisher,

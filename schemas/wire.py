@@ -45,6 +45,10 @@ class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``call_id`` is deterministic (turn, iteration, index) and is the ``Nats-Msg-Id``
     and the key of the call's effect record: a repeated call returns the recorded
     result instead of running again. ``reply_to`` is the requester's inbox.
+    ``first_attempt`` says the requester never asked for this call before (a turn's
+    first delivery): the first delivery of such a request cannot have a recorded
+    effect, so the tool worker runs it without reading the record first. Leave it
+    false when unsure; the read then happens, as it always does on a redelivery.
     """
 
     call_id: Token
@@ -58,6 +62,7 @@ class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None = None
     reply_to: str | None = None
     created_at: Timestamp = 0.0
+    first_attempt: bool = False
 
 
 ToolStatus = Literal["ok", "error", "timeout"]

@@ -5,10 +5,13 @@ for the capacity it has free (so a backlog stays in the stream, where KEDA sees 
 keeping pull requests outstanding so that an idle worker gets a new call pushed at
 once. For each request:
 
-1. look up the call's effect record (the lookup is sent as the request is delivered,
-   by its ``Nats-Msg-Id``, and answers while the request is decoded); decode the
-   request (a request that cannot be decoded is terminated, never redelivered, and
-   answered with ``invalid_request`` when its ``reply_to`` can be recovered);
+1. decode the request (a request that cannot be decoded is terminated, never
+   redelivered, and answered with ``invalid_request`` when its ``reply_to`` can be
+   recovered) and look up the call's effect record — except on the first delivery of
+   a request marked ``first_attempt``, which cannot have one (a turn's first run asks
+   for each call once, and the stream keeps one copy per call id). A redelivery's
+   lookup is sent as the request is delivered, by its ``Nats-Msg-Id``, and answers
+   while the request is decoded;
 2. if there is an effect record, that is the result;
 3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
    its timeout (with in-progress acks while it runs) and publish the result to the
@@ -256,8 +259,8 @@ class ToolWorker:
             return
         lookup = None
         call_id = msg.headers.get(_MSG_ID) if msg.headers else None
-        if call_id and self._effects is not None:
-            lookup = await self._effects.lookup(call_id)
+        if call_id and self._effects is not None and msg.metadata.num_delivered > 1:
+            lookup = await self._effects.lookup(call_id)  # read while the call decodes
         task = self._tg.create_task(self._handle(msg, call_id, lookup))
         self._running[msg.reply] = (msg, time.monotonic(), task)
         self._busy += 1
@@ -328,9 +331,11 @@ class ToolWorker:
             )
             return
         assert self._effects is not None
-        if lookup is None or call_id != request.call_id:
-            lookup = await self._effects.lookup(request.call_id)
-        recorded = await self._effects.result(lookup)
+        recorded = None
+        if not (request.first_attempt and msg.metadata.num_delivered == 1):
+            if lookup is None or call_id != request.call_id:
+                lookup = await self._effects.lookup(request.call_id)
+            recorded = await self._effects.result(lookup)
         if recorded is not None:
             result, payload = recorded
             self.stats["recorded"] += 1

@@ -172,3 +172,24 @@ async def test_the_reply_is_not_held_up_by_a_missing_ack(nc, dispatcher):
         result = await lossy.call(request(text="fast"))
     assert result.content == "fast" and len(ran) == 1
     assert time.monotonic() - started < 1.0 and publisher.tool_publishes == ["t1-1-0"]
+
+
+async def test_a_first_run_marks_its_calls_first_attempt_and_a_resumed_run_does_not(nc):
+    """The tool worker skips the effect read for first attempts: only a turn's first
+    run may say so, and only when the dispatcher does not read effects first itself."""
+    await provision_short(nc)
+    await register_tool(nc, spec("echo"))
+    async with (
+        NatsToolDispatcher(nc, SUBJECTS, grace_s=0.5, effects_first=False) as fresh,
+        NatsToolDispatcher(nc, SUBJECTS, grace_s=0.5) as careful,
+        fake_pool(nc, echo) as ran,
+    ):
+        await fresh.call(request("t1-1-0"))
+        fresh.resuming("t1")
+        await fresh.call(request("t1-2-0"))
+        fresh.resuming("t1", False)
+        await fresh.call(request("t1-3-0"))
+        await careful.call(request("t1-4-0"))
+    assert [(r.call_id, r.first_attempt) for r in ran] == [
+        ("t1-1-0", True), ("t1-2-0", False), ("t1-3-0", True), ("t1-4-0", False),
+    ]  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from schemas import ToolCallRequest, ToolResult, decode
+from schemas import ToolCallRequest, ToolResult, decode, encode, new_id
 from schemas.events import ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
 from tool_worker import Registry, load_module, to_tool, tool
 from tool_worker.builtins import builtin_tools
@@ -61,6 +61,36 @@ async def test_the_same_call_id_twice_runs_the_tool_once(
     assert ack.duplicate
     assert second == first
     assert log.read_text().count("once") == 2  # one start line, one done line: one run
+
+
+async def test_the_effect_record_is_read_unless_the_request_is_a_first_attempt(
+    nc: Client, js: JetStreamContext, requester: Requester
+) -> None:
+    """The first delivery of a request marked ``first_attempt`` runs without reading
+    the record (there cannot be one); any other request or delivery reads it. A record
+    planted under each call id shows which way each went."""
+    effects = await js.key_value(SUBJECTS.effects_bucket)
+    ids = {name: new_id() for name in ("unmarked", "first", "redelivered")}
+    for call_id in ids.values():
+        planted = ToolResult(call_id=call_id, content="recorded", server="local", tool="echo")
+        await effects.put(call_id, encode(planted))
+    async with running(nc, sample_registry()):
+        unmarked = await requester.call("local", "echo", {"text": "ran"}, call_id=ids["unmarked"])
+        first = await requester.call(
+            "local", "echo", {"text": "ran"}, call_id=ids["first"], first_attempt=True
+        )
+    # A first attempt whose first delivery was handed back comes again: it reads.
+    request = requester.request(
+        "local", "echo", {"text": "ran"}, call_id=ids["redelivered"], first_attempt=True
+    )
+    await requester.publish(request)
+    sub = await js.pull_subscribe_bind(SUBJECTS.pool_consumer("default"), SUBJECTS.tools_stream)
+    [handed_back] = await sub.fetch(1, timeout=5)
+    await handed_back.nak()
+    await sub.unsubscribe()
+    async with running(nc, sample_registry()):
+        redelivered = await requester.result(ids["redelivered"])
+    assert (unmarked.content, first.content, redelivered.content) == ("recorded", "ran", "recorded")
 
 
 async def test_bad_arguments_come_back_as_a_tool_error_naming_the_field(
