@@ -1,7 +1,8 @@
 """The cost of running the loop durably on NATS, against the in-process engine.
 
     python bench/distributed.py [--iterations 200] [--sessions 1,64,256] [--turns 2048]
-                                [--turns-per-session 4] [--memory-sessions 256]
+                                [--turns-per-session 4] [--repeats 3]
+                                [--memory-sessions 256]
 
 Both paths run the same zero-latency model (``bench.instant_worker.InstantLLM``: a
 turn whose input ends in "echo N" makes N echo calls, any other turn one, then
@@ -21,8 +22,10 @@ run (so every ratio is a same-run comparison):
    call. Each client runs sessions of ``--turns-per-session`` turns back to back, then
    starts a fresh session, until it has run its share of ``--turns`` (at least one
    session), so history stays short and the figure is the system's, not history
-   growth's. Goal: distributed >= 50% of in-process at 256 sessions with one
-   loop-worker process. A scale-out line: the largest run again with two loop-worker
+   growth's. The two paths alternate, ``--repeats`` runs each, and the ratio is the
+   median of each distributed run over the in-process run just before it (this
+   machine's speed drifts by tens of percent within a minute). Goal: distributed >=
+   50% of in-process at 256 sessions with one loop-worker process. A scale-out line: the largest run again with two loop-worker
    processes on the same consumer. Then the CPU time per turn of each process during
    the largest runs (``/proc/<pid>/stat``), and of the rest of the machine
    (``/proc/stat``): other work there disturbs the figures, and the bench says so;
@@ -160,6 +163,7 @@ class CpuMeter:
         self.pids = dict(pids)
         self.spent: dict[str, float] = {}
         self.wall = 0.0
+        self.runs = 0
 
     def start(self) -> None:
         self._before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
@@ -167,10 +171,14 @@ class CpuMeter:
         self._started = time.perf_counter()
 
     def stop(self) -> None:
-        self.wall = time.perf_counter() - self._started
-        self.spent = {n: cpu_seconds(p) - self._before[n] for n, p in self.pids.items()}
+        """Add the time since ``start()`` (a meter adds up several runs)."""
+        self.wall += time.perf_counter() - self._started
+        spent = {n: cpu_seconds(p) - self._before[n] for n, p in self.pids.items()}
         machine = machine_busy_seconds() - self._machine
-        self.spent[self.OTHERS] = max(0.0, machine - sum(self.spent.values()))
+        spent[self.OTHERS] = max(0.0, machine - sum(spent.values()))
+        for name, seconds in spent.items():
+            self.spent[name] = self.spent.get(name, 0.0) + seconds
+        self.runs += 1
 
 
 # -- in-process ---------------------------------------------------------------------------
@@ -393,41 +401,30 @@ def _pid(proc: Proc) -> int:
     return proc.proc.pid
 
 
-@dataclass
+@dataclass(frozen=True)
 class Figures:
     local_gaps: list[float]
-    local_tp: dict[int, float]
-    local_cpu: CpuMeter  # the largest run
     dist_gaps: list[float]
-    dist_tp: dict[int, float]  # one loop-worker process
-    one_cpu: CpuMeter  # the largest run, one loop-worker process
-    scaled: float  # the largest run, two loop-worker processes
+    runs: dict[int, Pairs]  # per concurrency: in-process and one loop-worker process
+    local_cpu: CpuMeter  # the largest runs, in-process
+    one_cpu: CpuMeter  # the largest runs, one loop-worker process
+    scaled: Pairs  # the largest runs, two loop-worker processes
     two_cpu: CpuMeter
 
 
 async def measure(args: argparse.Namespace, store: Path) -> Figures:
-    """Sections 1 and 2, in-process then distributed."""
+    """Sections 1 and 2. The workers start first; then every in-process run is paired
+    with the distributed run after it, so each ratio compares runs seconds apart."""
     sessions = [int(s) for s in args.sessions.split(",")]
     top = max(sessions)
     load = Load(args.turns_per_session, args.turns)
-
-    local_gaps = await inprocess_iteration(args.iterations)
-    local_tp: dict[int, float] = {}
-    local_cpu = CpuMeter({"in-process engine": os.getpid()})
-    for c in sessions:
-        engine, _ = local_engine(1)
-        await load.warm_up(engine.run, "w")
-        if c == top:
-            local_cpu.start()
-        local_tp[c] = await load.run(engine.run, c, f"c{c}_")
-        if c == top:
-            local_cpu.stop()
 
     async with Mesh(store, ack_wait_s=30, lease_ttl_s=30) as mesh:
         tools = await mesh.tool_worker()
         first = await mesh.instant_worker("i1", args.iterations)
         ends = Ends(mesh.nc)
         await ends.start()
+        local_gaps = await inprocess_iteration(args.iterations)
         dist_gaps = await distributed_iteration(mesh, ends, args.iterations)
 
         assert mesh.server.pid is not None
@@ -436,28 +433,65 @@ async def measure(args: argparse.Namespace, store: Path) -> Figures:
             "nats-server": mesh.server.pid,
             "load generator (bench)": os.getpid(),
         }
+        engine, _ = local_engine(1)
+        await load.warm_up(engine.run, "w")
         await load.warm_up(ends.run, "w")
+        local_cpu = CpuMeter({"in-process engine": os.getpid()})
         one_cpu = CpuMeter({"loop worker 1": _pid(first), **others})
-        dist_tp: dict[int, float] = {}
+        runs: dict[int, Pairs] = {}
         for c in sessions:
-            if c == top:
-                one_cpu.start()
-            dist_tp[c] = await load.run(ends.run, c, f"c{c}_")
-            if c == top:
-                one_cpu.stop()
+            meters = (local_cpu, one_cpu) if c == top else (None, None)
+            runs[c] = await paired(load, engine, ends, c, args.repeats, *meters)
 
         second = await mesh.instant_worker("i2", args.iterations)
         await load.warm_up(ends.run, "w2_")
         two_cpu = CpuMeter({"loop worker 1": _pid(first), "loop worker 2": _pid(second), **others})
-        two_cpu.start()
-        scaled = await load.run(ends.run, top, "x")
-        two_cpu.stop()
+        scaled = await paired(load, engine, ends, top, args.repeats, None, two_cpu, "x")
         for worker in (second, first):
             await worker.terminate()
     return Figures(
-        local_gaps=local_gaps, local_tp=local_tp, local_cpu=local_cpu, dist_gaps=dist_gaps,
-        dist_tp=dist_tp, one_cpu=one_cpu, scaled=scaled, two_cpu=two_cpu,
+        local_gaps=local_gaps, dist_gaps=dist_gaps, runs=runs, local_cpu=local_cpu,
+        one_cpu=one_cpu, scaled=scaled, two_cpu=two_cpu,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """Runs of each path at one concurrency, alternating: in-process, distributed, ..."""
+
+    local: list[float]  # turns/s
+    dist: list[float]
+
+    @property
+    def ratio(self) -> float:
+        """The median of each distributed run over the in-process run before it."""
+        return statistics.median(d / lo for lo, d in zip(self.local, self.dist, strict=True))
+
+
+async def paired(
+    load: Load,
+    engine: Engine,
+    ends: Ends,
+    clients: int,
+    repeats: int,
+    local_cpu: CpuMeter | None,
+    dist_cpu: CpuMeter | None,
+    tag: str = "",
+) -> Pairs:
+    """An in-process run then a distributed run, ``repeats`` times; the meters given
+    add up their path's runs."""
+    pairs = Pairs([], [])
+    for r in range(repeats):
+        for path, run_turn, meter, out in (
+            ("l", engine.run, local_cpu, pairs.local),
+            ("d", ends.run, dist_cpu, pairs.dist),
+        ):
+            if meter is not None:
+                meter.start()
+            out.append(await load.run(run_turn, clients, f"{tag}{path}{r}c{clients}_"))
+            if meter is not None:
+                meter.stop()
+    return pairs
 
 
 ALL = "all of the above"
@@ -471,21 +505,25 @@ def report(args: argparse.Namespace, f: Figures) -> None:
     print(f"  overhead     p50 {dp50 - lp50:+7.3f} ms   (goal <= +1.5 ms)")
 
     load = Load(args.turns_per_session, args.turns)
-    top = max(f.local_tp)
+    top = max(f.runs)
     print(
         f"\nthroughput (turns/s; each turn: echo call + task_completion; sessions of "
-        f"{load.per_session} turns, {args.turns} turns per run)"
+        f"{load.per_session} turns, {args.turns} turns per run; medians of "
+        f"{args.repeats} runs of each path, alternating)"
     )
 
-    def line(c: int, label: str, dist: float) -> None:
+    def line(c: int, label: str, pairs: Pairs) -> None:
+        local, dist = statistics.median(pairs.local), statistics.median(pairs.dist)
+        spread = f"{min(pairs.dist):.0f}-{max(pairs.dist):.0f}"
         print(
-            f"  {c:4d} sessions  in-process {f.local_tp[c]:8.1f}   {label:>14s} {dist:8.1f}"
-            f"   {dist / f.local_tp[c]:6.1%}"
+            f"  {c:4d} sessions  in-process {local:7.0f}   {label:>14s} {dist:7.0f}"
+            f" ({spread:>9s})   {pairs.ratio:6.1%}"
         )
 
-    for c in f.local_tp:
-        line(c, "distributed", f.dist_tp[c])
-    print("  (goal at 256: >= 50%, with one loop-worker process)")
+    for c, pairs in f.runs.items():
+        line(c, "distributed", pairs)
+    print("  (the ratio: the median of each distributed run over the in-process run before")
+    print("   it; goal at 256: >= 50%, with one loop-worker process)")
     line(top, "2 loop workers", f.scaled)
 
     turns = top * load.turns_each(top)
@@ -499,7 +537,7 @@ def report(args: argparse.Namespace, f: Figures) -> None:
         if name not in meter.spent:
             return f"{'-':>20s}"
         spent = meter.spent[name]
-        return f"{spent / turns * 1000:12.3f} ({spent / meter.wall:4.0%})"
+        return f"{spent / (turns * meter.runs) * 1000:12.3f} ({spent / meter.wall:4.0%})"
 
     for meter in (f.one_cpu, f.two_cpu):
         meter.spent[ALL] = sum(v for k, v in meter.spent.items() if k != CpuMeter.OTHERS)
@@ -507,7 +545,7 @@ def report(args: argparse.Namespace, f: Figures) -> None:
         print(f"  {name:24s}{cell(f.one_cpu, name)}{cell(f.two_cpu, name)}")
     local, rest = f.local_cpu.spent["in-process engine"], f.local_cpu.spent[CpuMeter.OTHERS]
     print(
-        f"  (in-process: {local / turns * 1000:.3f} ms per turn, "
+        f"  (in-process: {local / (turns * f.local_cpu.runs) * 1000:.3f} ms per turn, "
         f"{local / f.local_cpu.wall:.0%} of one core; rest of the machine "
         f"{rest / f.local_cpu.wall:.0%})"
     )
@@ -545,5 +583,6 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", default="1,64,256", help="concurrent clients per run")
     parser.add_argument("--turns", type=int, default=2048, help="turns per throughput run")
     parser.add_argument("--turns-per-session", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each path per line")
     parser.add_argument("--memory-sessions", type=int, default=256)
     run(main(parser.parse_args()))

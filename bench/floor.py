@@ -31,8 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.distributed import Load, local_engine  # noqa: E402
 from loop_worker.publisher import KV, Publisher, acked, answered  # noqa: E402
-from loopmesh.aio import run  # noqa: E402
+from loopmesh.aio import both, run  # noqa: E402
 from loopmesh.fastpath import msg_id_header, publish, subscribe_inline  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
@@ -75,13 +76,11 @@ MARKERS: dict[str, int] = {}  # session → its lease's delete marker, as the wo
 
 async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
     lease_key = f"t.{session}"
-    _, lease = await asyncio.gather(
+    _, lease = await both(
         pub.first_seq(S.turns_stream, S.turn("t", session)),
         kv["leases"].update(lease_key, b"w", MARKERS.pop(lease_key, 0)),
     )
-    _, snapshot = await asyncio.gather(
-        kv["control"].entry(lease_key), kv["sessions"].entry(lease_key)
-    )
+    _, snapshot = await both(kv["control"].entry(lease_key), kv["sessions"].entry(lease_key))
     rev = snapshot.revision if snapshot is not None else 0
     for i, event in enumerate(EVENTS):
         subject = S.event("t", session, event)
@@ -161,13 +160,36 @@ async def main(args: argparse.Namespace) -> None:
                 responder.kill()
                 await responder.wait()
                 await nc.close()
+    engine, _ = local_engine(1)
+    load = Load(per_session=4, total=args.turns)
+    await load.warm_up(engine.run, "w")
+    local_start = ticks(os.getpid())
+    local_rate = await load.run(engine.run, args.concurrency, "l")
+    turns = args.concurrency * load.turns_each(args.concurrency)
+    local = (ticks(os.getpid()) - local_start) / turns
     per = [c / done * 1000 for c in cpu]
+    engine_ms = local * 1000
     print(f"{done} turns in {wall:.1f} s: {done / wall:.0f} turns/s, {args.concurrency} at once")
-    print("CPU per turn, ms (the messages of a durable turn, no engine):")
+    print("CPU per turn, ms: the messages of a durable turn, with no engine")
     print(f"  loop-worker side   {per[0]:.3f}")
     print(f"  nats-server        {per[1]:.3f}")
     print(f"  tool responder     {per[2]:.3f}")
     print(f"  all                {sum(per):.3f}")
+    print(
+        f"and the in-process engine, on bench/distributed.py's turns: {engine_ms:.3f} ms "
+        f"({local_rate:.0f} turns/s)"
+    )
+    print(
+        "so a loop worker that ran the engine and only these messages would spend at least "
+        f"{engine_ms + per[0]:.3f} ms per turn: at most {engine_ms / (engine_ms + per[0]):.0%} "
+        "of in-process throughput from one loop-worker process"
+    )
+    cores = os.cpu_count() or 1
+    bound = min(1.0, cores * engine_ms / (engine_ms + sum(per)))
+    print(
+        f"and with every process sharing {cores} cores, at most {bound:.0%} "
+        "(tool worker and load generator not counted)"
+    )
 
 
 if __name__ == "__main__":
