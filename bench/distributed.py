@@ -25,10 +25,11 @@ run (so every ratio is a same-run comparison):
    growth's. The two paths alternate, ``--repeats`` runs each, and the ratio is the
    median of each distributed run over the in-process run just before it (this
    machine's speed drifts by tens of percent within a minute). Goal: distributed >=
-   50% of in-process at 256 sessions with one loop-worker process. A scale-out line: the largest run again with two loop-worker
-   processes on the same consumer. Then the CPU time per turn of each process during
-   the largest runs (``/proc/<pid>/stat``), and of the rest of the machine
-   (``/proc/stat``): other work there disturbs the figures, and the bench says so;
+   50% of in-process at 256 sessions with one loop-worker process. A scale-out line:
+   the largest run again with two loop-worker processes on the same consumer. Then
+   the CPU time per turn of each process during the largest runs
+   (``/proc/<pid>/stat``), and of the rest of the machine (``/proc/stat``): other work
+   there disturbs the figures, and the bench says so;
 3. loop-worker memory per active session: a ``python -m loop_worker`` process with N
    sessions waiting on a slow tool, RSS over an idle baseline (goal: <= 100 KB);
 4. the time from kill -9 of a loop worker mid-turn to the turn finishing on another
