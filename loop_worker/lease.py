@@ -9,7 +9,9 @@ still ours. (The loop worker renews the leases of all its turns from one loop in
 with :meth:`Lease.due` and :meth:`Lease.renew`: a task per turn costs more than the
 turn's requests.) The delete leaves a marker whose revision the worker remembers, so
 taking the same session's lease again is one write (``kv.create`` would need three
-round trips over a marker: a failed create, a read, an update)::
+round trips over a marker: a failed create, a read, an update), and when that write
+succeeds nobody held the session since (:attr:`Lease.continued`): the worker may use
+what it kept of the session instead of reading it again::
 
     lease = await leases.acquire("acme", "s1", turn_id)
     try:
@@ -94,7 +96,7 @@ class Leases:
         data = msgspec.json.encode(record)
         attempts = 0
         started = time.monotonic()
-        last = self._markers.pop(key, 0)
+        last = marker = self._markers.pop(key, 0)
 
         async def create() -> int:
             nonlocal attempts, last
@@ -119,7 +121,9 @@ class Leases:
             if landed is None:
                 return None
             revision = landed
-        return Lease(self, key, record, revision, expires=started + self.ttl_s)
+        lease = Lease(self, key, record, revision, expires=started + self.ttl_s)
+        lease.continued = bool(marker) and attempts == 1
+        return lease
 
     def _released(self, key: str, marker: int) -> None:
         if len(self._markers) >= _MARKERS:
@@ -168,6 +172,9 @@ class Lease:
         self.revision = revision
         self.expires = expires
         self.released = False
+        #: Taken over this worker's own release (a write checked against the revision
+        #: of the delete marker it left): nobody held the session in between.
+        self.continued = False
 
     async def renew(self) -> None:
         """Extend the lease by a TTL; raise :class:`LeaseLostError` if it is not ours."""

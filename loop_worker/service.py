@@ -104,7 +104,7 @@ class LoopWorker:
         self.subjects = Subjects(config.nats.prefix)
         self.llm = llm
         self.ready = asyncio.Event()
-        self.stats = {"finished": 0, "resumed": 0, "handed_back": 0, "lost": 0}
+        self.stats = {"finished": 0, "resumed": 0, "handed_back": 0, "lost": 0, "warm": 0}
 
         js = nc.jetstream()
         self._js = js
@@ -389,9 +389,11 @@ class LoopWorker:
     async def _run_engine(self, held: _Held, turn: Turn, delivery: int) -> None:
         self.events.begin(turn.id, delivery=delivery)
         self.tools.resuming(turn.id, delivery > 1)
-        control, _ = await both(
-            self.controls.open(turn), self.store.preload(turn.tenant, turn.session)
+        warm = held.lease is not None and held.lease.continued
+        control, warm = await both(
+            self.controls.open(turn), self.store.preload(turn.tenant, turn.session, warm=warm)
         )
+        self.stats["warm"] += warm
         try:
             end = await self.engine.run(turn, control)
             await self.store.flush(turn.tenant, turn.session)

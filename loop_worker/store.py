@@ -20,6 +20,13 @@ last checkpoint: the iteration is replayed with the same call ids, whose effects
 recorded, and the same event ids. A lost race surfaces at a later commit, and every
 save of the session raises :class:`~loop_worker.errors.StaleSessionError` from then on.
 
+A session's last snapshot and revision are kept when its turn ends cleanly (the most
+recent, up to :data:`WARM_BYTES` of encoded snapshots). :meth:`preload` with
+``warm=True`` — the service passes :attr:`~loop_worker.lease.Lease.continued`: nobody
+held the session since — uses them instead of a read. Were they stale after all, the
+first checkpoint's revision check fails and the turn ends as lost, like any lost race,
+and the next load reads.
+
 The engine keeps bulky tool outputs out of the snapshot (it stores a truncated copy in
 the conversation); the full result lives in the call's effect record.
 """
@@ -45,6 +52,7 @@ from .retry import retry
 log = logging.getLogger("loopmesh.loop_worker.store")
 
 _ACK_WAIT_S = 5.0
+WARM_BYTES = 32 * 1024 * 1024  # encoded size of the ended sessions' snapshots kept
 
 
 def _acked(future: asyncio.Future[Any]) -> bool:
@@ -78,6 +86,10 @@ class KVSessionStore:
         self._kv: KV | None = None
         self._revisions: dict[str, int] = {}
         self._preloaded: dict[str, SessionSnapshot | BaseException | None] = {}
+        # the last snapshot loaded or committed, and its encoded size
+        self._current: dict[str, tuple[SessionSnapshot | None, int]] = {}
+        self._warm: dict[str, tuple[SessionSnapshot | None, int, int]] = {}  # + revision
+        self._warm_bytes = 0
 
     async def start(self) -> None:
         if self._kv is None:
@@ -93,16 +105,27 @@ class KVSessionStore:
             raise RuntimeError("KVSessionStore not started")
         return self._kv
 
-    async def preload(self, tenant: str, session: str) -> None:
+    async def preload(self, tenant: str, session: str, *, warm: bool = False) -> bool:
         """Load the snapshot now (alongside other reads); the next :meth:`load` of the
-        session returns it, or raises what this one raised."""
+        session returns it, or raises what this one raised. ``warm``: nobody else wrote
+        the session since this worker's last turn of it ended, so what was kept of it
+        then serves, if anything was. Whether it did (no read)."""
         key = session_key(tenant, session)
+        kept = self._warm.pop(key, None)
+        if kept is not None:
+            self._warm_bytes -= kept[1]
+            if warm:
+                snapshot, size, revision = kept
+                self._preloaded[key], self._revisions[key] = snapshot, revision
+                self._current[key] = (snapshot, size)
+                return True
         loaded: SessionSnapshot | BaseException | None
         try:
             loaded = await self.load(tenant, session)
         except Exception as exc:
             loaded = exc
         self._preloaded[key] = loaded
+        return False
 
     async def load(self, tenant: str, session: str) -> SessionSnapshot | None:
         key = session_key(tenant, session)
@@ -115,14 +138,19 @@ class KVSessionStore:
         await self._settle(key)
         entry = await retry(lambda: self.kv.entry(key), f"load {key}", timeout=self._timeout)
         self._revisions[key] = entry.revision if entry is not None else 0
-        if entry is None or entry.value is None:
-            return None
-        return decode(entry.value, SessionSnapshot)
+        snapshot = None
+        if entry is not None and entry.value is not None:
+            snapshot = decode(entry.value, SessionSnapshot)
+        self._current[key] = (snapshot, len(entry.value or b"") if entry is not None else 0)
+        return snapshot
 
     async def save(self, snapshot: SessionSnapshot) -> None:
         key = session_key(snapshot.tenant, snapshot.session)
         if not self._pipelined:
-            await self._write(key, encode(snapshot))
+            self._current.pop(key, None)
+            data = encode(snapshot)
+            await self._write(key, data)
+            self._current[key] = (snapshot, len(data))
             return
         if key in self._lost:
             raise StaleSessionError(key)
@@ -162,10 +190,12 @@ class KVSessionStore:
         data = encode(kept[0])
         await self._settle(key)  # the previous checkpoint's revision is the next's base
         last = self._revisions.get(key) or 0
+        self._current.pop(key, None)  # stored once settled
         future = await self._publisher.publish(
             self.kv.prefix + key, data, {"Nats-Expected-Last-Subject-Sequence": str(last)}
         )
         self._pending[key] = (future, data)
+        self._current[key] = (kept[0], len(data))
 
     async def _settle(self, key: str) -> None:
         pending = self._pending.pop(key, None)
@@ -215,8 +245,19 @@ class KVSessionStore:
         raise StaleSessionError(key) from None
 
     def forget(self, tenant: str, session: str) -> None:
-        """Drop what is remembered of a session this worker no longer runs."""
+        """Drop what is remembered of a session this worker no longer runs, keeping its
+        last snapshot and revision if both are known to be stored."""
         key = session_key(tenant, session)
+        revision = self._revisions.get(key)
+        current = self._current.pop(key, None)
+        if (
+            revision is not None
+            and current is not None
+            and key not in self._pending
+            and key not in self._kept
+            and key not in self._lost
+        ):
+            self._keep_warm(key, (*current, revision))
         self._revisions.pop(key, None)
         self._kept.pop(key, None)
         self._lost.discard(key)
@@ -224,6 +265,15 @@ class KVSessionStore:
         pending = self._pending.pop(key, None)
         if pending is not None:
             pending[0].cancel()
+
+    def _keep_warm(self, key: str, kept: tuple[SessionSnapshot | None, int, int]) -> None:
+        old = self._warm.pop(key, None)
+        if old is not None:
+            self._warm_bytes -= old[1]
+        self._warm[key] = kept
+        self._warm_bytes += kept[1]
+        while self._warm_bytes > WARM_BYTES and self._warm:
+            self._warm_bytes -= self._warm.pop(next(iter(self._warm)))[1]  # the oldest
 
     async def _landed(self, key: str, data: bytes) -> int | None:
         """The revision of ``data`` if it is what ``key`` holds now."""

@@ -76,6 +76,22 @@ async def test_a_released_lease_is_taken_again_by_its_worker_and_by_others(nc, l
     assert info.state.last_seq - before == 8  # a write and a delete marker per turn
 
 
+async def test_a_lease_continues_only_when_its_worker_was_the_last_to_hold_it(leases):
+    a, b = await leases("a"), await leases("b")
+    continued = []
+    for owner, turn in ((a, "t1"), (a, "t2"), (b, "t3"), (a, "t4"), (a, "t5")):
+        lease = await owner.try_acquire("acme", "s1", turn)
+        assert lease is not None, turn
+        continued.append(lease.continued)
+        await lease.release()
+    assert continued == [False, True, False, False, True]
+    lease = await a.try_acquire("acme", "s1", "t6")
+    assert lease is not None
+    await asyncio.sleep(1.5)  # the TTL takes the lease: the next take reads, and does not continue
+    again = await a.try_acquire("acme", "s1", "t7")
+    assert again is not None and not again.continued
+
+
 async def test_a_release_racing_a_renewal_still_frees_the_lease(leases):
     a = await leases("a")
     lease = await a.try_acquire("acme", "s1", "t1")

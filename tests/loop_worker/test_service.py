@@ -91,6 +91,23 @@ async def test_two_turns_sent_at_once_to_one_session_run_in_order(mesh, tmp_path
     assert (tmp_path / "n").read_text() == "first\nsecond\n"
 
 
+async def test_a_sessions_next_turn_on_the_same_worker_starts_from_what_it_kept(mesh):
+    """No read of the session when this worker ran its last turn and nobody held it
+    since; the conversation carries on whole either way."""
+    w1 = await mesh.loop_worker("w1")
+    async with Watch(mesh.nc) as watch:
+        for t in ("t1", "t2"):
+            await send_turn(mesh.nc, turn(t, f"say {t}"))
+            await watch.wait("loop_end", t)
+        await w1.stop()
+        await mesh.loop_worker("w2")
+        await send_turn(mesh.nc, turn("t3", "say t3"))
+        await watch.wait("loop_end", "t3")
+    said = [m["content"] for m in mesh.fake.requests[-1]["messages"] if m["role"] == "user"]
+    assert said[:2] == ["say t1", "say t2"] and said[2].endswith("say t3")
+    assert w1.service.stats["warm"] == 1 and mesh.running[-1].service.stats["warm"] == 0
+
+
 async def test_turns_of_one_tenant_over_its_limit_wait(mesh, tmp_path):
     await mesh.tool_worker()
     await mesh.loop_worker(tenant_max_active=1)

@@ -5,7 +5,7 @@ from nats.js.errors import KeyNotFoundError
 
 from loop_worker.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
-from schemas import ChatMessage, SessionSnapshot, decode
+from schemas import ChatMessage, SessionSnapshot, decode, encode
 from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, wait_for
 
 
@@ -142,3 +142,60 @@ async def test_a_preload_that_failed_fails_the_next_load(nc):
     await store.preload("acme", "s1")
     with pytest.raises(RuntimeError, match="not started"):
         await store.load("acme", "s1")
+
+
+async def test_a_warm_preload_uses_what_was_kept_when_the_sessions_last_turn_ended(nc, pipelined):
+    """Kept when a turn ends with its checkpoint stored; used, with no read, only when
+    the caller says nobody else held the session; used once. A snapshot written behind
+    the store's back shows which way each preload went."""
+    other = KVSessionStore(nc, SUBJECTS)
+    await other.start()
+    assert await pipelined.load("acme", "s1") is None
+    await pipelined.save(snapshot(iteration=1))
+    await pipelined.flush("acme", "s1")
+    pipelined.forget("acme", "s1")  # the turn ended
+    await other.load("acme", "s1")
+    await other.save(snapshot(iteration=2))  # behind its back
+
+    await pipelined.preload("acme", "s1", warm=True)
+    assert (await pipelined.load("acme", "s1")).iteration == 1  # kept, not read
+    await pipelined.save(snapshot(iteration=3))
+    with pytest.raises(StaleSessionError):  # stale after all: the revision check says so
+        await pipelined.flush("acme", "s1")
+    pipelined.forget("acme", "s1")  # a lost race: nothing kept
+    await pipelined.preload("acme", "s1", warm=True)
+    assert (await pipelined.load("acme", "s1")).iteration == 2  # read
+
+    await pipelined.save(snapshot(iteration=4))
+    await pipelined.flush("acme", "s1")
+    pipelined.forget("acme", "s1")
+    await other.load("acme", "s1")
+    await other.save(snapshot(iteration=5))
+    await pipelined.preload("acme", "s1")  # not warm: read
+    assert (await pipelined.load("acme", "s1")).iteration == 5
+    pipelined.forget("acme", "s1")
+    await pipelined.preload("acme", "s1", warm=True)  # nothing saved, but the load is kept
+    assert (await pipelined.load("acme", "s1")).iteration == 5
+
+
+async def test_ended_sessions_are_kept_within_a_byte_budget(nc, pipelined, monkeypatch):
+    import loop_worker.store as store_module
+
+    size = len(encode(snapshot(summary="x" * 1000, iteration=1)))
+    monkeypatch.setattr(store_module, "WARM_BYTES", size * 2)
+    for name in ("a", "b", "c"):
+        other = SessionSnapshot(tenant="acme", session=name, summary="x" * 1000, iteration=1)
+        await pipelined.load("acme", name)
+        await pipelined.save(other)
+        await pipelined.flush("acme", name)
+        pipelined.forget("acme", name)
+    writer = KVSessionStore(nc, SUBJECTS)
+    await writer.start()
+    for name in ("a", "b", "c"):
+        await writer.load("acme", name)
+        await writer.save(SessionSnapshot(tenant="acme", session=name, iteration=9))
+    seen = {}
+    for name in ("a", "b", "c"):
+        await pipelined.preload("acme", name, warm=True)
+        seen[name] = (await pipelined.load("acme", name)).iteration
+    assert seen == {"a": 9, "b": 1, "c": 1}  # the oldest made room
