@@ -62,8 +62,10 @@ sys.path.insert(0, str(ROOT))
 from bench.instant_worker import InstantLLM  # noqa: E402
 from loop_worker.engine import Engine  # noqa: E402
 from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
+from loop_worker.publisher import Publisher, acked, settled  # noqa: E402
 from loop_worker.settings import LoopSettings  # noqa: E402
 from loopmesh.aio import run  # noqa: E402
+from loopmesh.fastpath import subscribe_inline  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings  # noqa: E402
@@ -284,16 +286,22 @@ class Mesh:
 
 
 class Ends:
-    """Core subscription to every loop_end of the bench tenant."""
+    """The load generator's client side: publishes turns and hears every loop_end of the
+    bench tenant, through the loop worker's own lean plumbing (a msgspec-decoded ack on
+    one inbox, loop_ends handled inside the read loop), so that the load generator takes
+    as little as it can of the cores the distributed path shares."""
 
     def __init__(self, nc: Any) -> None:
         self.nc = nc
+        self.publisher = Publisher(nc)
         self.waiters: dict[str, asyncio.Future[LoopEnd]] = {}
 
     async def start(self) -> None:
-        self.sub = await self.nc.subscribe(f"{S.prefix}.events.{TENANT}.*.loop_end", cb=self._on)
+        await self.publisher.start()
+        subject = f"{S.prefix}.events.{TENANT}.*.loop_end"
+        self.sub = await subscribe_inline(self.nc, subject, self._on)
 
-    async def _on(self, msg: Any) -> None:
+    def _on(self, msg: Any) -> None:
         event = decode(msg.data, AnyEvent)
         future = self.waiters.pop(event.turn_id, None)
         if future is not None and not future.done():
@@ -305,10 +313,11 @@ class Ends:
         return future
 
     async def run(self, t: Turn, timeout: float = 120) -> LoopEnd:
-        """Publish ``t`` and wait for its loop_end."""
+        """Publish ``t`` (its ack awaited) and wait for its loop_end."""
         done = self.expect(t.id)
-        await publish(self.nc, t)
-        return await asyncio.wait_for(done, timeout)
+        subject = S.turn(t.tenant, t.session)
+        await acked(self.publisher, subject, encode(t), {"Nats-Msg-Id": t.id})
+        return await settled(done, timeout)  # type: ignore[no-any-return]
 
 
 async def publish(nc: Any, t: Turn) -> None:
