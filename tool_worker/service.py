@@ -9,9 +9,7 @@ once. For each request:
    redelivered, and answered with ``invalid_request`` when its ``reply_to`` can be
    recovered) and look up the call's effect record — except on the first delivery of
    a request marked ``first_attempt``, which cannot have one (a turn's first run asks
-   for each call once, and the stream keeps one copy per call id). A redelivery's
-   lookup is sent as the request is delivered, by its ``Nats-Msg-Id``, and answers
-   while the request is decoded;
+   for each call once, and the stream keeps one copy per call id);
 2. if there is an effect record, that is the result;
 3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
    its timeout (with in-progress acks while it runs) and publish the result to the
@@ -45,6 +43,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.fastpath import publish_async, subscribe_inline
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -69,7 +68,6 @@ log = logging.getLogger("tool_worker")
 
 _STATUS = "Status"
 _PENDING = "Nats-Pending-Messages"
-_MSG_ID = "Nats-Msg-Id"
 
 
 def worker_name() -> str:
@@ -139,6 +137,7 @@ class ToolWorker:
         self._tg: asyncio.TaskGroup | None = None
         self._effects: Effects | None = None
         self._publisher = Publisher(nc)
+        self._naks: set[asyncio.Future[None]] = set()  # deliveries handed back on stop
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -147,7 +146,7 @@ class ToolWorker:
         await ensure_consumer(self._js, self._consumer)
         await self._publisher.start()
         self._effects = await Effects.open(self.nc, self._publisher, self.subjects)
-        sub = await self.nc.subscribe(self._deliver, cb=self._on_delivery)
+        sub = await subscribe_inline(self.nc, self._deliver, self._on_delivery)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -236,7 +235,8 @@ class ToolWorker:
         self._last_activity = time.monotonic()
         await self.nc.publish(self._next, request, reply=self._deliver)
 
-    async def _on_delivery(self, msg: Msg) -> None:
+    def _on_delivery(self, msg: Msg) -> None:
+        """Runs inside the client's read loop: a call's task starts with no hop first."""
         self._last_activity = time.monotonic()
         status = msg.headers.get(_STATUS) if msg.headers else None
         if status is not None:
@@ -254,14 +254,12 @@ class ToolWorker:
             return
         self._outstanding = max(0, self._outstanding - 1)
         if self._stopping or self._tg is None:
-            await msg.nak()
+            task = asyncio.ensure_future(_quietly(msg.nak()))
+            self._naks.add(task)
+            task.add_done_callback(self._naks.discard)
             self.stats["naked"] += 1
             return
-        lookup = None
-        call_id = msg.headers.get(_MSG_ID) if msg.headers else None
-        if call_id and self._effects is not None and msg.metadata.num_delivered > 1:
-            lookup = await self._effects.lookup(call_id)  # read while the call decodes
-        task = self._tg.create_task(self._handle(msg, call_id, lookup))
+        task = self._tg.create_task(self._handle(msg))
         self._running[msg.reply] = (msg, time.monotonic(), task)
         self._busy += 1
 
@@ -283,9 +281,7 @@ class ToolWorker:
 
     # -- one call -------------------------------------------------------------------
 
-    async def _handle(
-        self, msg: Msg, call_id: str | None = None, lookup: asyncio.Future[Msg] | None = None
-    ) -> None:
+    async def _handle(self, msg: Msg) -> None:
         freed = False
 
         def free() -> None:
@@ -297,7 +293,7 @@ class ToolWorker:
                 self._capacity.set()
 
         try:
-            await self._process(msg, free, call_id, lookup)
+            await self._process(msg, free)
         except asyncio.CancelledError:
             await _quietly(msg.nak())
             self.stats["naked"] += 1
@@ -307,18 +303,10 @@ class ToolWorker:
             await _quietly(msg.nak(delay=1.0))
             self.stats["naked"] += 1
         finally:
-            if lookup is not None:
-                lookup.cancel()
             free()
             self._running.pop(msg.reply, None)
 
-    async def _process(
-        self,
-        msg: Msg,
-        free: Callable[[], None],
-        call_id: str | None = None,
-        lookup: asyncio.Future[Msg] | None = None,
-    ) -> None:
+    async def _process(self, msg: Msg, free: Callable[[], None]) -> None:
         try:
             request = decode(msg.data, ToolCallRequest)
         except DecodeError as exc:
@@ -333,9 +321,7 @@ class ToolWorker:
         assert self._effects is not None
         recorded = None
         if not (request.first_attempt and msg.metadata.num_delivered == 1):
-            if lookup is None or call_id != request.call_id:
-                lookup = await self._effects.lookup(request.call_id)
-            recorded = await self._effects.result(lookup)
+            recorded = await self._effects.get(request.call_id)
         if recorded is not None:
             result, payload = recorded
             self.stats["recorded"] += 1
@@ -351,7 +337,7 @@ class ToolWorker:
         # store: the call is redelivered and its tool may run again (as when a worker
         # dies between running a tool and recording it).
         if request.reply_to:
-            await self.nc.publish(request.reply_to, payload)
+            await publish_async(self.nc, request.reply_to, payload)
         await self._emit(request, result)
         if stored is not None:
             async with asyncio.timeout(self.store_timeout_s):
