@@ -5,8 +5,9 @@
 A durable turn of ``bench/distributed.py`` (one echo call, then ``task_completion``)
 sends and receives these messages from the loop worker, whatever the code around them:
 the turn pulled from the turns stream, the order check, the lease taken, the control
-and snapshot reads, the tool request and its reply, two checkpoints, fifteen events
-(one with an ack), the lease released and the turn acked. This script does exactly
+read (and the snapshot's, on a session's first turn here: later ones are warm), the
+tool request and its reply, two checkpoints, fifteen events (one with an ack), the
+lease released and the turn acked. This script does exactly
 those, through the same plumbing the loop worker uses (``Publisher``, ``KV``, the fast
 path), against the real streams and buckets, with an immediate responder in its own
 process standing in for the tool worker. It prints the CPU time per turn of this
@@ -72,16 +73,22 @@ async def respond(url: str) -> None:
 
 
 MARKERS: dict[str, int] = {}  # session → its lease's delete marker, as the worker keeps
+REVISIONS: dict[str, int] = {}  # session → its snapshot's revision, as the worker keeps
 
 
 async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
     lease_key = f"t.{session}"
+    marker = MARKERS.pop(lease_key, 0)
     _, lease = await both(
         pub.first_seq(S.turns_stream, S.turn("t", session)),
-        kv["leases"].update(lease_key, b"w", MARKERS.pop(lease_key, 0)),
+        kv["leases"].update(lease_key, b"w", marker),
     )
-    _, snapshot = await both(kv["control"].entry(lease_key), kv["sessions"].entry(lease_key))
-    rev = snapshot.revision if snapshot is not None else 0
+    if marker:  # the lease continued: the snapshot kept at the last turn's end serves
+        await kv["control"].entry(lease_key)
+        rev = REVISIONS[lease_key]
+    else:
+        _, snapshot = await both(kv["control"].entry(lease_key), kv["sessions"].entry(lease_key))
+        rev = snapshot.revision if snapshot is not None else 0
     for i, event in enumerate(EVENTS):
         subject = S.event("t", session, event)
         header = msg_id_header(f"{n}:{i}:{event}")
@@ -93,6 +100,7 @@ async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
             await answered(pub, TOOL, b'{"call_id":"c","arguments":{"text":"hi"}}')
         if i in (6, 13):
             rev = await kv["sessions"].update(lease_key, SNAPSHOT, rev)
+    REVISIONS[lease_key] = rev
     MARKERS[lease_key] = await kv["leases"].delete(lease_key, lease)
 
 

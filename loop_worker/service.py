@@ -85,6 +85,7 @@ class _Held:
     task: asyncio.Task[None] | None = None
     lease: Lease | None = None
     lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
+    acked: bool = False
 
 
 class LoopWorker:
@@ -326,7 +327,8 @@ class LoopWorker:
                 outcome = "gave_up"
                 return
             await self._run(held, turn, meta.num_delivered)
-            await self._ack(msg, turn)
+            if not held.acked:
+                await self._ack(msg, turn)
         except HandBack as back:
             outcome = "handed_back"
             self.stats["handed_back"] += 1
@@ -363,28 +365,34 @@ class LoopWorker:
         await retry(lambda: answered(self.publisher, msg.reply, b"+ACK"), f"ack turn {turn.id}")
 
     async def _run(self, held: _Held, turn: Turn, delivery: int) -> None:
-        """Order, tenant room and lease, then the engine; the lease is released after."""
+        """Order, tenant room and lease, then the engine; the lease is released after,
+        and a finished turn acked with it (both round trips at once)."""
         early = await self._order_and_lease(held, turn)
         async with self._tenant_slot(turn.tenant):
             lease = held.lease = early or await self.leases.acquire(
                 turn.tenant, turn.session, turn.id
             )
             key = session_key(turn.tenant, turn.session)
+            finished = False
             try:
                 async with self._slots:
                     self._running[key] = held
                     ACTIVE.inc()
                     try:
                         await self._run_engine(held, turn, delivery)
+                        finished = True
                     finally:
                         ACTIVE.dec()
                         self._running.pop(key, None)
                         self.store.forget(turn.tenant, turn.session)
             finally:
-                if held.lost is None:
-                    await lease.release()
-                else:
+                if held.lost is not None:
                     lease.released = True  # someone else's now: leave the key alone
+                elif finished:  # the release and the turn's ack go out together
+                    await both(lease.release(), self._ack(held.msg, turn))
+                    held.acked = True
+                else:
+                    await lease.release()
 
     async def _run_engine(self, held: _Held, turn: Turn, delivery: int) -> None:
         self.events.begin(turn.id, delivery=delivery)
