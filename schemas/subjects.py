@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .ids import check_token
@@ -110,7 +111,8 @@ class Subjects:
         return f"{self.prefix}-control"
 
 
-def _pair(tenant: str, session: str) -> str:
+@functools.lru_cache(maxsize=16_384)
+def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times
     return f"{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
 
 
