@@ -63,7 +63,9 @@ class NatsToolDispatcher:
     itself; the grace covers the trip and a queue); ``effect_poll_s`` is how long a
     reply may be missing before the effect record is read. With ``effects_first``
     false, the record is read before publishing only for turns marked with
-    :meth:`resuming` (the service marks redelivered turns). ``before_publish`` runs
+    :meth:`resuming` (the service marks redelivered turns), and the other turns' calls
+    are marked ``first_attempt`` (the tool worker then skips its read) when
+    ``unlapsed`` says the worker surely still holds the session. ``before_publish`` runs
     before a request is published (the service commits the session's checkpoint, so
     the pending calls are stored before they can run); ``resend_s`` bounds how long
     after the first publish a copy may be published (well inside the stream's
@@ -83,12 +85,14 @@ class NatsToolDispatcher:
         publisher: Publisher | None = None,
         resend_s: float = 30.0,
         before_publish: Callable[[ToolCallRequest], Awaitable[None]] | None = None,
+        unlapsed: Callable[[ToolCallRequest], bool] | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._publisher = publisher or Publisher(nc)
         self._resend_s = resend_s  # no copy is published later (well inside the window)
         self._before_publish = before_publish
+        self._unlapsed = unlapsed
         self._subjects = subjects
         self._refresh_s = refresh_s
         self._grace_s = grace_s
@@ -212,11 +216,13 @@ class NatsToolDispatcher:
                 f"there is no tool {request.server}.{request.tool}; "
                 "call one of the tools listed in your instructions",
             )
-        first_attempt = not (self._effects_first or request.turn_id in self._resuming)
-        if not first_attempt:
+        if self._effects_first or request.turn_id in self._resuming:
             recorded = await self._effect(request.call_id)
             if recorded is not None:
                 return recorded
+            first_attempt = False
+        else:
+            first_attempt = self._unlapsed is not None and self._unlapsed(request)
         if self._before_publish is not None:  # the service: the checkpoint goes out first
             await self._before_publish(request)
         timeout = request.timeout_s or spec.timeout_s or self._default_timeout_s

@@ -250,6 +250,14 @@ class Lease:
             return False
         return record.owner == self.record.owner and record.turn_id == self.record.turn_id
 
+    def unlapsed(self) -> bool:
+        """Taken or renewed less than 80% of a TTL ago by both the monotonic and the wall
+        clock. A worker frozen for longer (a stop signal, a paused VM) cannot vouch that
+        nobody else ran the session meanwhile, whatever its lease says."""
+        ttl = self._leases.ttl_s
+        age = ttl - (self.expires - time.monotonic())
+        return age < ttl * 0.8 and time.time() - self.record.at < ttl * 0.8
+
     def due(self, now: float) -> bool:
         """Whether the lease should be renewed: a third of its TTL has passed since it
         was taken or last renewed (what :meth:`keep` waits between renewals)."""

@@ -37,7 +37,16 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from loopmesh.aio import both, raise_if_cancelled
 from loopmesh.provision import ensure_bucket, ensure_consumer
-from schemas import ConsumerDef, DecodeError, KVDef, Subjects, Turn, decode, session_key
+from schemas import (
+    ConsumerDef,
+    DecodeError,
+    KVDef,
+    Subjects,
+    ToolCallRequest,
+    Turn,
+    decode,
+    session_key,
+)
 from schemas.events import Error, LoopEnd
 
 from .config import LoopWorkerConfig, ServiceSettings
@@ -125,6 +134,7 @@ class LoopWorker:
             effects_first=False,
             publisher=publisher,
             before_publish=lambda r: self.store.commit(r.tenant, r.session),
+            unlapsed=self._unlapsed,
         )
         self.engine = Engine(
             settings=config.loop,
@@ -303,6 +313,14 @@ class LoopWorker:
             self.events.mute(held.turn.id)
         if held.task is not None:
             held.task.cancel()
+
+    def _unlapsed(self, request: ToolCallRequest) -> bool:
+        """Whether the lease of the request's session is surely still this worker's: only
+        then may its calls be marked ``first_attempt``. A worker frozen past its lease and
+        the duplicate window would otherwise publish, as a first attempt, a call that
+        the worker which took over may already have run."""
+        held = self._running.get(session_key(request.tenant, request.session))
+        return held is not None and held.lease is not None and held.lease.unlapsed()
 
     # -- one turn -----------------------------------------------------------------------
 

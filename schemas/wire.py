@@ -45,10 +45,11 @@ class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
     ``call_id`` is deterministic (turn, iteration, index) and is the ``Nats-Msg-Id``
     and the key of the call's effect record: a repeated call returns the recorded
     result instead of running again. ``reply_to`` is the requester's inbox.
-    ``first_attempt`` says the requester never asked for this call before (a turn's
-    first delivery): the first delivery of such a request cannot have a recorded
-    effect, so the tool worker runs it without reading the record first. Leave it
-    false when unsure; the read then happens, as it always does on a redelivery.
+    ``first_attempt`` says nobody asked for this call before (a turn's first run, by a
+    worker whose session lease has not lapsed): the first delivery of such a request
+    cannot have a recorded effect, so the tool worker runs it without reading the
+    record first. Leave it false when unsure; the read then happens, as it always does
+    on a redelivery.
     """
 
     call_id: Token

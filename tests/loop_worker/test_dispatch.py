@@ -1,6 +1,7 @@
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from loop_worker.dispatch import NatsToolDispatcher
@@ -176,20 +177,27 @@ async def test_the_reply_is_not_held_up_by_a_missing_ack(nc, dispatcher):
 
 async def test_a_first_run_marks_its_calls_first_attempt_and_a_resumed_run_does_not(nc):
     """The tool worker skips the effect read for first attempts: only a turn's first
-    run may say so, and only when the dispatcher does not read effects first itself."""
+    run may say so, only when the dispatcher does not read effects first itself, and
+    only while the worker surely holds the session (``unlapsed``)."""
     await provision_short(nc)
     await register_tool(nc, spec("echo"))
+    held = {"t1": True, "t2": False}
     async with (
-        NatsToolDispatcher(nc, SUBJECTS, grace_s=0.5, effects_first=False) as fresh,
+        NatsToolDispatcher(
+            nc, SUBJECTS, grace_s=0.5, effects_first=False,
+            unlapsed=lambda r: held[r.turn_id],
+        ) as fresh,
         NatsToolDispatcher(nc, SUBJECTS, grace_s=0.5) as careful,
         fake_pool(nc, echo) as ran,
-    ):
+    ):  # fmt: skip
         await fresh.call(request("t1-1-0"))
         fresh.resuming("t1")
         await fresh.call(request("t1-2-0"))
         fresh.resuming("t1", False)
         await fresh.call(request("t1-3-0"))
+        await fresh.call(msgspec.structs.replace(request("t2-1-0"), turn_id="t2"))
         await careful.call(request("t1-4-0"))
     assert [(r.call_id, r.first_attempt) for r in ran] == [
-        ("t1-1-0", True), ("t1-2-0", False), ("t1-3-0", True), ("t1-4-0", False),
+        ("t1-1-0", True), ("t1-2-0", False), ("t1-3-0", True), ("t2-1-0", False),
+        ("t1-4-0", False),
     ]  # fmt: skip

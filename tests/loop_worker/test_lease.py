@@ -92,6 +92,17 @@ async def test_a_lease_continues_only_when_its_worker_was_the_last_to_hold_it(le
     assert again is not None and not again.continued
 
 
+async def test_a_lease_is_unlapsed_until_most_of_its_ttl_passes_without_a_renewal(leases):
+    a = await leases("a")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    assert lease is not None and lease.unlapsed()
+    await asyncio.sleep(0.85)  # TTL 1 s: a worker frozen this long cannot vouch for it
+    assert not lease.unlapsed()
+    await lease.renew()
+    assert lease.unlapsed()
+    await lease.release()
+
+
 async def test_a_release_racing_a_renewal_still_frees_the_lease(leases):
     a = await leases("a")
     lease = await a.try_acquire("acme", "s1", "t1")

@@ -18,8 +18,11 @@ from tests.loop_worker.durable import (
     Mesh,
     Watch,
     connect_fast,
+    fake_pool,
     provision_short,
+    register_tool,
     send_turn,
+    spec,
     stream_events,
     wait_for,
 )
@@ -106,6 +109,21 @@ async def test_a_sessions_next_turn_on_the_same_worker_starts_from_what_it_kept(
     said = [m["content"] for m in mesh.fake.requests[-1]["messages"] if m["role"] == "user"]
     assert said[:2] == ["say t1", "say t2"] and said[2].endswith("say t3")
     assert w1.service.stats["warm"] == 1 and mesh.running[-1].service.stats["warm"] == 0
+
+
+async def test_a_turns_first_run_marks_its_calls_as_first_attempts(mesh):
+    """(Redelivered turns' calls are not marked: ``test_dispatch.py``.)"""
+
+    async def counted(request) -> str:
+        return "counted"
+
+    await register_tool(mesh.nc, spec("count"))
+    async with fake_pool(mesh.nc, counted) as ran:
+        await mesh.loop_worker("w1")
+        async with Watch(mesh.nc) as watch:
+            await send_turn(mesh.nc, turn("t1", 'call local__count {"label": "a"}'))
+            await watch.wait("loop_end", "t1")
+    assert [(r.tool, r.first_attempt) for r in ran] == [("count", True)]
 
 
 async def test_turns_of_one_tenant_over_its_limit_wait(mesh, tmp_path):
