@@ -94,6 +94,7 @@ async def test_while_reconnecting_publish_async_buffers_like_nats_py(
         await publish_async(nc, "buffered", b"held")  # nats-py keeps it while away
         await nats_server.start()
         await wait_until(lambda: nc.is_connected and watcher.is_connected, what="reconnects")
+        await nc.flush(timeout=5)  # is_connected turns true mid-reconnect: let it finish
         sub = await watcher.subscribe("buffered")
         await watcher.flush()
         assert publish(nc, "buffered", b"fast again")
