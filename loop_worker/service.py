@@ -420,6 +420,10 @@ class LoopWorker:
             self.controls.open(turn), self.store.preload(turn.tenant, turn.session, warm=warm)
         )
         self.stats["warm"] += warm
+        if self.store.preloaded_turn(turn.tenant, turn.session) == turn.id:
+            # A run of this very turn left a checkpoint (the turn was published again
+            # after it failed, say): its calls may have run, whatever the delivery count.
+            self.tools.resuming(turn.id)
         try:
             end = await self.engine.run(turn, control)
             await self.store.flush(turn.tenant, turn.session)

@@ -127,6 +127,11 @@ class KVSessionStore:
         self._preloaded[key] = loaded
         return False
 
+    def preloaded_turn(self, tenant: str, session: str) -> str | None:
+        """The turn a preloaded snapshot was saved by (``None``: none, or no preload)."""
+        loaded = self._preloaded.get(session_key(tenant, session))
+        return loaded.turn_id if isinstance(loaded, SessionSnapshot) else None
+
     async def load(self, tenant: str, session: str) -> SessionSnapshot | None:
         key = session_key(tenant, session)
         if key in self._preloaded:

@@ -9,8 +9,19 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 
 from loop_worker.controls import send_control
-from schemas import ApprovalDecision, Cancel, Pause, Resume, SessionSnapshot, Turn, decode
+from loopmesh.provision import provision
+from schemas import (
+    ApprovalDecision,
+    Cancel,
+    Pause,
+    Resume,
+    SessionSnapshot,
+    Turn,
+    decode,
+    encode,
+)
 from schemas.events import ContentDelta, LoopEnd
+from schemas.streams import definitions
 from tests.fake_llm import FakeLLM
 from tests.fake_replies import auto, text
 from tests.loop_worker.durable import (
@@ -124,6 +135,37 @@ async def test_a_turns_first_run_marks_its_calls_as_first_attempts(mesh):
             await send_turn(mesh.nc, turn("t1", 'call local__count {"label": "a"}'))
             await watch.wait("loop_end", "t1")
     assert [(r.tool, r.first_attempt) for r in ran] == [("count", True)]
+
+
+async def test_a_turn_published_again_over_its_own_checkpoint_runs_no_call_twice(mesh, tmp_path):
+    """Its first delivery resumes the checkpoint a dead run of the same turn id left, so
+    its calls are not first attempts: the recorded effect answers the call, though the
+    stream no longer remembers the call's id."""
+    js = mesh.nc.jetstream()
+    await provision(
+        js, definitions(SUBJECTS, turn_ack_wait_s=2, lease_ttl_s=2, duplicate_window_s=1)
+    )
+    await mesh.tool_worker()
+    first = await mesh.loop_worker("w1")
+    task = turn("t1", count_task(tmp_path / "n", "a", seconds=1.0))
+    await send_turn(mesh.nc, task)
+    await wait_for(lambda: (tmp_path / "n").exists(), timeout=5, what="the call")
+    first.task.cancel()  # the worker dies mid-call, its checkpoint holding the call
+    await asyncio.gather(first.task, return_exceptions=True)
+    await first.client.close()
+    await _until(lambda: _messages(js, SUBJECTS.tools_stream), 0, timeout=10)  # recorded
+    await js.purge_stream(SUBJECTS.turns_stream)  # the dead run's turn is gone
+    await asyncio.sleep(1.2)  # past the duplicate windows
+    await mesh.loop_worker("w2")
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, task)  # published again: a first delivery
+        end = await watch.wait("loop_end", "t1", timeout=15)
+    assert end.reason == "task_completion"
+    assert (tmp_path / "n").read_text() == "a\n"
+
+
+async def _messages(js, stream: str) -> int:
+    return (await js.stream_info(stream)).state.messages
 
 
 async def test_turns_of_one_tenant_over_its_limit_wait(mesh, tmp_path):
@@ -304,7 +346,6 @@ async def test_a_worker_whose_lease_is_taken_stops_the_turn_and_keeps_nothing(me
 
 
 def _json(obj) -> bytes:
-    from schemas import encode
 
     return encode(obj)
 
