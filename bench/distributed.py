@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,42 +59,27 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.instant_worker import InstantLLM  # noqa: E402
+from bench.harness import (  # noqa: E402
+    TENANT,
+    CpuMeter,
+    Ends,
+    Load,
+    Mesh,
+    S,
+    local_engine,
+    pid_of,
+    publish,
+    rss_kb,
+    turn,
+)
 from loop_worker.engine import Engine  # noqa: E402
-from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
-from loop_worker.publisher import Publisher, acked, settled  # noqa: E402
-from loop_worker.settings import LoopSettings  # noqa: E402
 from loopmesh.aio import run  # noqa: E402
-from loopmesh.fastpath import subscribe_inline  # noqa: E402
-from loopmesh.nats import connect  # noqa: E402
-from loopmesh.server import NatsServer  # noqa: E402
-from loopmesh.settings import NatsSettings  # noqa: E402
-from schemas import Subjects, Turn, decode, encode  # noqa: E402
-from schemas.events import AnyEvent, Event, LoopEnd  # noqa: E402
-from tests.loop_worker.durable import Proc, provision_short, stream_events  # noqa: E402
-
-S = Subjects()
-TENANT = "bench"
-MODEL = "instant"  # no tiktoken encoding of its own: both paths count with the fallback
-
+from schemas.events import Event  # noqa: E402
+from tests.loop_worker.durable import stream_events  # noqa: E402
 
 #: Turns of ``--iterations`` echo calls measured per path (one turn is about 0.3 s of
 #: samples, too few to be steady on a shared machine).
 ITERATION_TURNS = 3
-
-
-def loop_fields(iterations: int) -> dict[str, Any]:
-    """The ``[loop]`` settings of both paths: room for ``iterations`` echo calls, no
-    pruning or summaries."""
-    return {
-        "max_iterations": iterations + 2,
-        "context_budget_tokens": 1_000_000,
-        "summarize_with_llm": False,
-    }
-
-
-def turn(turn_id: str, session: str, text: str = "go") -> Turn:
-    return Turn(id=turn_id, tenant=TENANT, session=session, input=text, created_at=time.time())
 
 
 def iteration_gaps(events: Sequence[Event]) -> list[float]:
@@ -107,103 +92,7 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-@dataclass(frozen=True)
-class Load:
-    """The throughput runs' shape: each client runs its turns one after another, in
-    fresh sessions of ``per_session`` turns; a run is about ``total`` turns, split among
-    its clients (at least one session each)."""
-
-    per_session: int
-    total: int
-
-    def turns_each(self, clients: int) -> int:
-        return max(self.per_session, self.total // clients)
-
-    async def run(
-        self, run_turn: Callable[[Turn], Awaitable[object]], clients: int, tag: str
-    ) -> float:
-        """Turns/s of ``clients`` concurrent clients."""
-        each, per = self.turns_each(clients), self.per_session
-
-        async def client(i: int) -> None:
-            for k in range(each):
-                await run_turn(turn(f"{tag}{i}x{k}", f"{tag}{i}s{k // per}"))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client(i) for i in range(clients)))
-        return clients * each / (time.perf_counter() - started)
-
-    async def warm_up(self, run_turn: Callable[[Turn], Awaitable[object]], tag: str) -> None:
-        await Load(self.per_session, 0).run(run_turn, 16, tag)
-
-
-# -- CPU time of processes ------------------------------------------------------------------
-
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # fields 14 and 15 of proc(5)
-
-
-def machine_busy_seconds() -> float:
-    """CPU time every core of the machine has spent busy so far (``/proc/stat``)."""
-    user, nice, system, _idle, _iowait, irq, softirq = map(
-        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    )
-    return (user + nice + system + irq + softirq) * TICK_S
-
-
-class CpuMeter:
-    """CPU seconds each named process spends between ``start()`` and ``stop()``, and
-    what the rest of the machine spends meanwhile (``OTHERS``)."""
-
-    OTHERS = "rest of the machine"
-
-    def __init__(self, pids: Mapping[str, int]) -> None:
-        self.pids = dict(pids)
-        self.spent: dict[str, float] = {}
-        self.wall = 0.0
-        self.runs = 0
-
-    def start(self) -> None:
-        self._before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._machine = machine_busy_seconds()
-        self._started = time.perf_counter()
-
-    def stop(self) -> None:
-        """Add the time since ``start()`` (a meter adds up several runs)."""
-        self.wall += time.perf_counter() - self._started
-        spent = {n: cpu_seconds(p) - self._before[n] for n, p in self.pids.items()}
-        machine = machine_busy_seconds() - self._machine
-        spent[self.OTHERS] = max(0.0, machine - sum(spent.values()))
-        for name, seconds in spent.items():
-            self.spent[name] = self.spent.get(name, 0.0) + seconds
-        self.runs += 1
-
-
 # -- in-process ---------------------------------------------------------------------------
-
-
-def local_engine(iterations: int) -> tuple[Engine, InMemoryEvents]:
-    tools = LocalTools()
-
-    @tools.tool(description="Return the text.")
-    async def echo(text: str) -> str:
-        return text
-
-    events = InMemoryEvents()
-    engine = Engine(
-        settings=LoopSettings(**loop_fields(iterations)),
-        llm=InstantLLM("local__echo"),
-        tools=tools,
-        events=events,
-        store=InMemoryStore(),
-        model=MODEL,
-    )
-    return engine, events
 
 
 async def inprocess_iteration(iterations: int) -> list[float]:
@@ -220,112 +109,6 @@ async def inprocess_iteration(iterations: int) -> list[float]:
 # -- distributed ------------------------------------------------------------------------
 
 
-class Mesh:
-    def __init__(self, store: Path, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0) -> None:
-        self.server = NatsServer(store)
-        self.ack_wait_s = ack_wait_s
-        self.lease_ttl_s = lease_ttl_s
-        self.procs: list[Proc] = []
-
-    async def __aenter__(self) -> Mesh:
-        await self.server.start()
-        self.nc = await connect(NatsSettings(url=self.server.url), name="bench")
-        await provision_short(self.nc, ack_wait_s=self.ack_wait_s, lease_ttl_s=self.lease_ttl_s)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for proc in reversed(self.procs):
-            await proc.close()
-        await self.nc.close()
-        await self.server.stop()
-
-    async def tool_worker(self, concurrency: int = 512, module: str = "bench.tools") -> Proc:
-        proc = Proc(
-            "-m", "tool_worker", "--nats-url", self.server.url, "--no-provision",
-            "--module", module, "--concurrency", str(concurrency),
-            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2"},
-        )  # fmt: skip
-        self.procs.append(proc)
-        return await proc.start("serving pool=")
-
-    def _service_env(self, name: str) -> dict[str, str]:
-        return {
-            "LOOPMESH_NATS__URL": self.server.url,
-            "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": str(self.ack_wait_s),
-            "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": str(self.lease_ttl_s),
-            "LOOPMESH_LOOP_WORKER__NAME": name,
-        }
-
-    async def loop_worker_process(self, llm_url: str, name: str) -> Proc:
-        """``python -m loop_worker`` with an OpenAI-compatible LLM at ``llm_url``."""
-        env = {
-            **self._service_env(name),
-            "LOOPMESH_LLM__BASE_URL": llm_url,
-            "LOOPMESH_LLM__API_KEY": "bench",
-            "LOOPMESH_LLM__MODEL": "fake-model",
-            "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.5",
-        }
-        proc = Proc("-m", "loop_worker", env=env)
-        self.procs.append(proc)
-        return await proc.start("loop worker ready")
-
-    async def instant_worker(self, name: str, iterations: int) -> Proc:
-        """``python -m bench.instant_worker``: the same worker with :class:`InstantLLM`
-        and the in-process side's loop settings."""
-        env = {
-            **self._service_env(name),
-            "LOOPMESH_LLM__MODEL": MODEL,
-            "LOOPMESH_LOOP_WORKER__PROVISION": "false",  # keep this bench's provisioning
-            "LOOPMESH_LOOP_WORKER__MAX_ACTIVE_TURNS": "512",
-        }
-        for field, value in loop_fields(iterations).items():
-            env[f"LOOPMESH_LOOP__{field.upper()}"] = json.dumps(value)
-        proc = Proc("-m", "bench.instant_worker", "--log-level", "INFO", env=env)
-        self.procs.append(proc)
-        return await proc.start("loop worker ready")
-
-
-class Ends:
-    """The load generator's client side: publishes turns and hears every loop_end of the
-    bench tenant, through the loop worker's own lean plumbing (a msgspec-decoded ack on
-    one inbox, loop_ends handled inside the read loop), so that the load generator takes
-    as little as it can of the cores the distributed path shares."""
-
-    def __init__(self, nc: Any) -> None:
-        self.nc = nc
-        self.publisher = Publisher(nc)
-        self.waiters: dict[str, asyncio.Future[LoopEnd]] = {}
-
-    async def start(self) -> None:
-        await self.publisher.start()
-        subject = f"{S.prefix}.events.{TENANT}.*.loop_end"
-        self.sub = await subscribe_inline(self.nc, subject, self._on)
-
-    def _on(self, msg: Any) -> None:
-        event = decode(msg.data, AnyEvent)
-        future = self.waiters.pop(event.turn_id, None)
-        if future is not None and not future.done():
-            future.set_result(event)
-
-    def expect(self, turn_id: str) -> asyncio.Future[LoopEnd]:
-        future: asyncio.Future[LoopEnd] = asyncio.get_running_loop().create_future()
-        self.waiters[turn_id] = future
-        return future
-
-    async def run(self, t: Turn, timeout: float = 120) -> LoopEnd:
-        """Publish ``t`` (its ack awaited) and wait for its loop_end."""
-        done = self.expect(t.id)
-        subject = S.turn(t.tenant, t.session)
-        await acked(self.publisher, subject, encode(t), {"Nats-Msg-Id": t.id})
-        return await settled(done, timeout)  # type: ignore[no-any-return]
-
-
-async def publish(nc: Any, t: Turn) -> None:
-    await nc.jetstream().publish(
-        S.turn(t.tenant, t.session), encode(t), headers={"Nats-Msg-Id": t.id}
-    )
-
-
 async def distributed_iteration(mesh: Mesh, ends: Ends, iterations: int) -> list[float]:
     await ends.run(turn("warm", "warm", f"echo {iterations}"))
     gaps: list[float] = []
@@ -333,13 +116,6 @@ async def distributed_iteration(mesh: Mesh, ends: Ends, iterations: int) -> list
         await ends.run(turn(f"t{k}", f"s{k}", f"echo {iterations}"))
         gaps += iteration_gaps([e for e, _ in await stream_events(mesh.nc, TENANT, f"s{k}")])
     return gaps
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float]:
@@ -406,11 +182,6 @@ async def _until(probe: Any, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
-def _pid(proc: Proc) -> int:
-    assert proc.proc is not None
-    return proc.proc.pid
-
-
 @dataclass(frozen=True)
 class Figures:
     local_gaps: list[float]
@@ -439,7 +210,7 @@ async def measure(args: argparse.Namespace, store: Path) -> Figures:
 
         assert mesh.server.pid is not None
         others = {
-            "tool worker": _pid(tools),
+            "tool worker": pid_of(tools),
             "nats-server": mesh.server.pid,
             "load generator (bench)": os.getpid(),
         }
@@ -447,7 +218,7 @@ async def measure(args: argparse.Namespace, store: Path) -> Figures:
         await load.warm_up(engine.run, "w")
         await load.warm_up(ends.run, "w")
         local_cpu = CpuMeter({"in-process engine": os.getpid()})
-        one_cpu = CpuMeter({"loop worker 1": _pid(first), **others})
+        one_cpu = CpuMeter({"loop worker 1": pid_of(first), **others})
         runs: dict[int, Pairs] = {}
         for c in sessions:
             meters = (local_cpu, one_cpu) if c == top else (None, None)
@@ -455,7 +226,9 @@ async def measure(args: argparse.Namespace, store: Path) -> Figures:
 
         second = await mesh.instant_worker("i2", args.iterations)
         await load.warm_up(ends.run, "w2_")
-        two_cpu = CpuMeter({"loop worker 1": _pid(first), "loop worker 2": _pid(second), **others})
+        two_cpu = CpuMeter(
+            {"loop worker 1": pid_of(first), "loop worker 2": pid_of(second), **others}
+        )
         scaled = await paired(load, engine, ends, top, args.repeats, None, two_cpu, "x")
         for worker in (second, first):
             await worker.terminate()

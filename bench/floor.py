@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.distributed import Load, local_engine  # noqa: E402
+from bench.harness import Load, local_engine  # noqa: E402
 from loop_worker.publisher import KV, Publisher, acked, answered  # noqa: E402
 from loopmesh.aio import both, run  # noqa: E402
 from loopmesh.fastpath import msg_id_header, publish, subscribe_inline  # noqa: E402
