@@ -4,7 +4,8 @@
 ``+ - * / // % **``, unary signs, parentheses, a few functions and constants of
 :mod:`math`); nothing is ever passed to ``eval``, and exponents are bounded so that
 ``9**9**9`` is refused instead of eating the CPU. ``http_fetch`` reads an http(s) URL
-with a size and a time limit and, when configured, only from allowed hosts.
+with a size and a time limit, only from public addresses unless the allowlist names a
+host (see :mod:`tool_worker.egress`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import operator
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 import msgspec
 
+from .egress import Address, Allowlist, Egress, Resolver, literal, resolve
 from .errors import Rejected, ToolError
 from .local import to_tool, tool
 from .registry import Tool
@@ -141,18 +142,14 @@ def http_fetch_tool(
     allowlist: tuple[str, ...] = (),
     max_bytes: int = 1_000_000,
     timeout_s: float = 10.0,
+    resolver: Resolver = resolve,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Tool:
-    """The ``http_fetch`` tool with its limits. An empty ``allowlist`` allows every host;
-    ``*.example.com`` allows subdomains."""
-
-    def allowed(host: str) -> bool:
-        if not allowlist:
-            return True
-        return any(
-            host == rule or (rule.startswith("*.") and host.endswith(rule[1:]))
-            for rule in allowlist
-        )
+    """The ``http_fetch`` tool with its limits and egress policy (see
+    :mod:`tool_worker.egress`): by default only public addresses; ``allowlist`` entries
+    name hosts (``*.example.com`` allows subdomains), addresses or networks. Raises
+    ``ValueError`` for a bad allowlist entry. ``resolver`` and ``transport`` are for tests."""
+    egress = Egress(Allowlist(allowlist), resolver)
 
     @tool(timeout_s=timeout_s + 1)
     async def http_fetch(
@@ -160,35 +157,43 @@ def http_fetch_tool(
         max_chars: Annotated[int, msgspec.Meta(ge=1)] | None = None,
     ) -> FetchResult:
         """Fetch a web page or API response over http(s) and return its text."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https"):
-            raise Rejected(f"only http and https URLs can be fetched, not {parts.scheme!r}")
-        host = (parts.hostname or "").lower()
-        if not host:
+        try:
+            target = httpx.URL(url)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise Rejected(f"not a valid URL {url!r}: {exc}") from None
+        if target.scheme not in ("http", "https"):
+            raise Rejected(f"only http and https URLs can be fetched, not {target.scheme!r}")
+        if not target.host:
             raise Rejected(f"URL {url!r} has no host")
-        if not allowed(host):
-            raise Rejected(f"host {host!r} is not in the allowlist ({', '.join(allowlist)})")
         start = time.perf_counter()
         body = bytearray()
         truncated = False
+        # No redirects (each hop would need the same check) and no proxies from the
+        # environment (a proxy would connect by name, past the pinned address).
         async with httpx.AsyncClient(
-            timeout=timeout_s, follow_redirects=False, transport=transport
+            timeout=timeout_s, follow_redirects=False, trust_env=False, transport=transport
         ) as client:
             try:
-                async with asyncio.timeout(timeout_s), client.stream("GET", url) as response:
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) > max_bytes:
-                            del body[max_bytes:]
-                            truncated = True
-                            break
+                async with asyncio.timeout(timeout_s):
+                    port = target.port or (443 if target.scheme == "https" else 80)
+                    addresses = await egress.check(target.raw_host.decode("ascii"), port)
+                    response = await _send_pinned(client, target, addresses)
+                    try:
+                        async for chunk in response.aiter_bytes():
+                            body += chunk
+                            if len(body) > max_bytes:
+                                del body[max_bytes:]
+                                truncated = True
+                                break
+                    finally:
+                        await response.aclose()
             except httpx.HTTPError as exc:
                 raise ToolError(f"fetching {url} failed: {type(exc).__name__}: {exc}") from None
         text = bytes(body).decode(response.encoding or "utf-8", errors="replace")
         if max_chars is not None and len(text) > max_chars:
             text, truncated = text[:max_chars], True
         return FetchResult(
-            url=str(response.url),
+            url=str(target),
             status=response.status_code,
             content_type=response.headers.get("content-type", ""),
             content=text,
@@ -197,6 +202,29 @@ def http_fetch_tool(
         )
 
     return to_tool(http_fetch)
+
+
+async def _send_pinned(
+    client: httpx.AsyncClient, url: httpx.URL, addresses: list[Address]
+) -> httpx.Response:
+    """GET ``url`` from the first of ``addresses`` that accepts a connection, keeping the
+    URL's host in the Host header and, for https, in the TLS server name (so the
+    certificate is checked against it)."""
+    host = url.raw_host.decode("ascii")
+    extensions = {} if literal(host) is not None else {"sni_hostname": host}
+    for i, address in enumerate(addresses):
+        request = client.build_request(
+            "GET",
+            url.copy_with(host=str(address)),
+            headers={"Host": url.netloc.decode("ascii")},
+            extensions=extensions if url.scheme == "https" else {},
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError:
+            if i == len(addresses) - 1:
+                raise
+    raise AssertionError("no addresses")  # Egress.check never returns none
 
 
 #: Names of the built-ins, for configuration.

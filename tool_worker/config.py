@@ -8,7 +8,7 @@
     modules = ["myproject.tools"]          # user tool modules, by import path
     builtins = ["calculator", "current_time", "http_fetch"]
     fs_root = "/srv/agent-files"           # serve fs_list/fs_read/fs_write under it
-    http_allowlist = ["*.wikipedia.org"]
+    http_allowlist = ["*.wikipedia.org"]    # default: any public address, never a private one
     assign = { "local.http_fetch" = "slow" }   # "server.tool" or "server" → pool
 
     [[tool_worker.mcp_servers]]

@@ -1,0 +1,188 @@
+"""Where ``http_fetch`` may connect: resolve a URL's host once, check every address, pin one.
+
+An agent's tool calls are steered by text it reads, so a fetch tool must not become a
+way into the network it runs in (a cluster's internal services, the NATS monitoring
+port, the cloud metadata address 169.254.169.254). By default only globally routable
+unicast addresses are reachable: loopback, private, link-local, unique-local, shared
+(CGNAT), multicast, unspecified and reserved addresses are refused, also when they hide
+inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4).
+
+The check is made on the addresses the connection will use: :meth:`Egress.check`
+resolves the host once, refuses the URL if *any* address is refused, and returns the
+addresses; the caller then connects to one of them (never to the name again), so DNS
+rebinding cannot swap in another address after the check.
+
+``http_allowlist`` entries::
+
+    "docs.example.com"   this name (its addresses are pinned; private ones allowed)
+    "*.example.com"      any subdomain (public addresses only)
+    "10.1.2.3", "::1"    this address, even when private
+    "10.1.0.0/16"        any address of this network, even when private
+
+An empty allowlist allows any host whose addresses are public; a non-empty one allows
+only the hosts it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import re
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+
+from .errors import Rejected, ToolError
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: ``resolver(host, port)`` → the host's addresses, as text, in the order to try them.
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+SETTING = "[tool_worker] http_allowlist (LOOPMESH_TOOL_WORKER__HTTP_ALLOWLIST)"
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_ULA = ipaddress.IPv6Network("fc00::/7")
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The system resolver's addresses for ``host``, without duplicates."""
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def refusal(address: Address) -> str | None:
+    """Why ``address`` is not a public unicast address (``"a loopback address"``...),
+    or None when it is one."""
+    embedded = _embedded_ipv4(address)
+    if embedded is not None:
+        reason = refusal(embedded)
+        return f"{reason} ({address} carries {embedded})" if reason else None
+    checks = (
+        ("unspecified", address.is_unspecified),
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("multicast", address.is_multicast),
+        ("unique-local", isinstance(address, ipaddress.IPv6Address) and address in _ULA),
+        ("private", address.is_private),
+        ("reserved", address.is_reserved),
+        ("non-global", not address.is_global),
+    )
+    for name, hit in checks:
+        if hit:
+            return f"a {name} address"
+    return None
+
+
+def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address.sixtofour
+
+
+class Allowlist:
+    """Parsed ``http_allowlist`` entries; raises ``ValueError`` naming a bad entry."""
+
+    def __init__(self, entries: Sequence[str] = ()) -> None:
+        self.entries = tuple(entries)
+        names: set[str] = set()
+        suffixes: list[str] = []
+        networks: list[Network] = []
+        for raw in entries:
+            entry = raw.strip().lower().rstrip(".")
+            if entry.startswith("[") and entry.endswith("]"):
+                entry = entry[1:-1]
+            try:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            except ValueError:
+                pass
+            wildcard = entry.startswith("*.")
+            name = entry[2:] if wildcard else entry
+            if not name or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+                raise ValueError(
+                    f"http_allowlist entry {raw!r} is not a host name, '*.domain', "
+                    "an IP address or a network"
+                )
+            if wildcard:
+                suffixes.append("." + name)
+            else:
+                names.add(name)
+        self.names = frozenset(names)
+        self.suffixes = tuple(suffixes)
+        self.networks = tuple(networks)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def admits(self, host: str) -> bool:
+        """True when an empty allowlist or an entry lets a URL name ``host``."""
+        if not self.entries or host in self.names or host.endswith(self.suffixes):
+            return True
+        address = literal(host)
+        return address is not None and self.covers(address)
+
+    def covers(self, address: Address) -> bool:
+        """True when an address or network entry names ``address``."""
+        return any(address in network for network in self.networks)
+
+
+class Egress:
+    """The egress policy of one ``http_fetch`` tool."""
+
+    def __init__(self, allowlist: Allowlist, resolver: Resolver = resolve) -> None:
+        self.allowlist = allowlist
+        self.resolver = resolver
+
+    async def check(self, host: str, port: int) -> list[Address]:
+        """The addresses a request to ``host`` may connect to, resolved once; raises
+        :class:`Rejected` when the host or any of its addresses is not allowed."""
+        host = host.lower().rstrip(".")
+        if not self.allowlist.admits(host):
+            raise Rejected(
+                f"host {host!r} is not in the allowlist ({', '.join(self.allowlist.entries)}); "
+                f"add it to {SETTING} to allow it"
+            )
+        given = literal(host)
+        addresses = [given] if given is not None else await self._resolve(host, port)
+        explicit = host in self.allowlist.names
+        for address in addresses:
+            reason = refusal(address)
+            if reason is None or explicit or self.allowlist.covers(address):
+                continue
+            what = f"{host} is {reason}" if given else f"{host} resolves to {address}, {reason}"
+            raise Rejected(
+                f"refused to fetch from {what}: non-public addresses are not fetched unless "
+                f"named in {SETTING}"
+            )
+        return addresses
+
+    async def _resolve(self, host: str, port: int) -> list[Address]:
+        try:
+            found = await self.resolver(host, port)
+        except (OSError, UnicodeError) as exc:
+            raise ToolError(f"cannot resolve host {host!r}: {exc}") from None
+        addresses = []
+        for text in found:
+            try:
+                addresses.append(ipaddress.ip_address(text.partition("%")[0]))
+            except ValueError:
+                raise ToolError(f"resolver gave {text!r} for {host!r}, not an address") from None
+        if not addresses:
+            raise ToolError(f"cannot resolve host {host!r}: no addresses")
+        return addresses
+
+
+def literal(host: str) -> Address | None:
+    """``host`` as an IP address, or None when it is a name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
