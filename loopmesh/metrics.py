@@ -1,7 +1,10 @@
 """The metrics endpoint: ``/metrics`` (Prometheus text format) and ``/healthz``.
 
-A small HTTP/1.1 server on asyncio streams, in the running event loop; it answers one
-request per connection, which is all Prometheus and Kubernetes probes need::
+``/metrics`` is prometheus-client's own WSGI app (content negotiation, OpenMetrics,
+gzip); a few lines route ``/healthz`` beside it and refuse other paths and methods. The
+server is prometheus-client's arrangement too (``wsgiref`` in a daemon thread, a thread
+per request), so a scrape never waits on the event loop; only the health check runs on
+the loop, and a loop too busy to answer it within :data:`HEALTH_TIMEOUT_S` is unhealthy::
 
     async with MetricsServer(port=9090, healthy=lambda: nc.is_connected) as metrics:
         print(metrics.url)
@@ -10,20 +13,27 @@ request per connection, which is all Prometheus and Kubernetes probes need::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from socketserver import ThreadingMixIn
 from types import TracebackType
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 
 log = logging.getLogger("loopmesh.metrics")
 
 Health = Callable[[], bool | Awaitable[bool]]
 
-_READ_TIMEOUT_S = 5.0
-_MAX_HEAD = 16 * 1024
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+#: A health check that has not answered in this long counts as unhealthy.
+HEALTH_TIMEOUT_S = 5.0
+
+_TEXT = [("Content-Type", "text/plain; charset=utf-8")]
 
 
 class MetricsServer:
@@ -44,29 +54,40 @@ class MetricsServer:
         self.port = port
         self.registry = registry
         self.healthy = healthy
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._metrics = make_wsgi_app(registry)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
         if self._server is not None:
             return
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._loop = asyncio.get_running_loop()
+        server_class = _Server6 if ":" in self.host else _Server
+        server = make_server(self.host, self.port, self._app, server_class, _QuietHandler)
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name=f"metrics-{self.port}", daemon=True
+        )
+        self._thread.start()
         log.info("metrics listening url=%s", self.url)
 
     async def close(self) -> None:
-        """Stop listening and end open connections. Idempotent."""
+        """Stop listening and wait for the server thread. Idempotent."""
         server, self._server = self._server, None
+        thread, self._thread = self._thread, None
         if server is None:
             return
-        server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await server.wait_closed()
+        await asyncio.to_thread(server.shutdown)
+        server.server_close()
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
 
     async def __aenter__(self) -> MetricsServer:
         await self.start()
@@ -80,48 +101,33 @@ class MetricsServer:
     ) -> None:
         await self.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            async with asyncio.timeout(_READ_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            if len(head) > _MAX_HEAD:
-                return
-            method, _, rest = head.decode("latin-1").partition(" ")
-            path = rest.partition(" ")[0].partition("?")[0]
-            status, content_type, body = await self._route(method, path)
-            writer.write(
-                f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-                f"Content-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode("latin-1")
-            )
-            if method != "HEAD":
-                writer.write(body)
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # a client that sent no complete request gets nothing
-        except ConnectionError:
-            pass
-        finally:
-            self._handlers.discard(task)
-            writer.close()
-
-    async def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        """The WSGI app (runs in a server thread)."""
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
         if method not in ("GET", "HEAD"):
-            return 405, "text/plain; charset=utf-8", b"method not allowed\n"
+            start_response("405 Method Not Allowed", [*_TEXT, ("Allow", "GET, HEAD")])
+            return [b"method not allowed\n"]
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.registry)
+            result: Iterable[bytes] = self._metrics(environ, start_response)
+            return result
         if path == "/healthz":
-            ok = await self._is_healthy()
-            return (
-                (200, "text/plain; charset=utf-8", b"ok\n")
-                if ok
-                else (503, "text/plain; charset=utf-8", b"unhealthy\n")
-            )
-        return 404, "text/plain; charset=utf-8", b"not found\n"
+            if self._healthy_from_thread():
+                start_response("200 OK", _TEXT)
+                return [b"ok\n"]
+            start_response("503 Service Unavailable", _TEXT)
+            return [b"unhealthy\n"]
+        start_response("404 Not Found", _TEXT)
+        return [b"not found\n"]
+
+    def _healthy_from_thread(self) -> bool:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return False
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._is_healthy(), loop)
+            return future.result(HEALTH_TIMEOUT_S)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            return False  # the loop is gone or too busy to answer
 
     async def _is_healthy(self) -> bool:
         if self.healthy is None:
@@ -134,3 +140,16 @@ class MetricsServer:
         except Exception:
             log.exception("health check failed")
             return False
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a hung scrape does not hold the process open
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""

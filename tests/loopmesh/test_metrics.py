@@ -1,3 +1,5 @@
+import threading
+
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -52,3 +54,17 @@ async def test_a_closed_server_stops_listening_and_closing_again_is_harmless():
     async with httpx.AsyncClient() as http:
         with pytest.raises(httpx.ConnectError):
             await http.get(f"{url}/metrics")
+
+
+async def test_closing_ends_the_server_thread() -> None:
+    async with MetricsServer() as server, httpx.AsyncClient() as http:
+        assert (await http.get(f"{server.url}/metrics")).status_code == 200
+        assert [t for t in threading.enumerate() if t.name == f"metrics-{server.port}"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("metrics-")]
+
+
+async def test_metrics_are_served_while_the_event_loop_is_blocked() -> None:
+    async with MetricsServer() as server:
+        # a synchronous client blocks the loop: the scrape is answered from the server's thread
+        with httpx.Client() as http:
+            assert http.get(f"{server.url}/metrics").status_code == 200  # noqa: ASYNC212
