@@ -39,7 +39,7 @@ from loopmesh.fastpath import msg_id_header, publish, subscribe_inline  # noqa: 
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
-from loopmesh.settings import NatsSettings  # noqa: E402
+from loopmesh.settings import NatsSettings, RuntimeConfig, load  # noqa: E402
 from schemas import Subjects  # noqa: E402
 from schemas.streams import ConsumerDef, KVDef  # noqa: E402
 from tests.loop_worker.durable import provision_short  # noqa: E402
@@ -208,4 +208,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--respond", help=argparse.SUPPRESS)
     a = parser.parse_args()
-    run(respond(a.respond) if a.respond else main(a))
+    event_loop = load(RuntimeConfig).runtime.event_loop  # LOOPMESH_RUNTIME__EVENT_LOOP
+    run(respond(a.respond) if a.respond else main(a), event_loop=event_loop)

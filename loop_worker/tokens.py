@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import tiktoken
 
+from loopmesh.settings import environ
 from schemas import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ REPLY_PRIMING = 3  # <|start|>assistant<|message|>
 def _tiktoken_cache_dir() -> str:
     # tiktoken's own rule (tiktoken/load.py); read here only to look, never to write.
     for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
-        if var in os.environ:
-            return os.environ[var]
+        value = environ(var, empty=True)
+        if value is not None:
+            return value
     return os.path.join(tempfile.gettempdir(), "data-gym-cache")
 
 

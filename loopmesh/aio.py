@@ -3,8 +3,9 @@
 :func:`run` runs a service's main coroutine on uvloop where it is installed (Linux and
 macOS: it is a dependency there), else on the standard loop. A loop worker's turn is
 dozens of small NATS messages, timers and task switches, and uvloop's C event loop
-and transports take about a tenth off the CPU those cost (``bench/floor.py``, run with
-and without ``LOOPMESH_EVENT_LOOP=asyncio``, which picks the standard loop anyway).
+and transports take about a tenth off the CPU those cost (``bench/floor.py``, run
+with ``[runtime] event_loop = "uvloop"`` and ``"asyncio"``, the standard loop; the
+command line reads that setting before the loop starts and passes it here).
 It also sets the cyclic garbage collector for a long-running service: what is loaded
 before the service starts (every import) is frozen out of collections, and the
 youngest generation is collected every :data:`GC_YOUNG` allocations instead of 700.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -34,10 +34,10 @@ B = TypeVar("B")
 T = TypeVar("T")
 
 
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's ``new_event_loop`` if installed and not turned off, else ``None`` (the
-    standard loop)."""
-    if os.environ.get("LOOPMESH_EVENT_LOOP", "").strip().lower() == "asyncio":
+def loop_factory(event_loop: str = "uvloop") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's ``new_event_loop`` if ``event_loop`` is ``"uvloop"`` and uvloop is
+    installed, else ``None`` (the standard loop)."""
+    if event_loop != "uvloop":
         return None
     try:
         import uvloop
@@ -50,12 +50,12 @@ def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 GC_YOUNG = 10_000
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
+def run(main: Coroutine[Any, Any, T], *, event_loop: str = "uvloop") -> T:
     """``asyncio.run(main)`` on the loop :func:`loop_factory` picks, with the garbage
     collector set for a service."""
     gc.freeze()
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
         return runner.run(main)
 
 

@@ -27,7 +27,7 @@ import msgspec
 from .aio import run
 from .errors import LoopmeshError
 from .log import setup_logging
-from .settings import CONFIG_VAR, load
+from .settings import CONFIG_VAR, RuntimeConfig, load
 
 T = TypeVar("T")
 
@@ -162,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        return int(run(modules[args.command].main(args)) or 0)
+        runtime = load(RuntimeConfig, getattr(args, "config", None)).runtime
+        return int(run(modules[args.command].main(args), event_loop=runtime.event_loop) or 0)
     except KeyboardInterrupt:
         return 130
     except LoopmeshError as exc:

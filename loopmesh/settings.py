@@ -21,7 +21,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -31,12 +31,15 @@ from schemas.ids import TOKEN_PATTERN
 from .errors import ConfigError
 
 T = TypeVar("T")
+S = TypeVar("S", bound=msgspec.Struct)
 
 ENV_PREFIX = "LOOPMESH_"
 CONFIG_VAR = "LOOPMESH_CONFIG"
 
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 0: any free port
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -49,6 +52,16 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     store_dir: str = ".loopmesh/nats"  # the embedded server's JetStream store
     events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600  # 0: forever
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+
+
+class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How every command runs: ``[runtime]``, read before the command starts."""
+
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"  # uvloop where installed
+
+
+class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    runtime: RuntimeSettings = RuntimeSettings()
 
 
 def load(
@@ -78,10 +91,26 @@ def load(
         raise ConfigError(source, str(exc)) from None
 
 
-def environ(name: str, env: Mapping[str, str] | None = None) -> str | None:
-    """One variable that another tool defines (``OPENAI_API_KEY``, say), or None."""
+def replace(struct: S, source: str, **changes: Any) -> S:
+    """``struct`` with ``changes`` (command-line options, say), validated the way a loaded
+    file is: raises :class:`~loopmesh.errors.ConfigError` naming ``source`` and the field."""
+    if not changes:
+        return struct
+    data = msgspec.to_builtins(struct)
+    data.update(msgspec.to_builtins(changes))
+    try:
+        return msgspec.convert(data, type(struct), strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(source, str(exc)) from None
+
+
+def environ(
+    name: str, env: Mapping[str, str] | None = None, *, empty: bool = False
+) -> str | None:
+    """One variable that another tool defines (``OPENAI_API_KEY``, say), or None when it
+    is unset (or empty, unless ``empty``: tiktoken, say, takes an empty value as set)."""
     value = (os.environ if env is None else env).get(name)
-    return value or None
+    return value if value or (empty and value is not None) else None
 
 
 def env_var(table: str, field: str) -> str:

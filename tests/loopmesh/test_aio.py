@@ -74,20 +74,25 @@ async def _later(delay: float, value: str) -> str:
 RUN_PROBE = """
 import asyncio, gc, sys
 from loopmesh.aio import GC_YOUNG, run
+from loopmesh.settings import RuntimeConfig, load
 
 async def probe():
     return type(asyncio.get_running_loop()).__module__, gc.get_threshold()[0]
 
-loop, young = run(probe())
+loop, young = run(probe(), event_loop=load(RuntimeConfig).runtime.event_loop)
 print(loop.split(".")[0], young == GC_YOUNG, gc.get_freeze_count() > 1000)
 """
 
 
-@pytest.mark.parametrize(("choice", "loop"), [("", "uvloop"), ("asyncio", "asyncio")])
-def test_run_picks_uvloop_unless_told_and_sets_the_collector_for_a_service(
-    choice: str, loop: str
+@pytest.mark.parametrize(
+    ("choice", "loop"), [(None, "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")]
+)
+def test_run_picks_uvloop_unless_the_setting_says_asyncio_and_sets_the_collector_for_a_service(
+    choice: str | None, loop: str
 ) -> None:
-    env = {**os.environ, "LOOPMESH_EVENT_LOOP": choice}
+    env = {k: v for k, v in os.environ.items() if k != "LOOPMESH_RUNTIME__EVENT_LOOP"}
+    if choice is not None:
+        env["LOOPMESH_RUNTIME__EVENT_LOOP"] = choice
     out = subprocess.run(
         [sys.executable, "-c", RUN_PROBE], env=env, capture_output=True, text=True, check=True
     )
