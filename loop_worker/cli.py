@@ -15,7 +15,7 @@ from loopmesh.cli import config_from_args
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
 from loopmesh.provision import provision_all
-from loopmesh.settings import environ
+from loopmesh.settings import environ, replace
 from loopmesh.shutdown import shutdown_on_signals
 
 from .config import LoopWorkerConfig
@@ -49,7 +49,7 @@ def config_of(args: argparse.Namespace) -> LoopWorkerConfig:
     """The configuration from ``--config``, the environment and the command line."""
     config = config_from_args(LoopWorkerConfig, args)
     service: dict[str, object] = {}
-    if getattr(args, "max_active", None):
+    if getattr(args, "max_active", None) is not None:
         service["max_active_turns"] = args.max_active
     if getattr(args, "name", None):
         service["name"] = args.name
@@ -64,8 +64,8 @@ def config_of(args: argparse.Namespace) -> LoopWorkerConfig:
         llm["model"] = args.model
     return msgspec.structs.replace(
         config,
-        loop_worker=msgspec.structs.replace(config.loop_worker, **service),
-        llm=msgspec.structs.replace(config.llm, **llm),
+        loop_worker=replace(config.loop_worker, "the command line", **service),
+        llm=replace(config.llm, "the command line", **llm),
     )
 
 

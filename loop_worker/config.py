@@ -20,7 +20,7 @@ from typing import Annotated
 
 import msgspec
 
-from loopmesh.settings import NatsSettings
+from loopmesh.settings import NatsSettings, Port
 
 from .settings import LLMSettings, LoopSettings
 
@@ -43,7 +43,7 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     catalog_refresh_s: Positive = 5.0
     tool_grace_s: Positive = 5.0
     metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None
+    metrics_port: Port | None = None
     provision: bool = True
 
 

@@ -23,8 +23,8 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_retries: Count = 3  # per model, on 429 / 5xx / timeouts / cut streams
     backoff_initial_s: Positive = 0.5
     backoff_max_s: Positive = 8.0
-    temperature: float | None = None
-    max_tokens: int | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     fallback_message: str = (
         "I could not reach a language model to answer this. Please try again later."
     )

@@ -104,9 +104,7 @@ def replace(struct: S, source: str, **changes: Any) -> S:
         raise ConfigError(source, str(exc)) from None
 
 
-def environ(
-    name: str, env: Mapping[str, str] | None = None, *, empty: bool = False
-) -> str | None:
+def environ(name: str, env: Mapping[str, str] | None = None, *, empty: bool = False) -> str | None:
     """One variable that another tool defines (``OPENAI_API_KEY``, say), or None when it
     is unset (or empty, unless ``empty``: tiktoken, say, takes an empty value as set)."""
     value = (os.environ if env is None else env).get(name)

@@ -10,11 +10,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import msgspec
+from nats.aio.client import Client
 
 from loopmesh.cli import config_from_args
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
 from loopmesh.provision import provision_all
+from loopmesh.settings import replace
 from loopmesh.shutdown import shutdown_on_signals
 from schemas import Subjects
 
@@ -50,20 +52,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def settings_from_args(config: ToolWorkerConfig, args: argparse.Namespace) -> ToolWorkerSettings:
+def config_of(args: argparse.Namespace) -> ToolWorkerConfig:
+    """The configuration from ``--config``, the environment and the command line (an
+    option ``args`` lacks, as under ``loopmesh up``, leaves its setting alone). Command-line
+    values are validated like the file's."""
+    config = config_from_args(ToolWorkerConfig, args)
     s = config.tool_worker
     changes: dict[str, object] = {}
-    if args.pool:
+    if getattr(args, "pool", None) is not None:
         changes["pool"] = args.pool
-    if args.concurrency:
+    if getattr(args, "concurrency", None) is not None:
         changes["concurrency"] = args.concurrency
-    if args.module:
+    if getattr(args, "module", None):
         changes["modules"] = (*s.modules, *args.module)
-    if args.fs_root:
+    if getattr(args, "fs_root", None):
         changes["fs_root"] = args.fs_root
-    if args.metrics_port is not None:
+    if getattr(args, "metrics_port", None) is not None:
         changes["metrics_port"] = args.metrics_port
-    return msgspec.structs.replace(s, **changes) if changes else s
+    settings = replace(s, "the command line", **changes)
+    return msgspec.structs.replace(config, tool_worker=settings)
 
 
 def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
@@ -84,65 +91,62 @@ def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
     return registry, servers
 
 
+def worker_of(
+    nc: Client, config: ToolWorkerConfig, registry: Registry, servers: list[McpServer]
+) -> ToolWorker:
+    """The worker that ``config`` describes: the one place settings become arguments."""
+    settings = config.tool_worker
+    return ToolWorker(
+        nc,
+        registry,
+        pool=settings.pool,
+        subjects=Subjects(config.nats.prefix),
+        concurrency=settings.concurrency,
+        ack_wait_s=settings.ack_wait_s,
+        pull_expires_s=settings.pull_expires_s,
+        drain_timeout_s=settings.drain_timeout_s,
+        mcp=servers,
+        mcp_start_timeout_s=settings.mcp_start_timeout_s,
+        event_max_chars=settings.event_max_chars,
+        confirm_events=settings.confirm_events,
+    )
+
+
+async def serve(config: ToolWorkerConfig, stop: asyncio.Event, *, provision: bool) -> None:
+    """Connect, optionally provision, and serve the pool until ``stop`` is set: the
+    standalone command and ``loopmesh up`` both run this."""
+    settings = config.tool_worker
+    registry, servers = build(settings)
+    nc = await connect(config.nats, name=f"tool-worker-{settings.pool}")
+    try:
+        if provision:
+            await provision_all(nc, config.nats)
+        worker = worker_of(nc, config, registry, servers)
+        async with contextlib.AsyncExitStack() as stack:
+            if settings.metrics_port is not None:
+                await stack.enter_async_context(
+                    MetricsServer(port=settings.metrics_port, healthy=lambda: nc.is_connected)
+                )
+            await worker.run(stop)
+    finally:
+        await nc.drain()
+
+
 def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
     """The tool worker of ``[tool_worker]`` (the built-in tools by default), as a service
-    of ``loopmesh up``."""
+    of ``loopmesh up`` (which has provisioned already)."""
 
     async def service(stop: asyncio.Event, nats_url: str) -> None:
-        config = config_from_args(ToolWorkerConfig, args)
+        config = config_of(args)
         nats = msgspec.structs.replace(config.nats, url=nats_url)
-        settings = config.tool_worker
-        registry, servers = build(settings)
-        nc = await connect(nats, name=f"tool-worker-{settings.pool}")
-        try:
-            worker = ToolWorker(
-                nc,
-                registry,
-                pool=settings.pool,
-                subjects=Subjects(nats.prefix),
-                concurrency=settings.concurrency,
-                ack_wait_s=settings.ack_wait_s,
-                drain_timeout_s=settings.drain_timeout_s,
-                mcp=servers,
-                mcp_start_timeout_s=settings.mcp_start_timeout_s,
-            )
-            await worker.run(stop)
-        finally:
-            await nc.drain()
+        await serve(msgspec.structs.replace(config, nats=nats), stop, provision=False)
 
     return service
 
 
 async def main(args: argparse.Namespace) -> int:
-    config = config_from_args(ToolWorkerConfig, args)
-    settings = settings_from_args(config, args)
-    registry, servers = build(settings)
+    config = config_of(args)
     async with shutdown_on_signals() as stop:
-        nc = await connect(config.nats, name=f"tool-worker-{settings.pool}")
-        try:
-            if not args.no_provision:
-                await provision_all(nc, config.nats)
-            worker = ToolWorker(
-                nc,
-                registry,
-                pool=settings.pool,
-                subjects=Subjects(config.nats.prefix),
-                concurrency=settings.concurrency,
-                ack_wait_s=settings.ack_wait_s,
-                pull_expires_s=settings.pull_expires_s,
-                drain_timeout_s=settings.drain_timeout_s,
-                mcp=servers,
-                mcp_start_timeout_s=settings.mcp_start_timeout_s,
-                event_max_chars=settings.event_max_chars,
-                confirm_events=settings.confirm_events,
-            )
-            async with contextlib.AsyncExitStack() as stack:
-                if settings.metrics_port is not None:
-                    await stack.enter_async_context(
-                        MetricsServer(port=settings.metrics_port, healthy=lambda: nc.is_connected)
-                    )
-                await worker.run(stop)
-        finally:
-            await nc.drain()
-    log.info("tool worker stopped pool=%s", settings.pool)
+        await serve(config, stop, provision=not args.no_provision)
+    log.info("tool worker stopped pool=%s", config.tool_worker.pool)
     return 0

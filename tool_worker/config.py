@@ -23,34 +23,36 @@ comma-separated text).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
-from loopmesh.settings import NatsSettings, load
+from loopmesh.settings import AtLeastOne, NatsSettings, Port, Positive, load
+from schemas.ids import TOKEN_PATTERN
 
 from .builtins import BUILTINS
 from .mcp import McpServerSettings
 
 
 class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pool: str = "default"
-    concurrency: int = 64
-    ack_wait_s: float = 30.0
-    pull_expires_s: float = 15.0
-    drain_timeout_s: float = 20.0
+    pool: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "default"
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 64
+    ack_wait_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0  # in-progress acks every third
+    pull_expires_s: Annotated[float, msgspec.Meta(ge=0.1)] = 15.0
+    drain_timeout_s: Positive = 20.0
     modules: tuple[str, ...] = ()
     builtins: tuple[str, ...] = BUILTINS
     fs_root: str | None = None
-    fs_max_bytes: int = 1_000_000
+    fs_max_bytes: AtLeastOne = 1_000_000
     http_allowlist: tuple[str, ...] = ()
-    http_max_bytes: int = 1_000_000
-    http_timeout_s: float = 10.0
+    http_max_bytes: AtLeastOne = 1_000_000
+    http_timeout_s: Positive = 10.0
     assign: dict[str, str] = {}
     mcp_servers: tuple[McpServerSettings, ...] = ()
-    mcp_start_timeout_s: float = 30.0
-    event_max_chars: int = 32_768
+    mcp_start_timeout_s: Positive = 30.0
+    event_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 32_768
     confirm_events: bool = False
-    metrics_port: int | None = None
+    metrics_port: Port | None = None
 
     def pool_of(self, server: str, tool: str) -> str:
         """The pool a local tool belongs to: ``assign`` by ``server.tool``, then by

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import msgspec
@@ -39,6 +39,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from loopmesh.settings import AtLeastOne, Positive
 from schemas import safe_token
 
 from .errors import CircuitOpen, McpToolError, Unavailable
@@ -60,14 +61,14 @@ class McpServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     url: str | None = None
     headers: dict[str, str] = {}
     pool: str = "default"
-    timeout_s: float = 30.0
+    timeout_s: Positive = 30.0
     needs_approval: bool = False
-    start_timeout_s: float = 20.0
-    ping_interval_s: float = 10.0
-    failure_threshold: int = 5
-    cooldown_s: float = 30.0
-    backoff_initial_s: float = 0.25
-    backoff_max_s: float = 30.0
+    start_timeout_s: Positive = 20.0
+    ping_interval_s: Positive = 10.0
+    failure_threshold: AtLeastOne = 5
+    cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    backoff_initial_s: Positive = 0.25
+    backoff_max_s: Positive = 30.0
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):

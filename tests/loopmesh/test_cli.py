@@ -64,6 +64,19 @@ def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
     assert "Expected `int`, got `str` - at `$.nats.replicas`" in result.stderr
 
 
+def test_the_runtime_table_is_read_before_the_command_starts(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[runtime]\nevent_loop = "trio"\n')
+    result = subprocess.run(
+        [*LOOPMESH, "up", "--config", str(config)], cwd=ROOT, env=clean_env(),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert str(config) in result.stderr
+    assert "at `$.runtime.event_loop`" in result.stderr
+    assert "nats " not in result.stdout  # refused before anything started
+
+
 async def start_up(*args: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
     """Start `loopmesh up`; return it and the lines it printed before "ready", by key."""
     proc = await asyncio.create_subprocess_exec(
