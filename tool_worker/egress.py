@@ -119,9 +119,6 @@ class Allowlist:
         self.suffixes = tuple(suffixes)
         self.networks = tuple(networks)
 
-    def __bool__(self) -> bool:
-        return bool(self.entries)
-
     def admits(self, host: str) -> bool:
         """True when an empty allowlist or an entry lets a URL name ``host``."""
         if not self.entries or host in self.names or host.endswith(self.suffixes):

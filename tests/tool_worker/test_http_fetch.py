@@ -82,10 +82,16 @@ class Site:
         for line in head.decode("latin-1").split("\r\n"):
             if line.lower().startswith("host:"):
                 self.hosts.append(line.partition(":")[2].strip())
-        writer.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 6\r\n"
-            b"connection: close\r\n\r\ninside"
-        )
+        if head.startswith(b"GET /redirect "):
+            writer.write(
+                b"HTTP/1.1 302 Found\r\nlocation: http://169.254.169.254/latest/\r\n"
+                b"content-length: 0\r\nconnection: close\r\n\r\n"
+            )
+        else:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 6\r\n"
+                b"connection: close\r\n\r\ninside"
+            )
         await writer.drain()
         writer.close()
 
@@ -163,6 +169,15 @@ async def test_a_loopback_server_named_in_the_allowlist_is_fetched(site: Site) -
         await fetch.invoke({"url": "http://10.0.0.1/"})
     with pytest.raises(Rejected, match="not in the allowlist"):
         await fetch.invoke({"url": f"http://[::1]:{site.port}/"})
+
+
+async def test_a_redirect_is_returned_not_followed(site: Site) -> None:
+    wire = LoopbackOnly()
+    fetch = http_fetch_tool(allowlist=("127.0.0.1",), resolver=Resolver({}), transport=wire)
+    url = f"http://127.0.0.1:{site.port}/redirect"
+    result = msgspec.json.decode(await fetch.invoke({"url": url}))
+    assert result["status"] == 302
+    assert [str(r.url) for r in wire.requests] == [url]
 
 
 async def test_an_allowlisted_name_is_pinned_to_the_address_it_resolved_to(site: Site) -> None:
