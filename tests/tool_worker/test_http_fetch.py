@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
+import ssl
 from collections.abc import AsyncIterator, Sequence
 
 import httpx
 import msgspec
 import pytest
+import trustme
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -56,8 +58,8 @@ class Tripwire(httpx.AsyncBaseTransport):
 class LoopbackOnly(httpx.AsyncBaseTransport):
     """A real transport that fails the test if asked to connect beyond loopback."""
 
-    def __init__(self) -> None:
-        self.real = httpx.AsyncHTTPTransport()
+    def __init__(self, verify: ssl.SSLContext | bool = True) -> None:
+        self.real = httpx.AsyncHTTPTransport(verify=verify)
         self.requests: list[httpx.Request] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -103,6 +105,21 @@ async def site() -> AsyncIterator[Site]:
     site.port = server.sockets[0].getsockname()[1]
     async with server:
         yield site
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+async def tls_site(ca: trustme.CA, name: str) -> tuple[Site, asyncio.Server]:
+    """A loopback HTTPS server whose certificate names only ``name``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(name).configure_cert(context)
+    site = Site()
+    server = await asyncio.start_server(site.handle, "127.0.0.1", 0, ssl=context)
+    site.port = server.sockets[0].getsockname()[1]
+    return site, server
 
 
 REFUSED = [
@@ -190,6 +207,35 @@ async def test_an_allowlisted_name_is_pinned_to_the_address_it_resolved_to(site:
     assert resolver.asked == ["svc.internal"]  # resolved once, connected to what was checked
     assert site.hosts == [f"svc.internal:{site.port}"]
     assert [str(r.url.host) for r in wire.requests] == ["127.0.0.1"]
+
+
+async def test_https_to_a_pinned_address_checks_the_certificate_against_the_name(
+    ca: trustme.CA,
+) -> None:
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    resolver = Resolver({"svc.internal": [["127.0.0.1"]]})
+    site, server = await tls_site(ca, "svc.internal")
+    async with server:
+        wire = LoopbackOnly(verify=client_context)
+        fetch = http_fetch_tool(allowlist=("svc.internal",), resolver=resolver, transport=wire)
+        url = f"https://svc.internal:{site.port}/"
+        result = msgspec.json.decode(await fetch.invoke({"url": url}))
+        assert (result["status"], result["content"]) == (200, "inside")
+        assert site.hosts == [f"svc.internal:{site.port}"]
+
+
+async def test_https_refuses_a_certificate_for_another_name(ca: trustme.CA) -> None:
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+    resolver = Resolver({"svc.internal": [["127.0.0.1"]]})
+    site, server = await tls_site(ca, "other.internal")
+    async with server:
+        wire = LoopbackOnly(verify=client_context)
+        fetch = http_fetch_tool(allowlist=("svc.internal",), resolver=resolver, transport=wire)
+        with pytest.raises(ToolError, match="CERTIFICATE_VERIFY_FAILED"):
+            await fetch.invoke({"url": f"https://svc.internal:{site.port}/"})
+        assert site.hosts == []
 
 
 async def test_a_wildcard_entry_does_not_open_private_addresses() -> None:
