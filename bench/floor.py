@@ -8,8 +8,8 @@ the turn pulled from the turns stream, the order check, the lease taken, the con
 read (and the snapshot's, on a session's first turn here: later ones are warm), the
 tool request and its reply, two checkpoints, fifteen events (one with an ack), the
 lease released and the turn acked. This script does exactly
-those, through the same plumbing the loop worker uses (``Publisher``, ``KV``, the fast
-path), against the real streams and buckets, with an immediate responder in its own
+those, through the same plumbing the loop worker uses (``Publisher``, ``KV``,
+nats-py's publish), against the real streams and buckets, with an immediate responder in its own
 process standing in for the tool worker. It prints the CPU time per turn of this
 process, of nats-server and of the responder: what the distributed path costs before
 any of loopmesh's own work, to set beside the in-process engine's CPU per turn.
@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 from bench.harness import Load, local_engine  # noqa: E402
 from loop_worker.publisher import KV, Publisher, acked, answered  # noqa: E402
 from loopmesh.aio import both, run  # noqa: E402
-from loopmesh.fastpath import msg_id_header, publish, subscribe_inline  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
@@ -63,10 +62,10 @@ def ticks(pid: int) -> float:
 async def respond(url: str) -> None:
     nc = await connect(NatsSettings(url=url), name="floor-responder")
 
-    def on_call(msg: object) -> None:
-        publish(nc, msg.reply, b'{"ok":true,"result":"hi"}')  # type: ignore[attr-defined]
+    async def on_call(msg: Any) -> None:
+        await nc.publish(msg.reply, b'{"ok":true,"result":"hi"}')
 
-    await subscribe_inline(nc, TOOL, on_call)
+    await nc.subscribe(TOOL, cb=on_call)
     await nc.flush()
     print("ready", flush=True)
     await asyncio.Event().wait()
@@ -91,11 +90,10 @@ async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
         rev = snapshot.revision if snapshot is not None else 0
     for i, event in enumerate(EVENTS):
         subject = S.event("t", session, event)
-        header = msg_id_header(f"{n}:{i}:{event}")
         if event == "loop_end":
             await acked(pub, subject, PAYLOAD, {"Nats-Msg-Id": f"{n}:{i}:{event}"})
             continue
-        publish(pub._nc, subject, PAYLOAD, header=header)
+        await pub.nc.publish(subject, PAYLOAD, headers={"Nats-Msg-Id": f"{n}:{i}:{event}"})
         if i == 5:
             await answered(pub, TOOL, b'{"call_id":"c","arguments":{"text":"hi"}}')
         if i in (6, 13):

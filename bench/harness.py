@@ -23,7 +23,6 @@ from loop_worker.engine import Engine  # noqa: E402
 from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
 from loop_worker.publisher import Publisher, acked, settled  # noqa: E402
 from loop_worker.settings import LoopSettings  # noqa: E402
-from loopmesh.fastpath import subscribe_inline  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings  # noqa: E402
@@ -220,7 +219,7 @@ class Mesh:
 class Ends:
     """The load generator's client side: publishes turns and hears every loop_end of the
     bench tenant, through the loop worker's own lean plumbing (a msgspec-decoded ack on
-    one inbox, loop_ends handled inside the read loop), so that the load generator takes
+    one inbox, loop_ends on one subscription), so that the load generator takes
     as little as it can of the cores the distributed path shares."""
 
     def __init__(self, nc: Any) -> None:
@@ -231,9 +230,9 @@ class Ends:
     async def start(self) -> None:
         await self.publisher.start()
         subject = f"{S.prefix}.events.{TENANT}.*.loop_end"
-        self.sub = await subscribe_inline(self.nc, subject, self._on)
+        self.sub = await self.nc.subscribe(subject, cb=self._on)
 
-    def _on(self, msg: Any) -> None:
+    async def _on(self, msg: Any) -> None:
         event = decode(msg.data, AnyEvent)
         future = self.waiters.pop(event.turn_id, None)
         if future is not None and not future.done():

@@ -37,7 +37,6 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.fastpath import subscribe_inline
 from schemas import (
     DecodeError,
     Subjects,
@@ -120,7 +119,7 @@ class NatsToolDispatcher:
         await self._publisher.start()
         self._effects_kv = KV(self._publisher, effects)
         self._inbox = self._nc.new_inbox()
-        self._sub = await subscribe_inline(self._nc, f"{self._inbox}.*", self._on_reply)
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
         await self.reload()
         self._refresher = asyncio.create_task(self._refresh(), name="catalog-refresh")
 
@@ -315,7 +314,7 @@ class NatsToolDispatcher:
             log.warning("bad effect record call_id=%s error=%s", call_id, exc)
             return None
 
-    def _on_reply(self, msg: Msg) -> None:
+    async def _on_reply(self, msg: Msg) -> None:
         call_id = msg.subject.rpartition(".")[2]
         future = self._waiting.get(call_id)
         if future is None or future.done():

@@ -4,7 +4,7 @@ nats-py's ``js.publish`` is a request per message (a fresh token, an ``asyncio.w
 ``json.loads`` and a dataclass per ack) and ``publish_async`` is much the same without
 the wait. The loop worker publishes a dozen messages per iteration (events,
 checkpoints, the tool call), so it uses :class:`Publisher` instead: one wildcard
-subscription (``<inbox>.*``, handled inline: no task per message) receives every ack
+subscription (``<inbox>.*``) receives every ack
 and reply, a counter names them, and acks are decoded by msgspec::
 
     publisher = Publisher(nc)
@@ -29,8 +29,6 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-
-from loopmesh.fastpath import publish_async, subscribe_inline
 
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
 
@@ -76,7 +74,7 @@ class Publisher:
         async with self._starting:
             if self._sub is None:
                 prefix = self._nc.new_inbox() + "."
-                self._sub = await subscribe_inline(self._nc, prefix + "*", self._on_reply)
+                self._sub = await self._nc.subscribe(prefix + "*", cb=self._on_reply)
                 self._prefix = prefix
 
     async def close(self) -> None:
@@ -91,6 +89,11 @@ class Publisher:
         for future, _ in waiting.values():
             if not future.done():
                 future.cancel()
+
+    @property
+    def nc(self) -> Client:
+        """The connection this publisher sends on."""
+        return self._nc
 
     @property
     def pending(self) -> int:
@@ -120,9 +123,7 @@ class Publisher:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[token] = (future, ack)
         try:
-            await publish_async(
-                self._nc, subject, payload, reply=self._prefix + token, headers=headers
-            )
+            await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
         except BaseException:
             self._waiting.pop(token, None)
             raise
@@ -157,7 +158,7 @@ class Publisher:
             _raise(reply.error)
         return reply.message.seq if reply.message is not None else None
 
-    def _on_reply(self, msg: Msg) -> None:
+    async def _on_reply(self, msg: Msg) -> None:
         entry = self._waiting.pop(msg.subject[len(self._prefix) :], None)
         if entry is None:
             return

@@ -35,7 +35,6 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from loopmesh.fastpath import msg_id_header, publish
 from schemas import Subjects, encode
 from schemas.events import Event, tool_event_msg_id
 
@@ -152,8 +151,7 @@ class JetStreamEvents:
             return
         reconnects = self._nc.stats["reconnects"]
         try:
-            if not publish(self._nc, subject, item.payload, header=msg_id_header(msg_id)):
-                await self._nc.publish(subject, item.payload, headers={"Nats-Msg-Id": msg_id})
+            await self._nc.publish(subject, item.payload, headers={"Nats-Msg-Id": msg_id})
         except Exception as exc:  # flush publishes it again
             log.debug("event publish deferred msg_id=%s error=%r", msg_id, exc)
             return

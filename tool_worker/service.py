@@ -43,7 +43,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.fastpath import publish_async, subscribe_inline
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -146,7 +145,7 @@ class ToolWorker:
         await ensure_consumer(self._js, self._consumer)
         await self._publisher.start()
         self._effects = await Effects.open(self.nc, self._publisher, self.subjects)
-        sub = await subscribe_inline(self.nc, self._deliver, self._on_delivery)
+        sub = await self.nc.subscribe(self._deliver, cb=self._on_delivery)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -235,8 +234,8 @@ class ToolWorker:
         self._last_activity = time.monotonic()
         await self.nc.publish(self._next, request, reply=self._deliver)
 
-    def _on_delivery(self, msg: Msg) -> None:
-        """Runs inside the client's read loop: a call's task starts with no hop first."""
+    async def _on_delivery(self, msg: Msg) -> None:
+        """A delivery (or a pull request's end): the call's task starts at once."""
         self._last_activity = time.monotonic()
         status = msg.headers.get(_STATUS) if msg.headers else None
         if status is not None:
@@ -337,7 +336,7 @@ class ToolWorker:
         # store: the call is redelivered and its tool may run again (as when a worker
         # dies between running a tool and recording it).
         if request.reply_to:
-            await publish_async(self.nc, request.reply_to, payload)
+            await self.nc.publish(request.reply_to, payload)
         await self._emit(request, result)
         if stored is not None:
             async with asyncio.timeout(self.store_timeout_s):

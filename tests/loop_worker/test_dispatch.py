@@ -138,10 +138,10 @@ class LossyPublisher(Publisher):
                 self._lost_tokens.add(str(self._n))
         return future
 
-    def _on_reply(self, msg) -> None:
+    async def _on_reply(self, msg) -> None:
         if msg.subject.rpartition(".")[2] in self._lost_tokens:
             return  # the ack never arrives
-        super()._on_reply(msg)
+        await super()._on_reply(msg)
 
 
 async def test_a_publish_whose_ack_is_lost_is_published_again_and_runs_once(nc, dispatcher):

@@ -1,9 +1,5 @@
 import time
 
-import pytest
-
-import loop_worker.sink
-import loopmesh.fastpath
 from loop_worker.sink import JetStreamEvents
 from schemas.events import (
     ContentDelta,
@@ -15,13 +11,6 @@ from schemas.events import (
 )
 from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from tests.loopmesh.conditions import wait_until
-
-
-@pytest.fixture
-def slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every publish through ``Client.publish``, which these tests intercept."""
-    monkeypatch.setattr(loopmesh.fastpath, "publish", lambda *args, **kwargs: False)
-    monkeypatch.setattr(loop_worker.sink, "publish", lambda *args, **kwargs: False)
 
 
 def run_events(turn: str = "t1", *, resumed_at: int | None = None):
@@ -147,7 +136,7 @@ async def test_events_published_without_acks_are_all_stored_after_flush(nc):
     assert len(stored) == 12
 
 
-async def test_a_barriers_ack_vouches_for_the_events_before_it(nc, slow_path):
+async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
     sink.begin("t1")
@@ -167,7 +156,7 @@ async def test_a_barriers_ack_vouches_for_the_events_before_it(nc, slow_path):
     assert len(await stream_events(nc, "acme", "s1")) == 22
 
 
-async def test_events_lost_before_a_reconnect_are_published_again_once(nats_server, nc, slow_path):
+async def test_events_lost_before_a_reconnect_are_published_again_once(nats_server, nc):
     await provision_short(nc)
     client = await connect_fast(nats_server.url)
     try:
@@ -205,7 +194,7 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
     assert sorted(ids) == sorted(expected)  # none missing, none twice
 
 
-async def test_unacked_events_are_bounded_in_bytes(nc, slow_path):
+async def test_unacked_events_are_bounded_in_bytes(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
     sink.begin("t1")
