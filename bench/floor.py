@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.harness import Load, local_engine  # noqa: E402
-from loop_worker.publisher import KV, Publisher, acked, answered  # noqa: E402
 from loopmesh.aio import both, run  # noqa: E402
+from loopmesh.jetstream import KV, Publisher, acked, answered  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402

@@ -31,6 +31,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from loopmesh.jetstream import KV, Publisher, retry
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -46,8 +47,6 @@ from schemas import (
 )
 
 from .control import TurnControl
-from .publisher import KV, Publisher
-from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.controls")
 

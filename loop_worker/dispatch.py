@@ -37,6 +37,7 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, retry
 from schemas import (
     DecodeError,
     Subjects,
@@ -48,9 +49,6 @@ from schemas import (
     decode,
     encode,
 )
-
-from .publisher import KV, PubAck, Publisher
-from .retry import is_transient, retry
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
 

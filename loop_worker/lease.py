@@ -34,11 +34,10 @@ from nats.aio.client import Client
 from nats.js.errors import KeyWrongLastSequenceError
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import KV, Publisher, is_transient, retry
 from schemas import Subjects, session_key
 
 from .errors import LeaseLostError
-from .publisher import KV, Publisher
-from .retry import is_transient, retry
 
 log = logging.getLogger("loopmesh.loop_worker.lease")
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from nats.js.client import JetStreamContext
 from prometheus_client import Counter, Gauge, Histogram
 
 from loopmesh.aio import both, raise_if_cancelled
+from loopmesh.jetstream import Publisher, answered, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer
 from schemas import (
     ConsumerDef,
@@ -56,8 +55,6 @@ from .engine import Engine
 from .errors import LeaseLostError, StaleSessionError
 from .lease import Lease, Leases
 from .protocols import LLM
-from .publisher import Publisher, answered
-from .retry import retry
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 
@@ -71,10 +68,6 @@ DURATION = Histogram(
     "Time from a turn's delivery to its ack",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class HandBack(Exception):
@@ -268,7 +261,7 @@ class LoopWorker:
                 continue
             for msg in msgs:
                 if self._stopping:
-                    await _quietly(msg.nak())
+                    await quietly(msg.nak())
                     continue
                 held = _Held(msg)
                 self._held[msg.reply] = held
@@ -280,7 +273,7 @@ class LoopWorker:
         while True:
             await asyncio.sleep(period)
             for held in list(self._held.values()):
-                await _quietly(held.msg.in_progress())
+                await quietly(held.msg.in_progress())
             raise_if_cancelled()
 
     async def _renew_leases(self) -> None:
@@ -333,7 +326,7 @@ class LoopWorker:
                 held.turn = turn = decode(msg.data, Turn)
             except DecodeError as exc:
                 log.warning("dropping an invalid turn subject=%s error=%s", msg.subject, exc)
-                await _quietly(msg.term())
+                await quietly(msg.term())
                 outcome = "invalid"
                 return
             meta = msg.metadata
@@ -350,7 +343,7 @@ class LoopWorker:
         except HandBack as back:
             outcome = "handed_back"
             self.stats["handed_back"] += 1
-            await _quietly(msg.nak(delay=back.delay))
+            await quietly(msg.nak(delay=back.delay))
         except asyncio.CancelledError:
             if held.lost is not None:
                 outcome = "lost"
@@ -359,7 +352,7 @@ class LoopWorker:
                 return  # the task ends here: its cancel was this worker's own
             outcome = "handed_back"
             self.stats["handed_back"] += 1
-            await _quietly(msg.nak())
+            await quietly(msg.nak())
             raise
         except (LeaseLostError, StaleSessionError) as exc:
             outcome = "lost"
@@ -368,7 +361,7 @@ class LoopWorker:
         except Exception:
             outcome = "failed"
             log.exception("turn failed; handing it back turn=%s", turn_id(held))
-            await _quietly(msg.nak(delay=1.0))
+            await quietly(msg.nak(delay=1.0))
         finally:
             held.done.set()
             self._held.pop(msg.reply, None)
@@ -435,8 +428,8 @@ class LoopWorker:
             await self.events.flush(turn.id)
         except asyncio.CancelledError:  # handed back: store what was emitted so far
             if held.lost is None:
-                await _quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
-                await _quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
+                await quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
+                await quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
             raise
         finally:
             self.events.end(turn.id)
@@ -530,13 +523,6 @@ class LoopWorker:
 
 def turn_id(held: _Held) -> str | None:
     return held.turn.id if held.turn is not None else None
-
-
-async def _quietly(op: object) -> None:
-    try:
-        await op  # type: ignore[misc]
-    except Exception as exc:
-        log.debug("ignored error=%r", exc)
 
 
 async def _wait_or(event: asyncio.Event, timeout: float) -> None:

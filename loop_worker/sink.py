@@ -35,11 +35,9 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
+from loopmesh.jetstream import Publisher, acked, retry
 from schemas import Subjects, encode
 from schemas.events import Event, tool_event_msg_id
-
-from .publisher import Publisher, acked
-from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
 

@@ -43,11 +43,10 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, retry, settled
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
 from .errors import StaleSessionError
-from .publisher import KV, WRONG_LAST_SEQUENCE, Publisher, settled
-from .retry import retry
 
 log = logging.getLogger("loopmesh.loop_worker.store")
 

@@ -6,7 +6,8 @@ again, and a requester whose inbox died can read (or watch) the key for the resu
 
 Both operations are single NATS round trips on the hot path: a get is one direct (or
 stream API) get of the key's last message, a put is one JetStream publish to the key's
-subject whose acknowledgement comes back through :class:`Publisher` (so a caller can
+subject whose acknowledgement comes back through the shared
+:class:`~loopmesh.jetstream.Publisher` (so a caller can
 do other things, such as replying, while the store confirms). A get can be started
 before its answer is needed (:meth:`Effects.lookup`): the service sends it as a request
 is delivered and decodes and validates the request meanwhile.
@@ -15,119 +16,24 @@ is delivered and decodes and validates the request meanwhile.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
+from loopmesh.jetstream import PubAck, Publisher
 from schemas import DecodeError, Subjects, ToolResult, decode
 
 
 class StoreError(Exception):
-    """JetStream refused a publish (``.description`` is the server's text)."""
+    """The effects bucket answered a read with an error (``.description`` is the
+    server's text). A refused write fails its future with nats-py's ``APIError``."""
 
     def __init__(self, subject: str, description: str) -> None:
         super().__init__(f"JetStream did not store {subject}: {description}")
         self.subject = subject
         self.description = description
-
-
-class _PubAck(msgspec.Struct):
-    error: dict[str, Any] | None = None
-    duplicate: bool = False
-
-
-_decode_ack = msgspec.json.Decoder(_PubAck).decode
-
-
-class Publisher:
-    """JetStream publishes whose acks are futures, and requests whose replies are
-    futures, resolved by one wildcard subscription (lighter than nats-py's request)."""
-
-    def __init__(self, nc: Client) -> None:
-        self._nc = nc
-        self._prefix = nc.new_inbox() + "."
-        self._seq = itertools.count()
-        self._pending: dict[str, tuple[str, asyncio.Future[None]]] = {}
-        self._requests: dict[str, asyncio.Future[Msg]] = {}
-        self._sub: Subscription | None = None
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    async def start(self) -> None:
-        if self._sub is None:
-            self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_ack)
-
-    async def close(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            await sub.unsubscribe()
-        for subject, future in self._pending.values():
-            if not future.done():
-                future.set_exception(StoreError(subject, "no acknowledgement before close"))
-        self._pending.clear()
-        for request in list(self._requests.values()):
-            request.cancel()
-        self._idle.set()
-
-    async def publish(
-        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
-    ) -> asyncio.Future[None]:
-        """Publish now; the future completes when JetStream has stored the message."""
-        token = str(next(self._seq))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[token] = (subject, future)
-        self._idle.clear()
-        await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
-        return future
-
-    async def request(self, subject: str, payload: bytes = b"") -> asyncio.Future[Msg]:
-        """Send a request now; the future completes with the reply. The caller bounds
-        the wait (and cancels the future when it gives up)."""
-        token = "r" + str(next(self._seq))
-        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._requests[token] = future
-        future.add_done_callback(lambda _: self._requests.pop(token, None))
-        await self._nc.publish(subject, payload, reply=self._prefix + token)
-        return future
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
-    async def _on_ack(self, msg: Msg) -> None:
-        token = msg.subject[len(self._prefix) :]
-        if token[:1] == "r":
-            request = self._requests.pop(token, None)
-            if request is not None and not request.done():
-                request.set_result(msg)
-            return
-        entry = self._pending.pop(token, None)
-        if not self._pending:
-            self._idle.set()
-        if entry is None:
-            return
-        subject, future = entry
-        if future.done():
-            return
-        if msg.headers and msg.headers.get("Status") == "503":
-            future.set_exception(StoreError(subject, "no stream listens on the subject"))
-            return
-        try:
-            ack = _decode_ack(msg.data)
-        except msgspec.DecodeError:
-            future.set_exception(StoreError(subject, f"unreadable acknowledgement {msg.data!r}"))
-            return
-        if ack.error:
-            future.set_exception(StoreError(subject, str(ack.error.get("description", ack.error))))
-        else:
-            future.set_result(None)
 
 
 class Effects:
@@ -185,7 +91,7 @@ class Effects:
         except DecodeError:
             return None  # an unreadable record is no record: the call runs again
 
-    async def put(self, call_id: str, encoded: bytes) -> asyncio.Future[None]:
+    async def put(self, call_id: str, encoded: bytes) -> asyncio.Future[PubAck]:
         """Publish ``encoded`` under ``call_id``; the future completes once it is stored."""
         return await self._publisher.publish(self._pre + call_id, encoded)
 

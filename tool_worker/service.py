@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +41,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import Publisher, quietly, worker_name
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -58,7 +57,7 @@ from schemas import (
 from schemas.events import Event, ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
 
 from .catalog import Catalog
-from .effects import Effects, Publisher
+from .effects import Effects
 from .errors import ToolError, Unavailable, UnknownTool
 from .mcp import McpServer
 from .registry import Registry, Tool
@@ -67,10 +66,6 @@ log = logging.getLogger("tool_worker")
 
 _STATUS = "Status"
 _PENDING = "Nats-Pending-Messages"
-
-
-def worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 class ToolWorker:
@@ -253,7 +248,7 @@ class ToolWorker:
             return
         self._outstanding = max(0, self._outstanding - 1)
         if self._stopping or self._tg is None:
-            task = asyncio.ensure_future(_quietly(msg.nak()))
+            task = asyncio.ensure_future(quietly(msg.nak()))
             self._naks.add(task)
             task.add_done_callback(self._naks.discard)
             self.stats["naked"] += 1
@@ -294,12 +289,12 @@ class ToolWorker:
         try:
             await self._process(msg, free)
         except asyncio.CancelledError:
-            await _quietly(msg.nak())
+            await quietly(msg.nak())
             self.stats["naked"] += 1
             raise
         except Exception:
             log.exception("call failed before it was recorded; handing it back")
-            await _quietly(msg.nak(delay=1.0))
+            await quietly(msg.nak(delay=1.0))
             self.stats["naked"] += 1
         finally:
             free()
@@ -459,10 +454,3 @@ def _log_failed_event(future: asyncio.Future[Any]) -> None:
         return
     if (exc := future.exception()) is not None:
         log.warning("event not stored: %r", exc)
-
-
-async def _quietly(op: Any) -> None:
-    try:
-        await op
-    except Exception as exc:
-        log.debug("ignored: %r", exc)

@@ -5,7 +5,7 @@ import msgspec
 import pytest
 
 from loop_worker.dispatch import NatsToolDispatcher
-from loop_worker.publisher import Publisher
+from loopmesh.jetstream import Publisher
 from schemas import ToolCallRequest, ToolResult, encode
 from tests.loop_worker.durable import (
     SUBJECTS,

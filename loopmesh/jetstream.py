@@ -1,11 +1,11 @@
-"""JetStream publishes and direct gets whose answers are futures, on one inbox.
+"""JetStream plumbing that the loop and tool workers share.
 
-nats-py's ``js.publish`` is a request per message (a fresh token, an ``asyncio.wait_for``,
-``json.loads`` and a dataclass per ack) and ``publish_async`` is much the same without
-the wait. The loop worker publishes a dozen messages per iteration (events,
-checkpoints, the tool call), so it uses :class:`Publisher` instead: one wildcard
-subscription (``<inbox>.*``) receives every ack
-and reply, a counter names them, and acks are decoded by msgspec::
+**Publishes and direct gets whose answers are futures, on one inbox.** nats-py's
+``js.publish`` is a request per message (a fresh token, an ``asyncio.wait_for``,
+``json.loads`` and a dataclass per ack). A worker publishes a dozen messages per
+iteration (events, checkpoints, the tool call, effect records), so it uses
+:class:`Publisher` instead: one wildcard subscription (``<inbox>.*``) receives every
+ack and reply, a counter names them, and acks are decoded by msgspec::
 
     publisher = Publisher(nc)
     ack = await publisher.publish(subject, payload, {"Nats-Msg-Id": msg_id})
@@ -13,15 +13,32 @@ and reply, a counter names them, and acks are decoded by msgspec::
     seq = (await ack).seq  # raises nats.js.errors.APIError if JetStream refused it
 
 A future is never resolved when its answer is lost (a reconnect); callers bound their
-waits and publish again under the same ``Nats-Msg-Id`` (or with a revision check), as
-they would after a timed-out request. Errors are nats-py's own exception types, so
-:func:`~loop_worker.retry.retry` treats them as before.
+waits (:func:`acked`, :func:`answered`, :func:`settled`) and publish again under the
+same ``Nats-Msg-Id`` (or with a revision check), as they would after a timed-out
+request. Errors are nats-py's own exception types, so :func:`retry` treats them as
+before. :class:`KV` is the hot-path operations of one KV bucket on a publisher.
+
+**Retrying through a reconnect.** While the client reconnects (a nats-server restart, a
+network blip), requests time out or find no responders, and JetStream answers 503 for
+a moment after it comes back. :func:`retry` repeats an operation on those errors
+(:func:`is_transient`), with backoff, until a deadline; every other error is raised at
+once. Operations retried this way must be idempotent: publishes carry a
+``Nats-Msg-Id``, KV writes check revisions.
+
+**Small helpers.** :func:`worker_name` names a worker process (its consumer name, its
+lease holder); :func:`quietly` awaits an ack, nak or flush whose failure changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
@@ -29,6 +46,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+log = logging.getLogger("loopmesh.jetstream")
+
+T = TypeVar("T")
 
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
 
@@ -65,6 +86,8 @@ class Publisher:
         self._waiting: dict[str, tuple[asyncio.Future[Any], bool]] = {}
         self._sub: Subscription | None = None
         self._starting: asyncio.Lock | None = None
+        self._unacked = 0  # publishes whose ack has not arrived (nor been given up on)
+        self._idle: asyncio.Event | None = None
 
     async def start(self) -> None:
         if self._sub is not None:
@@ -89,6 +112,9 @@ class Publisher:
         for future, _ in waiting.values():
             if not future.done():
                 future.cancel()
+        self._unacked = 0
+        if self._idle is not None:
+            self._idle.set()
 
     @property
     def nc(self) -> Client:
@@ -97,7 +123,26 @@ class Publisher:
 
     @property
     def pending(self) -> int:
-        return len(self._waiting)
+        """Publishes whose ack has not arrived yet."""
+        return self._unacked
+
+    async def wait_idle(self) -> None:
+        """Until no publish waits for its ack (the caller bounds the wait)."""
+        self._sweep()
+        if self._unacked == 0:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        self._idle.clear()
+        await self._idle.wait()
+
+    def _forget(self, token: str) -> tuple[asyncio.Future[Any], bool] | None:
+        entry = self._waiting.pop(token, None)
+        if entry is not None and entry[1]:
+            self._unacked -= 1
+            if self._unacked == 0 and self._idle is not None:
+                self._idle.set()
+        return entry
 
     async def publish(
         self, subject: str, payload: bytes, headers: dict[str, str] | None = None
@@ -122,10 +167,12 @@ class Publisher:
         token = str(self._n)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting[token] = (future, ack)
+        if ack:
+            self._unacked += 1
         try:
             await self._nc.publish(subject, payload, reply=self._prefix + token, headers=headers)
         except BaseException:
-            self._waiting.pop(token, None)
+            self._forget(token)
             raise
         return future
 
@@ -159,7 +206,7 @@ class Publisher:
         return reply.message.seq if reply.message is not None else None
 
     async def _on_reply(self, msg: Msg) -> None:
-        entry = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+        entry = self._forget(msg.subject[len(self._prefix) :])
         if entry is None:
             return
         future, ack = entry
@@ -187,7 +234,7 @@ class Publisher:
     def _sweep(self) -> None:
         """Forget futures their callers gave up on (their answers were lost)."""
         for token in [t for t, (f, _) in self._waiting.items() if f.done()]:
-            del self._waiting[token]
+            self._forget(token)
 
 
 def _raise(error: dict[str, Any]) -> None:
@@ -313,3 +360,68 @@ class KV:
 
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
 WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+# -- retrying through a reconnect ---------------------------------------------------
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+    asyncio.TimeoutError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may go away by itself once the connection is back."""
+    if isinstance(exc, _TRANSIENT):
+        return True
+    if isinstance(exc, nats.js.errors.APIError):
+        return getattr(exc, "code", None) == 503  # JetStream not ready yet after a restart
+    return False
+
+
+async def retry(
+    op: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    timeout: float = 30.0,
+    initial: float = 0.05,
+    maximum: float = 1.0,
+) -> T:
+    """``await op()``, again on transient errors, until ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    delay = initial
+    attempt = 1
+    while True:
+        try:
+            return await op()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            if attempt == 2:
+                log.warning("retrying %s error=%r", what, exc)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, maximum)
+            attempt += 1
+
+
+# -- small helpers ------------------------------------------------------------------
+
+
+def worker_name() -> str:
+    """``<host>-<pid>``: a worker process's default name."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def quietly(op: Awaitable[object]) -> None:
+    """``await op``, logging (at debug) instead of raising what it raises: for acks,
+    naks and flushes whose failure the protocol already covers (a redelivery)."""
+    try:
+        await op
+    except Exception as exc:
+        log.debug("ignored error=%r", exc)
