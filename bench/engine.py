@@ -25,9 +25,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loop_worker.engine import Engine
-from loop_worker.inmemory import InMemoryStore, LocalTools
-from loop_worker.protocols import Completion, OnDelta, OnRetry
-from loop_worker.settings import LoopSettings
+from loop_worker.engine.inmemory import InMemoryStore, LocalTools
+from loop_worker.engine.protocols import Completion, OnDelta, OnRetry
+from loop_worker.engine.settings import LoopSettings
 from schemas import ChatMessage, ToolCall, Turn
 from schemas.events import Event, LoopIteration
 

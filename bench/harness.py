@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.instant_worker import InstantLLM  # noqa: E402
 from loop_worker.engine import Engine  # noqa: E402
-from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
-from loop_worker.settings import LoopSettings  # noqa: E402
+from loop_worker.engine.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
+from loop_worker.engine.settings import LoopSettings  # noqa: E402
 from loopmesh.jetstream import Publisher, acked, settled  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402

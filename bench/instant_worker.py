@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loop_worker.config import LoopWorkerConfig
-from loop_worker.protocols import Completion, OnDelta, OnRetry
+from loop_worker.engine.protocols import Completion, OnDelta, OnRetry
 from loop_worker.service import LoopWorker
 from loopmesh.aio import run
 from loopmesh.cli import add_common_options, config_from_args

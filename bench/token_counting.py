@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loop_worker.tokens import TokenCounter
+from loop_worker.engine.tokens import TokenCounter
 from schemas import ChatMessage, ToolCall
 
 SIZES = (10, 100, 1000)

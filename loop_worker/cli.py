@@ -19,7 +19,7 @@ from loopmesh.settings import environ, replace
 from loopmesh.shutdown import shutdown_on_signals
 
 from .config import LoopWorkerConfig
-from .llm import OpenAILLM
+from .engine.llm import OpenAILLM
 from .service import LoopWorker
 
 log = logging.getLogger("loopmesh.loop_worker")

@@ -22,7 +22,7 @@ import msgspec
 
 from loopmesh.settings import NatsSettings, Port
 
-from .settings import LLMSettings, LoopSettings
+from .engine.settings import LLMSettings, LoopSettings
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]

@@ -2,7 +2,7 @@
 
 Controls arrive on ``<prefix>.control.<tenant>.<session>`` over core NATS, for speed.
 Every loop worker subscribes to all of them and routes each to the
-:class:`~loop_worker.control.TurnControl` of the session's running turn. Because a
+:class:`~loop_worker.engine.control.TurnControl` of the session's running turn. Because a
 core message reaches only the workers connected at that moment, controls are also
 recorded in the control KV bucket by exactly one worker (a queue group), so a turn
 that starts or is redelivered later still sees them:
@@ -46,7 +46,7 @@ from schemas import (
     session_key,
 )
 
-from .control import TurnControl
+from .engine.control import TurnControl
 
 log = logging.getLogger("loopmesh.loop_worker.controls")
 

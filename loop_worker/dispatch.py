@@ -54,7 +54,7 @@ log = logging.getLogger("loopmesh.loop_worker.dispatch")
 
 
 class NatsToolDispatcher:
-    """The :class:`~loop_worker.protocols.ToolDispatcher` of the durable service.
+    """The :class:`~loop_worker.engine.protocols.ToolDispatcher` of the durable service.
 
     ``grace_s`` is added to a tool's own timeout (the tool worker reports its timeouts
     itself; the grace covers the trip and a queue); ``effect_poll_s`` is how long a

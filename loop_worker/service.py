@@ -51,10 +51,11 @@ from schemas.events import Error, LoopEnd
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .dispatch import NatsToolDispatcher
-from .engine import Engine
-from .errors import LeaseLostError, StaleSessionError
+from .engine.engine import Engine
+from .engine.errors import StaleSessionError
+from .engine.protocols import LLM
+from .errors import LeaseLostError
 from .lease import Lease, Leases
-from .protocols import LLM
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 

@@ -78,7 +78,7 @@ class _Turn:
 
 
 class JetStreamEvents:
-    """The :class:`~loop_worker.protocols.EventSink` of the durable service."""
+    """The :class:`~loop_worker.engine.protocols.EventSink` of the durable service."""
 
     def __init__(
         self,

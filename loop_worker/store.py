@@ -2,7 +2,7 @@
 
 ``load`` remembers the revision it read; ``save`` writes with ``kv.update(...,
 last=revision)``, so a checkpoint that would overwrite someone else's newer snapshot
-raises :class:`~loop_worker.errors.StaleSessionError` instead. A save retried through a
+raises :class:`~loop_worker.engine.errors.StaleSessionError` instead. A save retried through a
 reconnect may find that its first attempt did land: when the stored bytes are exactly
 the ones being saved, that counts as success, not as a lost race. ``on_stale`` hears
 of every lost race first (the service mutes that turn's events with it).
@@ -18,7 +18,7 @@ and :meth:`flush`, which the service calls before it acks the turn, awaits the l
 The loop does not wait a round trip per iteration, and a crash can lose at most the
 last checkpoint: the iteration is replayed with the same call ids, whose effects are
 recorded, and the same event ids. A lost race surfaces at a later commit, and every
-save of the session raises :class:`~loop_worker.errors.StaleSessionError` from then on.
+save of the session raises :class:`~loop_worker.engine.errors.StaleSessionError` from then on.
 
 A session's last snapshot and revision are kept when its turn ends cleanly (the most
 recent, up to :data:`WARM_BYTES` of encoded snapshots). :meth:`preload` with
@@ -46,7 +46,7 @@ from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, retry, settled
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
-from .errors import StaleSessionError
+from .engine.errors import StaleSessionError
 
 log = logging.getLogger("loopmesh.loop_worker.store")
 
@@ -59,7 +59,7 @@ def _acked(future: asyncio.Future[Any]) -> bool:
 
 
 class KVSessionStore:
-    """The :class:`~loop_worker.protocols.SessionStore` of the durable service."""
+    """The :class:`~loop_worker.engine.protocols.SessionStore` of the durable service."""
 
     def __init__(
         self,

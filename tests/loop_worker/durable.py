@@ -191,7 +191,7 @@ class Mesh:
 
     def config(self, **service: Any) -> Any:
         from loop_worker.config import LoopWorkerConfig, ServiceSettings
-        from loop_worker.settings import LLMSettings, LoopSettings
+        from loop_worker.engine.settings import LLMSettings, LoopSettings
 
         service.setdefault("ack_wait_s", 2.0)
         service.setdefault("lease_ttl_s", 2.0)
@@ -208,7 +208,7 @@ class Mesh:
         )  # fmt: skip
 
     async def loop_worker(self, name: str = "w1", **service: Any) -> Running:
-        from loop_worker.llm import OpenAILLM
+        from loop_worker.engine.llm import OpenAILLM
         from loop_worker.service import LoopWorker
 
         config = self.config(name=name, **service)

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from loop_worker.control import TurnControl
 from loop_worker.engine import Engine
-from loop_worker.hooks import Hooks
-from loop_worker.inmemory import InMemoryEvents, InMemoryStore, LocalTools
-from loop_worker.llm import OpenAILLM
-from loop_worker.protocols import LLM, Completion, OnDelta, OnRetry
-from loop_worker.settings import LLMSettings, LoopSettings
+from loop_worker.engine.control import TurnControl
+from loop_worker.engine.hooks import Hooks
+from loop_worker.engine.inmemory import InMemoryEvents, InMemoryStore, LocalTools
+from loop_worker.engine.llm import OpenAILLM
+from loop_worker.engine.protocols import LLM, Completion, OnDelta, OnRetry
+from loop_worker.engine.settings import LLMSettings, LoopSettings
 from schemas import ChatMessage, ToolCall, Turn
 from schemas.events import Event, LoopEnd, Usage
 

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from loop_worker.errors import StaleSessionError
-from loop_worker.inmemory import LocalTools
-from loop_worker.tokens import TokenCounter
+from loop_worker.engine.errors import StaleSessionError
+from loop_worker.engine.inmemory import LocalTools
+from loop_worker.engine.tokens import TokenCounter
 from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolCallRequest, call_id
 from schemas.events import (
     Error,

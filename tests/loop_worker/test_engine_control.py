@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loop_worker.inmemory import LocalTools
+from loop_worker.engine.inmemory import LocalTools
 from schemas import ApprovalDecision
 from schemas.events import ApprovalDecided, ApprovalRequired, LoopEnd, ToolErrorEvent
 from tests.fake_llm import FakeLLM, hang, text, tool_calls

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loop_worker.prompt import load_prompts
+from loop_worker.engine.prompt import load_prompts
 from schemas import ChatMessage, SessionSnapshot
 from schemas.events import (
     ContentDelta,

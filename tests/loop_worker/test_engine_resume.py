@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from loop_worker.inmemory import LocalTools
+from loop_worker.engine.inmemory import LocalTools
 from schemas import SessionSnapshot
 from schemas.events import LoopStart, Message, ToolCallEvent, ToolErrorEvent, ToolResultEvent
 from tests.fake_llm import FakeLLM, tool_calls

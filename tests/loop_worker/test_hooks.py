@@ -7,8 +7,8 @@ import types
 
 import pytest
 
-from loop_worker.hooks import SKIP, HookError, Hooks, load
-from loop_worker.protocols import Completion
+from loop_worker.engine.hooks import SKIP, HookError, Hooks, load
+from loop_worker.engine.protocols import Completion
 from schemas import ChatMessage, ToolCallRequest, ToolResult, Turn
 from schemas.events import ToolErrorEvent, ToolResultEvent
 from tests.fake_llm import FakeLLM, text, tool_calls

@@ -12,9 +12,9 @@ from typing import Any
 import openai
 import pytest
 
-from loop_worker.errors import LLMError
-from loop_worker.llm import OpenAILLM, to_openai_messages
-from loop_worker.settings import LLMSettings
+from loop_worker.engine.errors import LLMError
+from loop_worker.engine.llm import OpenAILLM, to_openai_messages
+from loop_worker.engine.settings import LLMSettings
 from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
 from tests.fake_llm import FakeLLM, cut, empty, error, hang, text, tool_calls

@@ -8,9 +8,9 @@ from typing import Any, Literal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loop_worker.memory import PruneResult, fallback_summary, prune, summarize, truncate
-from loop_worker.protocols import Completion
-from loop_worker.tokens import TokenCounter
+from loop_worker.engine.memory import PruneResult, fallback_summary, prune, summarize, truncate
+from loop_worker.engine.protocols import Completion
+from loop_worker.engine.tokens import TokenCounter
 from schemas import ChatMessage, ToolCall
 
 COUNTER = TokenCounter()

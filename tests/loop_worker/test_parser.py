@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loop_worker.errors import ToolFieldError, ToolParseError
-from loop_worker.parser import (
+from loop_worker.engine.errors import ToolFieldError, ToolParseError
+from loop_worker.engine.parser import (
     FUNCTION_NAME,
     ParsedCall,
     ToolNames,

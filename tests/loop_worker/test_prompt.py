@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loop_worker.prompt import (
+from loop_worker.engine.prompt import (
     assemble,
     iteration_warning,
     load_prompts,

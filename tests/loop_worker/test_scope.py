@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from loop_worker.control import TurnControl
-from loop_worker.inmemory import InMemoryEvents
-from loop_worker.scope import TurnCancelled, TurnScope
+from loop_worker.engine.control import TurnControl
+from loop_worker.engine.inmemory import InMemoryEvents
+from loop_worker.engine.scope import TurnCancelled, TurnScope
 from schemas import Turn
 
 

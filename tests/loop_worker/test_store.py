@@ -3,7 +3,7 @@ import asyncio
 import pytest
 from nats.js.errors import KeyNotFoundError
 
-from loop_worker.errors import StaleSessionError
+from loop_worker.engine.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
 from schemas import ChatMessage, SessionSnapshot, decode, encode
 from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loop_worker.thinking import Piece, ThinkingSplitter, split_thinking
+from loop_worker.engine.thinking import Piece, ThinkingSplitter, split_thinking
 
 
 def run(*deltas: str) -> list[Piece]:

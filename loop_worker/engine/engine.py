@@ -15,7 +15,7 @@ different reply would otherwise be paired with the recorded results of other cal
 
 A cancelled ``run`` *task* (a worker shutting down) is not the end of the turn: it
 leaves the snapshot "running" for another worker to resume. Cancelling the turn itself
-goes through :class:`~loop_worker.control.TurnControl`.
+goes through :class:`~loop_worker.engine.control.TurnControl`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The :class:`~loop_worker.protocols.LLM` over any OpenAI-compatible endpoint.
+"""The :class:`~loop_worker.engine.protocols.LLM` over any OpenAI-compatible endpoint.
 
 Every response is streamed (``stream_options.include_usage``): text fragments go to
 ``on_delta`` as they arrive; tool-call fragments are assembled per ``index``. The

@@ -7,7 +7,7 @@ Two things live here:
       <tool>{"server_name": "files", "tool_name": "read", "arguments": {"path": "a.txt"}}</tool>
 
   :func:`parse_text_calls` returns a :class:`ParsedCall` or a typed
-  :class:`~loop_worker.errors.ToolFormatError` for each ``<tool>`` block;
+  :class:`~loop_worker.engine.errors.ToolFormatError` for each ``<tool>`` block;
 - function names: OpenAI function names must match ``^[a-zA-Z0-9_-]{1,64}$``, so
   ``server.tool`` becomes ``server__tool`` (hash-shortened when too long) and
   :class:`ToolNames` maps a name the model wrote back to its tool.
