@@ -30,7 +30,7 @@ from schemas.events import EndReason, Error, LoopEnd, LoopStart, Message, PlanUp
 
 from .control import TurnControl
 from .hooks import Hooks
-from .inference import Inference
+from .inference import Conversation, Inference
 from .parser import ToolNames, has_text_call
 from .prompt import BUILTIN_SERVER, builtin_specs, load_prompts, loop_message
 from .protocols import LLM, EventSink, SessionStore, ToolDispatcher
@@ -111,8 +111,8 @@ class _Run:
         self.turn = scope.turn
         self.settings = engine.settings
         self.resumed = snapshot.turn_id == self.turn.id
-        self.snapshot = snapshot
-        self.messages = list(snapshot.messages)
+        self.limit = self.turn.max_iterations or self.settings.max_iterations
+        self.conversation = Conversation(list(snapshot.messages), snapshot, self.limit)
         if not self.resumed:
             # a turn that never finished may have left calls without results
             self._close_pending("interrupted", "the turn was interrupted before it finished")
@@ -120,10 +120,25 @@ class _Run:
             self.snapshot = msgspec.structs.replace(
                 self.snapshot, status="running", turn_id=self.turn.id, iteration=0
             )
-        self.limit = self.turn.max_iterations or self.settings.max_iterations
         self.model = self.turn.model or engine.model
         self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
         self.end: End | None = None
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return self.conversation.messages
+
+    @messages.setter
+    def messages(self, messages: list[ChatMessage]) -> None:
+        self.conversation.messages = messages
+
+    @property
+    def snapshot(self) -> SessionSnapshot:
+        return self.conversation.snapshot
+
+    @snapshot.setter
+    def snapshot(self, snapshot: SessionSnapshot) -> None:
+        self.conversation.snapshot = snapshot
 
     async def run(self) -> LoopEnd:
         scope = self.scope
@@ -166,7 +181,16 @@ class _Run:
         names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
         context = [self.turn.metadata.get("context", ""), *(await e.hooks.retrieve(self.turn))]
         inference = Inference(
-            engine=e, scope=scope, names=names, context=context, counter=self._counter()
+            llm=e.llm,
+            hooks=e.hooks,
+            settings=self.settings,
+            prompts=e.prompts,
+            model=e.model,
+            fallback_message=e.fallback_message,
+            scope=scope,
+            names=names,
+            context=context,
+            counter=self._counter(),
         )
         runner = ToolRunner(
             scope=scope, settings=self.settings, tools=e.tools, hooks=e.hooks, builtin=self._builtin
@@ -197,10 +221,10 @@ class _Run:
         self, iteration: int, inference: Inference, runner: ToolRunner, names: ToolNames
     ) -> End | None:
         e, s = self.e, self.settings
-        end = await inference.begin(self)
+        end = await inference.begin(self.conversation)
         if end is not None:
             return end
-        reply = await inference.reply(self)
+        reply = await inference.reply(self.conversation)
         if isinstance(reply, End):
             return reply
         completion, content = reply
@@ -210,7 +234,7 @@ class _Run:
         elif text_format and has_text_call(content):
             calls = text_calls(content, names, self.turn.id, iteration, e.prompts)
         else:
-            return await inference.without_tools(self, content)
+            return await inference.without_tools(self.conversation, content)
         self.messages.append(
             ChatMessage(
                 role="assistant",

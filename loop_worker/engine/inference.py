@@ -6,16 +6,22 @@ what to do with a reply that calls no tool.
 streamed call with its deltas as events; empty replies retried, then a forced summary
 with tools withheld; a static message when every model fails), and, for a reply that
 calls no tool, :meth:`without_tools` (``no_tool_call`` and a bounded nudge).
+
+It is given what it uses explicitly: the model, hooks, settings and prompts at
+construction, and per call the turn's :class:`Conversation` (its messages, its
+snapshot's summary and plan, its iteration limit), which it reads and extends. It
+knows nothing of the engine that calls it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
-from schemas import ChatMessage
+from schemas import ChatMessage, SessionSnapshot
 from schemas.events import (
     ContentDelta,
     ContextBudget,
@@ -35,10 +41,12 @@ from schemas.events import (
 )
 
 from .errors import LLMError
+from .hooks import Hooks
 from .memory import prune, summarize
 from .nudges import Nudger
 from .parser import ToolNames
 from .prompt import (
+    Prompts,
     assemble,
     iteration_warning,
     loop_message,
@@ -47,13 +55,23 @@ from .prompt import (
     tools_section,
     turn_message,
 )
-from .protocols import Completion
+from .protocols import LLM, Completion
 from .scope import End, TurnScope
+from .settings import LoopSettings
 from .thinking import Piece, ThinkingSplitter, split_thinking
 from .tokens import TokenCounter
 
-if TYPE_CHECKING:
-    from .engine import Engine, _Run
+
+@dataclass(slots=True)
+class Conversation:
+    """A turn's state that inference reads and extends: the messages so far (it appends
+    replies and nudges; pruning replaces them), the session snapshot (its summary and
+    plan are read; pruning replaces the summary) and the turn's iteration limit. The
+    engine owns it and hands it in on every call."""
+
+    messages: list[ChatMessage]
+    snapshot: SessionSnapshot
+    limit: int
 
 
 class _Stream:
@@ -70,19 +88,26 @@ class Inference:
     def __init__(
         self,
         *,
-        engine: Engine,
+        llm: LLM,
+        hooks: Hooks,
+        settings: LoopSettings,
+        prompts: Prompts,
+        model: str,
+        fallback_message: str,
         scope: TurnScope,
         names: ToolNames,
         context: Sequence[str],
         counter: TokenCounter,
     ) -> None:
-        self.e = engine
+        self.llm = llm
+        self.hooks = hooks
         self.scope = scope
-        self.settings = engine.settings
-        self.prompts = engine.prompts
+        self.settings = settings
+        self.prompts = prompts
+        self.fallback_message = fallback_message
         self.context = list(context)
         self.counter = counter
-        self.model = scope.turn.model or engine.model
+        self.model = scope.turn.model or model
         self.nudger = Nudger(self.settings, self.prompts)
         text_format = self.settings.tool_format == "text"
         self.tools_text = tools_section(self.prompts, names.items(), text_format=text_format)
@@ -114,7 +139,7 @@ class Inference:
 
     # -- the prompt and the budget gate ----------------------------------------------
 
-    def build(self, run: _Run) -> list[ChatMessage]:
+    def build(self, run: Conversation) -> list[ChatMessage]:
         p, turn = self.prompts, self.scope.turn
         system = system_message(
             p,
@@ -145,7 +170,7 @@ class Inference:
     async def _count(self, prompt: Sequence[ChatMessage]) -> int:
         return await self.counter.count_all(prompt) + self.tools_tokens
 
-    async def begin(self, run: _Run) -> End | None:
+    async def begin(self, run: Conversation) -> End | None:
         """Emit ``loop_iteration``, build the prompt and keep it within the budget."""
         scope, budget = self.scope, self.settings.context_budget_tokens
         await scope.emit(LoopIteration, max_iterations=run.limit)
@@ -163,7 +188,7 @@ class Inference:
         target = max(low_water - overhead - SUMMARY_RESERVE_TOKENS, 0)
         pruned = await prune(run.messages, target, self.counter)
         if pruned.evicted:
-            llm = self.e.llm if self.settings.summarize_with_llm else None
+            llm = self.llm if self.settings.summarize_with_llm else None
             summary = await scope.race(
                 summarize(pruned.evicted, previous=run.snapshot.summary, llm=llm)
             )
@@ -204,7 +229,7 @@ class Inference:
             )
             stream.splitter = ThinkingSplitter()  # the next attempt streams from the start
 
-        messages = await self.e.hooks.before_llm(list(messages))
+        messages = await self.hooks.before_llm(list(messages))
         await scope.emit(
             LLMRequest,
             model=self.model or "",
@@ -213,7 +238,7 @@ class Inference:
             tools=len(tools),
         )
         completion = await scope.race(
-            self.e.llm.complete(
+            self.llm.complete(
                 messages,
                 tools=tools,
                 model=self.model or None,
@@ -225,7 +250,7 @@ class Inference:
         if not stream.streamed:  # a model that did not stream: report the whole text
             await self._pieces(splitter.feed(completion.content))
         await self._pieces(splitter.close())
-        completion = await self.e.hooks.after_llm(completion)
+        completion = await self.hooks.after_llm(completion)
         content, _ = split_thinking(completion.content)
         await scope.emit(
             LLMResponse,
@@ -251,7 +276,7 @@ class Inference:
                     limit = self.settings.message_max_chars
                     await self.scope.emit(ThinkingEnd, text=piece.text[:limit])
 
-    async def reply(self, run: _Run) -> tuple[Completion, str] | End:
+    async def reply(self, run: Conversation) -> tuple[Completion, str] | End:
         """The model's reply to :attr:`prompt`; an :class:`End` when there is none."""
         retries = self.settings.empty_response_retries
         try:
@@ -274,14 +299,14 @@ class Inference:
         return End("forced_summary", content=content)
 
     async def _llm_failed(self, exc: LLMError) -> End:
-        text = self.e.fallback_message
+        text = self.fallback_message
         await self.scope.emit(Error, code="llm_failed", message=str(exc), fatal=True)
         await self.scope.emit(Message, content=text)
         return End("llm_failed", content=text, error=str(exc))
 
     # -- a reply that calls no tool -----------------------------------------------------
 
-    async def without_tools(self, run: _Run, content: str) -> End | None:
+    async def without_tools(self, run: Conversation, content: str) -> End | None:
         content = content.strip()[: self.settings.message_max_chars]
         await self.scope.emit(NoToolCall, content=content)
         run.messages.append(ChatMessage(role="assistant", content=content))
