@@ -36,7 +36,7 @@ run (so every ratio is a same-run comparison):
    (AckWait and lease TTL 2 s here).
 
 Everything is local: an embedded nats-server, tool and loop workers as processes, and
-for sections 3 and 4 the fake OpenAI-compatible server (``tests.fake_llm``). Sections 1
+for sections 3 and 4 the fake OpenAI-compatible server (``loopmesh.testing.fake_llm``). Sections 1
 and 2 provision AckWait and lease TTL at their production defaults (30 s).
 """
 
@@ -74,8 +74,8 @@ from bench.harness import (  # noqa: E402
 )
 from loop_worker.engine import Engine  # noqa: E402
 from loopmesh.aio import run  # noqa: E402
+from loopmesh.testing.durable import stream_events  # noqa: E402
 from schemas.events import Event  # noqa: E402
-from tests.loop_worker.durable import stream_events  # noqa: E402
 
 #: Turns of ``--iterations`` echo calls measured per path (one turn is about 0.3 s of
 #: samples, too few to be steady on a shared machine).
@@ -120,11 +120,11 @@ async def distributed_iteration(mesh: Mesh, ends: Ends, iterations: int) -> list
 
 async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float]:
     """(KB per active session, sessions, seconds from kill -9 to the resumed end)."""
-    from tests.fake_llm import FakeLLM
-    from tests.fake_replies import auto
+    from loopmesh.testing.fake_llm import FakeLLM
+    from loopmesh.testing.fake_replies import auto
 
     async with Mesh(store) as mesh, FakeLLM(default=auto()) as llm:
-        await mesh.tool_worker(concurrency=max(64, sessions + 8), module="tests.loop_worker.tools")
+        await mesh.tool_worker(concurrency=max(64, sessions + 8), module="bench.tools")
         worker = await mesh.loop_worker_process(llm.base_url, "m1")
         ends = Ends(mesh.nc)
         await ends.start()

@@ -39,9 +39,9 @@ from loopmesh.nats import connect  # noqa: E402
 from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings, RuntimeConfig, load  # noqa: E402
+from loopmesh.testing.durable import provision_short  # noqa: E402
 from schemas import Subjects  # noqa: E402
 from schemas.streams import ConsumerDef, KVDef  # noqa: E402
-from tests.loop_worker.durable import provision_short  # noqa: E402
 
 S = Subjects()
 TOOL = S.tool("local", "local", "echo")

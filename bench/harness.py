@@ -26,9 +26,9 @@ from loopmesh.jetstream import Publisher, acked, settled  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings  # noqa: E402
+from loopmesh.testing.durable import Proc, provision_short  # noqa: E402
 from schemas import Subjects, Turn, decode, encode  # noqa: E402
 from schemas.events import AnyEvent, LoopEnd  # noqa: E402
-from tests.loop_worker.durable import Proc, provision_short  # noqa: E402
 
 S = Subjects()
 TENANT = "bench"

@@ -10,7 +10,7 @@ import pytest
 from nats.aio.client import Client
 
 from loopmesh.server import NatsServer
-from tests.fake_llm import FakeLLM
+from loopmesh.testing.fake_llm import FakeLLM
 
 
 @pytest.fixture

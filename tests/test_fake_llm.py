@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
-from tests.fake_llm import FakeLLM, auto, cut, empty, error, hang, text, tool_calls
+from loopmesh.testing.fake_llm import FakeLLM, auto, cut, empty, error, hang, text, tool_calls
 
 USER = [{"role": "user", "content": "hello"}]
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +204,7 @@ async def test_the_command_line_server_plays_a_script_then_answers_in_auto_mode(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.fake_llm",
+        "loopmesh.testing.fake_llm",
         "--port",
         "0",
         "--script",

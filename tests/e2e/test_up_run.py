@@ -10,9 +10,9 @@ import signal
 
 import pytest
 
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto, error
-from tests.loop_worker.durable import Proc
+from loopmesh.testing.durable import Proc
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto, error
 
 pytestmark = pytest.mark.slow
 

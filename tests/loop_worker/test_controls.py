@@ -5,8 +5,8 @@ import time
 import pytest
 
 from loop_worker.controls import Controls, send_control
+from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
 from schemas import ApprovalDecision, Cancel, Pause, Resume, Turn, encode
-from tests.loop_worker.durable import SUBJECTS, provision_short, wait_for
 
 
 def turn(turn_id: str = "t1", **kw) -> Turn:

@@ -6,15 +6,9 @@ import pytest
 
 from loop_worker.dispatch import NatsToolDispatcher
 from loopmesh.jetstream import Publisher
+from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
 from schemas import ToolCallRequest, ToolResult, encode
-from tests.loop_worker.durable import (
-    SUBJECTS,
-    fake_pool,
-    provision_short,
-    register_tool,
-    spec,
-    wait_for,
-)
+from tests.loop_worker.durable import fake_pool, register_tool, spec
 
 
 def request(call_id: str = "t1-1-0", tool: str = "echo", **kw) -> ToolCallRequest:

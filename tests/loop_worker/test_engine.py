@@ -13,6 +13,7 @@ import pytest
 from loop_worker.engine.errors import StaleSessionError
 from loop_worker.engine.inmemory import LocalTools
 from loop_worker.engine.tokens import TokenCounter
+from loopmesh.testing.fake_llm import FakeLLM, tool_calls
 from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolCallRequest, call_id
 from schemas.events import (
     Error,
@@ -24,7 +25,6 @@ from schemas.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from tests.fake_llm import FakeLLM, tool_calls
 from tests.loop_worker.scripted import Rig, ScriptedLLM, call, done, echo
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from loop_worker.engine.inmemory import LocalTools
+from loopmesh.testing.fake_llm import FakeLLM, hang, text, tool_calls
 from schemas import ApprovalDecision
 from schemas.events import ApprovalDecided, ApprovalRequired, LoopEnd, ToolErrorEvent
-from tests.fake_llm import FakeLLM, hang, text, tool_calls
 from tests.loop_worker.scripted import Rig
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loop_worker.engine.prompt import load_prompts
+from loopmesh.testing.fake_llm import FakeLLM, cut, empty, error, text, tool_calls
 from schemas import ChatMessage, SessionSnapshot
 from schemas.events import (
     ContentDelta,
@@ -21,7 +22,6 @@ from schemas.events import (
     ToolErrorEvent,
     ToolResultEvent,
 )
-from tests.fake_llm import FakeLLM, cut, empty, error, text, tool_calls
 from tests.loop_worker.scripted import Rig
 
 NUDGES = load_prompts().nudges

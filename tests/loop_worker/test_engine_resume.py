@@ -13,9 +13,9 @@ from collections import Counter
 import pytest
 
 from loop_worker.engine.inmemory import LocalTools
+from loopmesh.testing.fake_llm import FakeLLM, tool_calls
 from schemas import SessionSnapshot
 from schemas.events import LoopStart, Message, ToolCallEvent, ToolErrorEvent, ToolResultEvent
-from tests.fake_llm import FakeLLM, tool_calls
 from tests.loop_worker.scripted import Rig, ScriptedLLM, call, done, say
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from loop_worker.engine.hooks import SKIP, HookError, Hooks, load
 from loop_worker.engine.protocols import Completion
+from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
 from schemas import ChatMessage, ToolCallRequest, ToolResult, Turn
 from schemas.events import ToolErrorEvent, ToolResultEvent
-from tests.fake_llm import FakeLLM, text, tool_calls
 from tests.loop_worker.scripted import Rig
 
 

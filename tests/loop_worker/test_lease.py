@@ -5,7 +5,7 @@ import pytest
 
 from loop_worker.errors import LeaseLostError
 from loop_worker.lease import Leases
-from tests.loop_worker.durable import SUBJECTS, provision_short
+from loopmesh.testing.durable import SUBJECTS, provision_short
 
 
 @pytest.fixture

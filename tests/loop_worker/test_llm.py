@@ -15,9 +15,9 @@ import pytest
 from loop_worker.engine.errors import LLMError
 from loop_worker.engine.llm import OpenAILLM, to_openai_messages
 from loop_worker.engine.settings import LLMSettings
+from loopmesh.testing.fake_llm import FakeLLM, cut, empty, error, hang, text, tool_calls
 from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
-from tests.fake_llm import FakeLLM, cut, empty, error, hang, text, tool_calls
 
 HI = [ChatMessage(role="user", content="hi")]
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]

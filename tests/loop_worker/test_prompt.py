@@ -9,9 +9,9 @@ from loop_worker.engine.prompt import (
     loop_message,
     system_message,
 )
+from loopmesh.testing.fake_llm import FakeLLM, tool_calls
 from schemas import ChatMessage
 from schemas.events import PlanUpdate
-from tests.fake_llm import FakeLLM, tool_calls
 from tests.loop_worker.scripted import Rig
 
 PROMPTS = load_prompts()

@@ -10,6 +10,15 @@ from nats.js.errors import KeyNotFoundError
 
 from loop_worker.controls import send_control
 from loopmesh.provision import provision
+from loopmesh.testing.durable import (
+    SUBJECTS,
+    connect_fast,
+    provision_short,
+    stream_events,
+    wait_for,
+)
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto, text
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -22,21 +31,7 @@ from schemas import (
 )
 from schemas.events import ContentDelta, LoopEnd
 from schemas.streams import definitions
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto, text
-from tests.loop_worker.durable import (
-    SUBJECTS,
-    Mesh,
-    Watch,
-    connect_fast,
-    fake_pool,
-    provision_short,
-    register_tool,
-    send_turn,
-    spec,
-    stream_events,
-    wait_for,
-)
+from tests.loop_worker.durable import Mesh, Watch, fake_pool, register_tool, send_turn, spec
 
 
 @pytest.fixture

@@ -7,19 +7,18 @@ import time
 import pytest
 
 from loop_worker.controls import send_control
-from schemas import ApprovalDecision, Turn
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.loop_worker.durable import (
+from loopmesh.testing.durable import (
     SUBJECTS,
     Proc,
-    Watch,
     connect_fast,
     provision_short,
-    send_turn,
     stream_events,
     worker_env,
 )
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from schemas import ApprovalDecision, Turn
+from tests.loop_worker.durable import Watch, send_turn
 
 pytestmark = pytest.mark.slow
 

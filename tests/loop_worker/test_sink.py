@@ -1,6 +1,7 @@
 import time
 
 from loop_worker.sink import JetStreamEvents
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from schemas.events import (
     ContentDelta,
     LLMRequest,
@@ -9,7 +10,6 @@ from schemas.events import (
     ToolResultEvent,
     tool_event_msg_id,
 )
-from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from tests.loopmesh.conditions import wait_until
 
 

@@ -5,8 +5,8 @@ from nats.js.errors import KeyNotFoundError
 
 from loop_worker.engine.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
 from schemas import ChatMessage, SessionSnapshot, decode, encode
-from tests.loop_worker.durable import SUBJECTS, connect_fast, provision_short, wait_for
 
 
 def snapshot(**kw) -> SessionSnapshot:

@@ -1,6 +1,6 @@
-"""The replies a :class:`tests.fake_llm.FakeLLM` can be scripted with, and ``auto`` mode.
+"""The replies a :class:`loopmesh.testing.fake_llm.FakeLLM` can be scripted with, and ``auto`` mode.
 
-Each builder returns a frozen dataclass; ``tests.fake_stream`` turns it into HTTP.
+Each builder returns a frozen dataclass; ``loopmesh.testing.fake_stream`` turns it into HTTP.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 chunks shaped like OpenAI's when ``stream`` is true, one JSON object otherwise);
 ``GET /v1/models`` lists ``models``. Replies are built with :func:`text`,
 :func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty` and
-:func:`auto`. ``python -m tests.fake_llm --port N [--script FILE.json]`` serves the
+:func:`auto`. ``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
 same app in its own process, answering in ``auto`` mode once the script is spent.
 """
 
@@ -19,7 +19,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fake_replies import (
+from loopmesh.testing.fake_replies import (
     Auto,
     Cut,
     Empty,
@@ -47,7 +47,7 @@ from tests.fake_replies import (
     text,
     tool_calls,
 )
-from tests.fake_stream import ReplyResponse
+from loopmesh.testing.fake_stream import ReplyResponse
 
 __all__ = [
     "Auto",
@@ -229,7 +229,7 @@ def _error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": "fake_error", "code": str(status)}}
 
 
-_BUILDERS = {
+_BUILDERS: dict[str, Callable[..., Reply]] = {
     "text": text,
     "tool_calls": lambda *, calls=(), **kw: tool_calls(*(tuple(c) for c in calls), **kw),
     "error": error,
@@ -265,7 +265,9 @@ async def _serve(port: int, replies: list[Reply]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fake_llm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m loopmesh.testing.fake_llm", description=__doc__
+    )
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", help="JSON file of replies served before auto mode")
     args = parser.parse_args(argv)

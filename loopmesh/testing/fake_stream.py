@@ -17,7 +17,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from tests.fake_replies import Cut, Error, Hang, Reply, Text, ToolCalls
+from loopmesh.testing.fake_replies import Cut, Error, Hang, Reply, Text, ToolCalls
 
 _FLUSH_BYTES = 64 * 1024
 
@@ -35,7 +35,7 @@ class ReplyResponse(Response):
         on_disconnect: Callable[[], Awaitable[None]],
     ) -> None:
         self.reply = reply
-        self.body = body
+        self.request = body
         self.ident = ident
         self.closing = closing
         self.on_disconnect = on_disconnect
@@ -63,7 +63,7 @@ class ReplyResponse(Response):
             case Hang(seconds=seconds):
                 await asyncio.sleep(seconds)
                 await _send_json(send, 504, {"error": {"message": "hung", "type": "timeout"}})
-            case _ if self.body.get("stream"):
+            case _ if self.request.get("stream"):
                 await self._stream(send)
             case _:
                 await _send_json(send, 200, self._whole())
@@ -101,7 +101,7 @@ class ReplyResponse(Response):
             yield from self._tool_chunks(reply)
         finish = "tool_calls" if isinstance(reply, ToolCalls) and reply.calls else "stop"
         yield self._chunk({}, finish_reason=finish)
-        include = (self.body.get("stream_options") or {}).get("include_usage")
+        include = (self.request.get("stream_options") or {}).get("include_usage")
         if include and getattr(reply, "usage", False):
             yield {**self._base(), "choices": [], "usage": self._usage(content, reply)}
 
@@ -136,7 +136,7 @@ class ReplyResponse(Response):
         return {**self._base(), "choices": [choice]}
 
     def _usage(self, content: str, reply: Reply) -> dict[str, int]:
-        prompt = sum(len(str(m.get("content") or "")) for m in self.body.get("messages") or [])
+        prompt = sum(len(str(m.get("content") or "")) for m in self.request.get("messages") or [])
         out = len(content) + sum(len(n) + len(a) for n, a in getattr(reply, "calls", ()))
         p, c = prompt // 4 + 1, out // 4 + 1
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}

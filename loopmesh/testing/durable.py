@@ -1,0 +1,182 @@
+"""A durable mesh's test helpers that tests and benches share: short-lived JetStream
+set-ups, reading a session's stored events, waiting on state in NATS, and services run
+as real processes (by module name: nothing here imports a service).
+
+    await provision_short(nc)              # AckWait and lease TTL of 2 s
+    events = await stream_events(nc, "acme", "s1")
+    worker = await Proc("-m", "loop_worker", env=worker_env(url, llm_url)).start("serving")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client
+
+from loopmesh.nats import connect
+from loopmesh.provision import provision
+from loopmesh.settings import NatsSettings
+from schemas import Subjects, decode, definitions
+from schemas.events import AnyEvent, Event
+
+SUBJECTS = Subjects()
+
+#: The repository's root: the working directory and ``PYTHONPATH`` of :class:`Proc`.
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def connect_fast(url: str, name: str = "test") -> Client:
+    """A client that reconnects quickly and forever, as the services' clients do."""
+    return await connect(NatsSettings(url=url, reconnect_wait_s=0.05), name=name)
+
+
+async def provision_short(
+    nc: Client, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0, subjects: Subjects = SUBJECTS
+) -> None:
+    """Everything loopmesh needs, with AckWait and lease TTL short enough for tests."""
+    defs = definitions(subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s)
+    await provision(nc.jetstream(), defs)
+
+
+async def stream_events(
+    nc: Client, tenant: str, session: str, subjects: Subjects = SUBJECTS
+) -> list[tuple[Event, dict[str, str]]]:
+    """Every stored event of a session, in stream order, with its headers."""
+    js = nc.jetstream()
+    out: list[tuple[Event, dict[str, str]]] = []
+    info = await js.stream_info(subjects.events_stream)
+    last = info.state.last_seq
+    seq = 0
+    while seq < last:
+        try:
+            msg = await js.get_msg(
+                subjects.events_stream, seq=seq + 1,
+                subject=subjects.session_events(tenant, session), next=True,
+            )  # fmt: skip
+        except Exception:
+            break
+        seq = msg.seq or last
+        out.append((decode(msg.data or b"", AnyEvent), dict(msg.headers or {})))
+    return out
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0, what: str = ""
+) -> None:
+    """Poll ``predicate`` until true, failing after ``timeout`` (state in NATS has no
+    event to wait on from a test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await asyncio.sleep(0.02)
+
+
+# -- services as real processes -------------------------------------------------------
+
+
+class Proc:
+    """A service in its own process (``python -m ...``), its log lines collected, so a
+    test can wait for one and kill the process as a crash would."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.env = env or {}
+        self.lines: list[str] = []
+        self._changed = asyncio.Condition()
+        self.proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, ready: str | None = None, timeout: float = 30.0) -> Proc:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, *self.args, cwd=str(ROOT), env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        self._reader = asyncio.create_task(self._read())
+        if ready is not None:
+            await self.wait_line(ready, timeout)
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            async with self._changed:
+                self.lines.append(raw.decode(errors="replace").rstrip())
+                self._changed.notify_all()
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_line(self, text: str, timeout: float = 30.0) -> str:
+        def found() -> str | None:
+            return next((line for line in self.lines if text in line), None)
+
+        try:
+            async with asyncio.timeout(timeout), self._changed:
+                await self._changed.wait_for(
+                    lambda: (
+                        found() is not None or (self._reader is not None and self._reader.done())
+                    )
+                )
+        except TimeoutError:
+            raise AssertionError(f"no {text!r} within {timeout}s:\n" + self.output()) from None
+        line = found()
+        if line is None:
+            raise AssertionError(f"process ended before {text!r}:\n" + self.output())
+        return line
+
+    def output(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
+    async def terminate(self, timeout: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+            return await self.proc.wait()
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+        if self.proc is not None:
+            await self.proc.wait()
+        if self._reader is not None:
+            await self._reader
+
+
+def worker_env(nats_url: str, llm_url: str, **service: Any) -> dict[str, str]:
+    """Settings of a loop-worker process, as environment variables."""
+    env = {
+        "LOOPMESH_NATS__URL": nats_url,
+        "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
+        "LOOPMESH_LLM__BASE_URL": llm_url,
+        "LOOPMESH_LLM__API_KEY": "test",
+        "LOOPMESH_LLM__MODEL": "fake-model",
+        "LOOPMESH_LOOP__MAX_ITERATIONS": "6",
+        "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": "2",
+        "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": "2",
+        "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.2",
+    }
+    for key, value in service.items():
+        env[f"LOOPMESH_LOOP_WORKER__{key.upper()}"] = str(value)
+    return env
