@@ -347,8 +347,8 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
         store = Path(tmp)
         figures = await measure(args, store / "a")
+        report(args, figures)  # before the last section, which a loaded machine can fail
         per_session, n, recovery = await memory_and_kill(store / "b", args.memory_sessions)
-    report(args, figures)
     print(
         f"\nloop-worker memory: {per_session:.1f} KB per active session "
         f"({n} sessions waiting on a tool; goal <= 100 KB)"
