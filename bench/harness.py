@@ -247,13 +247,13 @@ class Ends:
         """Publish ``t`` (its ack awaited) and wait for its loop_end."""
         done = self.expect(t.id)
         subject = S.turn(t.tenant, t.session)
-        await acked(self.publisher, subject, encode(t), {"Nats-Msg-Id": t.id})
+        await acked(self.publisher, subject, encode(t), {"Nats-Msg-Id": t.msg_id})
         return await settled(done, timeout)  # type: ignore[no-any-return]
 
 
 async def publish(nc: Any, t: Turn) -> None:
     await nc.jetstream().publish(
-        S.turn(t.tenant, t.session), encode(t), headers={"Nats-Msg-Id": t.id}
+        S.turn(t.tenant, t.session), encode(t), headers={"Nats-Msg-Id": t.msg_id}
     )
 
 

@@ -82,11 +82,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> int:
-    """Publish ``turn`` (deduplicated by its id); return its stream sequence."""
+    """Publish ``turn``; return its stream sequence. Its ``Nats-Msg-Id`` is
+    ``<tenant>.<session>.<id>`` (:attr:`Turn.msg_id`): publishing it twice is
+    deduplicated, another tenant's or session's turn of the same id is not, and a
+    worker refuses a turn published under another id."""
     ack = await js.publish(
         subjects.turn(turn.tenant, turn.session),
         encode(turn),
-        headers={"Nats-Msg-Id": turn.id},
+        headers={"Nats-Msg-Id": turn.msg_id},
     )
     return ack.seq
 

@@ -13,6 +13,12 @@ that starts or is redelivered later still sees them:
 A sender that records the control itself (:func:`send_control`) marks the message with
 the ``Loopmesh-Recorded`` header, and the workers leave the record alone.
 
+The subject is authoritative (:func:`schemas.admit.admit_control`): a control whose body
+names another tenant or session than its subject, that does not decode, or whose
+schema version is newer than ours is neither routed nor recorded, and the worker of
+the queue group that would have recorded it publishes an ``error`` event on the
+subject's session saying why (:mod:`.refusals`).
+
 A recorded cancel or pause applies to a turn it names, or, naming no turn, to turns
 created before it was sent (``at``). When a turn ends, a cancel or pause that applied
 to it is cleared, so it does not reach the session's next turn. (A turn that saw no
@@ -43,9 +49,12 @@ from schemas import (
     Turn,
     decode,
     encode,
+    new_id,
     session_key,
 )
+from schemas.admit import Refused, admit_control
 
+from . import refusals
 from .engine.control import TurnControl
 
 log = logging.getLogger("loopmesh.loop_worker.controls")
@@ -115,10 +124,7 @@ class Controls:
         self._reads = KV(self._publisher, self._subjects.control_bucket)
         subject = self._subjects.all_control
         self._subs.append(await self._nc.subscribe(subject, cb=self._route))
-        if self._record:
-            self._subs.append(
-                await self._nc.subscribe(subject, queue=RECORDER_QUEUE, cb=self._store)
-            )
+        self._subs.append(await self._nc.subscribe(subject, queue=RECORDER_QUEUE, cb=self._store))
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []
@@ -148,6 +154,9 @@ class Controls:
             recorded = decode(entry.value, Control)
         except DecodeError as exc:
             log.warning("bad recorded control key=%s error=%s", key, exc)
+            return control
+        if (recorded.tenant, recorded.session) != (turn.tenant, turn.session):
+            log.warning("recorded control names another session key=%s", key)
             return control
         if _applies(recorded, turn):
             await _apply(control, recorded)
@@ -183,9 +192,10 @@ class Controls:
     # -- subscriptions ----------------------------------------------------------------
 
     async def _route(self, msg: Msg) -> None:
-        control = _decode(msg)
-        if control is None:
-            return
+        try:
+            control = admit_control(self._subjects, msg.subject, msg.data)
+        except Refused:
+            return  # the recorder's queue group reports it, once
         running = self._running.get(session_key(control.tenant, control.session))
         if running is None or not _applies(control, running.turn):
             return
@@ -194,14 +204,23 @@ class Controls:
             self.on_routed(control)
 
     async def _store(self, msg: Msg) -> None:
-        if msg.headers and msg.headers.get(RECORDED_HEADER):
-            return
-        control = _decode(msg)
-        if control is not None:
+        """One worker of the queue group: report a refused control, or record it."""
+        try:
+            control = admit_control(self._subjects, msg.subject, msg.data)
+        except Refused as refused:
             try:
-                await record(self.kv, control)
+                await refusals.report(
+                    self._publisher, self._subjects, refused, what="control", ref=new_id()
+                )
             except Exception as exc:
-                log.warning("control not recorded control=%r error=%r", control, exc)
+                log.warning("refused control not reported error=%r", exc)
+            return
+        if not self._record or (msg.headers and msg.headers.get(RECORDED_HEADER)):
+            return
+        try:
+            await record(self.kv, control)
+        except Exception as exc:
+            log.warning("control not recorded control=%r error=%r", control, exc)
 
 
 async def record(kv: KeyValue, control: Control) -> None:
@@ -225,14 +244,6 @@ async def send_control(nc: Client, subjects: Subjects, control: Control) -> None
         headers={RECORDED_HEADER: "1"},
     )
     await nc.flush()
-
-
-def _decode(msg: Msg) -> Control | None:
-    try:
-        return decode(msg.data, Control)
-    except DecodeError as exc:
-        log.warning("bad control message subject=%s error=%s", msg.subject, exc)
-        return None
 
 
 def _applies(control: Control, turn: Turn) -> bool:

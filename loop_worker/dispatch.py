@@ -48,6 +48,7 @@ from schemas import (
     catalog_key,
     decode,
     encode,
+    turn_msg_id,
 )
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
@@ -196,13 +197,14 @@ class NatsToolDispatcher:
 
     # -- calls --------------------------------------------------------------------------
 
-    def resuming(self, turn_id: str, resumed: bool = True) -> None:
-        """Whether calls of ``turn_id`` may have run before (a redelivered turn). A
-        turn's first delivery has no recorded calls: its calls skip the effect read."""
+    def resuming(self, key: str, resumed: bool = True) -> None:
+        """Whether calls of the turn ``key`` (its ``Turn.msg_id``) may have run before (a
+        redelivered turn). A turn's first delivery has no recorded calls: its calls skip
+        the effect read."""
         if resumed:
-            self._resuming.add(turn_id)
+            self._resuming.add(key)
         else:
-            self._resuming.discard(turn_id)
+            self._resuming.discard(key)
 
     async def call(self, request: ToolCallRequest) -> ToolResult:
         spec = await self._spec(request.server, request.tool)
@@ -213,7 +215,7 @@ class NatsToolDispatcher:
                 f"there is no tool {request.server}.{request.tool}; "
                 "call one of the tools listed in your instructions",
             )
-        if self._effects_first or request.turn_id in self._resuming:
+        if self._effects_first or _turn_key(request) in self._resuming:
             recorded = await self._effect(request.call_id)
             if recorded is not None:
                 return recorded
@@ -402,3 +404,7 @@ def _error(request: ToolCallRequest, code: str, message: str) -> ToolResult:
         tool=request.tool,
         finished_at=time.time(),
     )
+
+
+def _turn_key(request: ToolCallRequest) -> str:
+    return turn_msg_id(request.tenant, request.session, request.turn_id)

@@ -38,16 +38,16 @@ from loopmesh.jetstream import Publisher, answered, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer
 from schemas import (
     ConsumerDef,
-    DecodeError,
     KVDef,
     Subjects,
     ToolCallRequest,
     Turn,
-    decode,
     session_key,
 )
+from schemas.admit import Refused, admit_turn
 from schemas.events import Error, LoopEnd
 
+from . import refusals
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .dispatch import NatsToolDispatcher
@@ -304,7 +304,7 @@ class LoopWorker:
         nothing (no checkpoint, no ack, no nak)."""
         held.lost = exc
         if held.turn is not None:
-            self.events.mute(held.turn.id)
+            self.events.mute(held.turn.msg_id)
         if held.task is not None:
             held.task.cancel()
 
@@ -324,11 +324,10 @@ class LoopWorker:
         outcome = "acked"
         try:
             try:
-                held.turn = turn = decode(msg.data, Turn)
-            except DecodeError as exc:
-                log.warning("dropping an invalid turn subject=%s error=%s", msg.subject, exc)
-                await quietly(msg.term())
-                outcome = "invalid"
+                held.turn = turn = admit_turn(self.subjects, msg.subject, msg.data, _msg_id(msg))
+            except Refused as refused:
+                await self._refuse(msg, refused)
+                outcome = "refused"
                 return
             meta = msg.metadata
             held.seq = meta.sequence.stream
@@ -372,6 +371,22 @@ class LoopWorker:
             DURATION.observe(time.monotonic() - started)
             self._room.set()
 
+    async def _refuse(self, msg: Msg, refused: Refused) -> None:
+        """Tell the publisher's session why (:mod:`.refusals`), then term the turn; if
+        the events cannot be stored now, the turn comes back to be refused again."""
+        meta = msg.metadata
+        try:
+            await refusals.report(
+                self.publisher, self.subjects, refused, what="turn", ref=str(meta.sequence.stream)
+            )
+        except Exception as exc:
+            if meta.num_delivered < self.settings.max_deliveries:
+                log.warning("refusal not reported; retrying later error=%r", exc)
+                await quietly(msg.nak(delay=1.0))
+                return
+            log.error("refusal not reported; dropping the turn error=%r", exc)
+        await quietly(msg.term())
+
     async def _ack(self, msg: Msg, turn: Turn) -> None:
         """``msg.ack_sync()``, with the reply on the publisher's inbox."""
         await retry(lambda: answered(self.publisher, msg.reply, b"+ACK"), f"ack turn {turn.id}")
@@ -407,8 +422,8 @@ class LoopWorker:
                     await lease.release()
 
     async def _run_engine(self, held: _Held, turn: Turn, delivery: int) -> None:
-        self.events.begin(turn.id, delivery=delivery)
-        self.tools.resuming(turn.id, delivery > 1)
+        self.events.begin(turn.msg_id, delivery=delivery)
+        self.tools.resuming(turn.msg_id, delivery > 1)
         warm = held.lease is not None and held.lease.continued
         control, warm = await both(
             self.controls.open(turn), self.store.preload(turn.tenant, turn.session, warm=warm)
@@ -417,24 +432,24 @@ class LoopWorker:
         if self.store.preloaded_turn(turn.tenant, turn.session) == turn.id:
             # A run of this very turn left a checkpoint (the turn was published again
             # after it failed, say): its calls may have run, whatever the delivery count.
-            self.tools.resuming(turn.id)
+            self.tools.resuming(turn.msg_id)
         try:
             end = await self.engine.run(turn, control)
             await self.store.flush(turn.tenant, turn.session)
-            if self.events.muted(turn.id):
+            if self.events.muted(turn.msg_id):
                 raise StaleSessionError(session_key(turn.tenant, turn.session))
             if end is not None and delivery > 1:
                 self.stats["resumed"] += 1
             self.stats["finished"] += 1
-            await self.events.flush(turn.id)
+            await self.events.flush(turn.msg_id)
         except asyncio.CancelledError:  # handed back: store what was emitted so far
             if held.lost is None:
                 await quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
-                await quietly(asyncio.wait_for(self.events.flush(turn.id), 2.0))
+                await quietly(asyncio.wait_for(self.events.flush(turn.msg_id), 2.0))
             raise
         finally:
-            self.events.end(turn.id)
-            self.tools.resuming(turn.id, False)
+            self.events.end(turn.msg_id)
+            self.tools.resuming(turn.msg_id, False)
             await self.controls.close_turn(turn, control)
 
     async def _order_and_lease(self, held: _Held, turn: Turn) -> Lease | None:
@@ -503,7 +518,7 @@ class LoopWorker:
         message = f"the turn was delivered {deliveries} times without finishing; giving up"
         log.error("%s turn=%s", message, turn.id)
         t = turn
-        self.events.begin(turn.id, delivery=deliveries)
+        self.events.begin(turn.msg_id, delivery=deliveries)
         await self.events.emit(
             Error(tenant=t.tenant, session=t.session, turn_id=t.id, code="redelivered",
                   message=message, fatal=True)
@@ -512,14 +527,18 @@ class LoopWorker:
             LoopEnd(tenant=t.tenant, session=t.session, turn_id=t.id, reason="error",
                     error=message)
         )  # fmt: skip
-        await self.events.flush(turn.id)
-        self.events.end(turn.id)
+        await self.events.flush(turn.msg_id)
+        self.events.end(turn.msg_id)
 
     def _on_stale(self, key: str) -> None:
         """A checkpoint lost its race: someone else runs the session now."""
         held = self._running.get(key)
         if held is not None and held.turn is not None:
-            self.events.mute(held.turn.id)
+            self.events.mute(held.turn.msg_id)
+
+
+def _msg_id(msg: Msg) -> str | None:
+    return msg.headers.get("Nats-Msg-Id") if msg.headers else None
 
 
 def turn_id(held: _Held) -> str | None:

@@ -14,10 +14,13 @@ pending; the service flushes before it acks the
 turn, so a turn is never done while one of its events is not stored.
 
 Every event carries a deterministic ``Nats-Msg-Id``, so the events of an iteration that
-is replayed after a crash are deduplicated by the stream:
+is replayed after a crash are deduplicated by the stream. ``<turn>`` is the turn's
+``<tenant>.<session>.<id>`` (:attr:`schemas.Turn.msg_id`), so two tenants' (or
+sessions') turns of the same id never share one; it is also the key by which this sink
+tracks a turn (:meth:`JetStreamEvents.begin` and the rest take it):
 
 - ``tool_result`` / ``tool_error`` / ``tool_timeout``: ``tool_event_msg_id(call_id,
-  type)``, the id the tool worker uses for the same event;
+  type)``, the id the tool worker uses for the same event (call ids are scoped too);
 - ``loop_end``: ``<turn>:loop_end`` (one per turn, whoever emits it);
 - a resumed ``loop_start``: ``<turn>:loop_start:r<delivery>``, so each resume shows;
 - everything else: ``<turn>:<iteration>:<type>:<n>``, the n-th event of that type in
@@ -36,7 +39,7 @@ import msgspec
 from nats.aio.client import Client
 
 from loopmesh.jetstream import Publisher, acked, retry
-from schemas import Subjects, encode
+from schemas import Subjects, encode, turn_msg_id
 from schemas.events import Event, tool_event_msg_id
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
@@ -97,43 +100,44 @@ class JetStreamEvents:
         self._turns: dict[str, _Turn] = {}
         self._muted: set[str] = set()
 
-    def begin(self, turn_id: str, *, delivery: int = 1) -> None:
-        """Start tracking a turn; ``delivery`` is its JetStream delivery count."""
-        self._turns[turn_id] = _Turn(delivery=delivery)
+    def begin(self, key: str, *, delivery: int = 1) -> None:
+        """Start tracking the turn ``key`` (its ``Turn.msg_id``); ``delivery`` is its
+        JetStream delivery count."""
+        self._turns[key] = _Turn(delivery=delivery)
 
-    def end(self, turn_id: str) -> None:
+    def end(self, key: str) -> None:
         """Forget a turn (after :meth:`flush`)."""
-        self._turns.pop(turn_id, None)
-        self._muted.discard(turn_id)
+        self._turns.pop(key, None)
+        self._muted.discard(key)
 
-    def mute(self, turn_id: str) -> None:
+    def mute(self, key: str) -> None:
         """Drop the turn's events from now on (another worker runs it now)."""
-        self._muted.add(turn_id)
-        turn = self._turns.get(turn_id)
+        self._muted.add(key)
+        turn = self._turns.get(key)
         if turn is not None:
             turn.pending.clear()
             turn.unacked.clear()
             turn.unacked_bytes = 0
             turn.barriers.clear()
 
-    def muted(self, turn_id: str) -> bool:
-        return turn_id in self._muted
+    def muted(self, key: str) -> bool:
+        return key in self._muted
 
-    def pending(self, turn_id: str) -> int:
-        turn = self._turns.get(turn_id)
+    def pending(self, key: str) -> int:
+        turn = self._turns.get(key)
         return len(turn.pending) if turn else 0
 
     async def emit(self, event: Event) -> None:
-        turn_id = event.turn_id
-        if turn_id in self._muted:
+        key = turn_msg_id(event.tenant, event.session, event.turn_id)
+        if key in self._muted:
             return
-        turn = self._turns.get(turn_id)
+        turn = self._turns.get(key)
         if turn is None:
-            turn = self._turns[turn_id] = _Turn()
+            turn = self._turns[key] = _Turn()
         if not event.ts:
             event = _stamped(event)
         kind = event.type
-        msg_id = self._msg_id(turn, event, kind)
+        msg_id = self._msg_id(turn, key, event, kind)
         subject = turn.subjects.get(kind)
         if subject is None or turn.where != (event.tenant, event.session):
             turn.where = (event.tenant, event.session)
@@ -187,11 +191,11 @@ class JetStreamEvents:
     def _reconnects(self) -> int:
         return int(self._nc.stats["reconnects"])
 
-    async def flush(self, turn_id: str | None = None) -> None:
-        """Wait until every event of ``turn_id`` (or of every turn) is stored."""
-        ids = [turn_id] if turn_id is not None else list(self._turns)
-        for tid in ids:
-            turn = self._turns.get(tid)
+    async def flush(self, key: str | None = None) -> None:
+        """Wait until every event of the turn ``key`` (or of every turn) is stored."""
+        keys = [key] if key is not None else list(self._turns)
+        for k in keys:
+            turn = self._turns.get(k)
             if turn is not None and turn.pending:
                 await self._flush_turn(turn)
 
@@ -220,17 +224,17 @@ class JetStreamEvents:
             )
             turn.pending.pop(item.msg_id, None)
 
-    def _msg_id(self, turn: _Turn, event: Event, kind: str) -> str:
+    def _msg_id(self, turn: _Turn, key: str, event: Event, kind: str) -> str:
         if kind in _TOOL_OUTCOMES:
             return tool_event_msg_id(event.call_id, kind)  # type: ignore[attr-defined]
         if kind == "loop_end":
-            return f"{event.turn_id}:loop_end"
+            return f"{key}:loop_end"
         if kind == "loop_start" and event.resumed:  # type: ignore[attr-defined]
-            return f"{event.turn_id}:loop_start:r{turn.delivery}"
-        key = (event.iteration, kind)
-        n = turn.counters.get(key, 0)
-        turn.counters[key] = n + 1
-        return f"{event.turn_id}:{event.iteration}:{kind}:{n}"
+            return f"{key}:loop_start:r{turn.delivery}"
+        counter = (event.iteration, kind)
+        n = turn.counters.get(counter, 0)
+        turn.counters[counter] = n + 1
+        return f"{key}:{event.iteration}:{kind}:{n}"
 
 
 def _ok(future: asyncio.Future[Any] | None) -> bool:

@@ -5,7 +5,15 @@ Depends on msgspec only, so any service (or another project) can import it alone
 
 from .codec import DecodeError, decode, encode
 from .events import EVENT_NAMES, EVENT_TYPES, AnyEvent, Event
-from .ids import InvalidIdError, call_id, check_token, is_token, new_id, safe_token
+from .ids import (
+    InvalidIdError,
+    call_id,
+    check_token,
+    is_token,
+    new_id,
+    safe_token,
+    turn_msg_id,
+)
 from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
@@ -62,4 +70,5 @@ __all__ = [
     "pool_consumer",
     "safe_token",
     "session_key",
+    "turn_msg_id",
 ]

@@ -20,12 +20,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 class InvalidIdError(ValueError):
     """An identifier that cannot be a subject token. Carries ``.kind`` and ``.value``."""
 
-    def __init__(self, kind: str, value: object) -> None:
+    def __init__(self, kind: str, value: object, form: str | None = None) -> None:
         self.kind = kind
         self.value = value
-        super().__init__(
-            f"invalid {kind} id {value!r}: must be 1-64 characters from A-Z a-z 0-9 _ -"
-        )
+        if form is None:
+            super().__init__(
+                f"invalid {kind} id {value!r}: must be 1-64 characters from A-Z a-z 0-9 _ -"
+            )
+        else:
+            super().__init__(f"invalid {kind} {value!r}: must be {form}")
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -63,14 +66,37 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def call_id(turn_id: str, iteration: int, index: int) -> str:
+def turn_msg_id(tenant: str, session: str, turn_id: str) -> str:
+    """The ``Nats-Msg-Id`` of a turn, and the key of everything derived from it:
+    ``<tenant>.<session>.<turn>``.
+
+    The turns stream deduplicates on ``Nats-Msg-Id`` across all its subjects, so a bare
+    turn id would let one tenant's turn ``t1`` swallow another's. Tokens hold no ``.``,
+    so no two (tenant, session, turn) triples share this id.
+    """
+    check_token(tenant, "tenant")
+    check_token(session, "session")
+    return f"{tenant}.{session}.{check_token(turn_id, 'turn')}"
+
+
+_SCOPE_HEX = 24  # 96 bits of blake2s over tenant, session and turn
+
+
+def call_id(tenant: str, session: str, turn_id: str, iteration: int, index: int) -> str:
     """The deterministic id of a tool call: a replayed iteration gets the same ids.
 
-    Turn ids may be up to 64 characters, so the suffix is folded into a hash when the
-    joined form would be too long.
+    It is the call's ``Nats-Msg-Id``, its effect record's key and the root of its
+    events' ids, so it carries its tenant and session: ``<turn>-<iteration>-<index>-<h>``
+    where ``h`` hashes ``<tenant>.<session>.<turn>`` (the turn part is cut short when
+    the whole would pass 64 characters; the hash covers it whole). Two tenants'
+    turns ``t1`` get different call ids.
     """
-    raw = f"{turn_id}-{iteration}-{index}"
-    if len(raw) <= 64:
-        return raw
-    digest = hashlib.blake2s(raw.encode(), digest_size=16).hexdigest()
-    return f"c{digest}"
+    scope = hashlib.blake2s(
+        turn_msg_id(tenant, session, turn_id).encode(), digest_size=_SCOPE_HEX // 2
+    ).hexdigest()
+    suffix = f"-{iteration}-{index}-{scope}"
+    room = 64 - len(suffix)
+    if room < 1:  # an absurd iteration count: hash it all
+        raw = f"{scope}-{iteration}-{index}".encode()
+        return f"c{hashlib.blake2s(raw, digest_size=16).hexdigest()}"
+    return f"{turn_id[:room]}{suffix}"

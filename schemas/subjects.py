@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .ids import check_token
+from .ids import InvalidIdError, check_token
 
 DEFAULT_PREFIX = "loopmesh"
 
@@ -38,6 +38,24 @@ class Subjects:
 
     def control(self, tenant: str, session: str) -> str:
         return f"{self.prefix}.control.{_pair(tenant, session)}"
+
+    # -- parsers: the tenant and session a subject names ------------------------------
+
+    def turn_session(self, subject: str) -> tuple[str, str]:
+        """``(tenant, session)`` of a turn subject; :class:`InvalidIdError` if it names none."""
+        return self._session_of(subject, "turns")
+
+    def control_session(self, subject: str) -> tuple[str, str]:
+        """``(tenant, session)`` of a control subject; :class:`InvalidIdError` if none."""
+        return self._session_of(subject, "control")
+
+    def _session_of(self, subject: str, kind: str) -> tuple[str, str]:
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != self.prefix or parts[1] != kind:
+            raise InvalidIdError(
+                f"{kind} subject", subject, f"{self.prefix}.{kind}.<tenant>.<session>"
+            )
+        return check_token(parts[2], "tenant"), check_token(parts[3], "session")
 
     # -- wildcards for subscriptions and stream definitions ----------------------------
 

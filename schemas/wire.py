@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from .types import Timestamp, Token
+from .ids import turn_msg_id
+from .types import SCHEMA_VERSION, Timestamp, Token
 
 
 class WireError(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,9 +26,14 @@ class WireError(msgspec.Struct, frozen=True, kw_only=True):
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
     """A user turn, published to ``<prefix>.turns.<tenant>.<session>``.
 
-    ``id`` is also the ``Nats-Msg-Id``, so publishing the same turn twice is deduplicated.
+    The subject is authoritative: ``tenant`` and ``session`` must repeat its tokens, and
+    ``v`` must be a schema version the worker knows, or the turn is refused with an
+    ``error`` event on the subject's session (see :mod:`schemas.admit`). Publish it with
+    ``Nats-Msg-Id`` = :attr:`msg_id` (``<tenant>.<session>.<id>``), so publishing the
+    same turn twice is deduplicated and two tenants' turns ``t1`` are not.
     """
 
+    v: int = SCHEMA_VERSION
     id: Token
     tenant: Token
     session: Token
@@ -38,11 +44,18 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     max_iterations: int | None = None
     metadata: dict[str, str] = {}
 
+    @property
+    def msg_id(self) -> str:
+        """``<tenant>.<session>.<id>``: the ``Nats-Msg-Id`` to publish it with, and the
+        key of its calls, events and bookkeeping."""
+        return turn_msg_id(self.tenant, self.session, self.id)
+
 
 class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A tool call, published to ``<prefix>.tools.<pool>.<server>.<tool>``.
 
-    ``call_id`` is deterministic (turn, iteration, index) and is the ``Nats-Msg-Id``
+    ``call_id`` is deterministic (tenant, session, turn, iteration, index: see
+    :func:`schemas.ids.call_id`) and is the ``Nats-Msg-Id``
     and the key of the call's effect record: a repeated call returns the recorded
     result instead of running again. ``reply_to`` is the requester's inbox.
     ``first_attempt`` says nobody asked for this call before (a turn's first run, by a
@@ -103,6 +116,10 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Published to ``<prefix>.control.<tenant>.<session>``; the subject is
+    authoritative, as for :class:`Turn`."""
+
+    v: int = SCHEMA_VERSION
     tenant: Token
     session: Token
     turn_id: Token | None = None

@@ -230,9 +230,9 @@ class _Run:
         completion, content = reply
         text_format = s.tool_format == "text" and not completion.tool_calls
         if completion.tool_calls:
-            calls = native_calls(completion.tool_calls, names, self.turn.id, iteration)
+            calls = native_calls(completion.tool_calls, names, self.turn, iteration)
         elif text_format and has_text_call(content):
-            calls = text_calls(content, names, self.turn.id, iteration, e.prompts)
+            calls = text_calls(content, names, self.turn, iteration, e.prompts)
         else:
             return await inference.without_tools(self.conversation, content)
         self.messages.append(

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import ToolCall, ToolCallRequest, ToolResult, ToolSpec, WireError, call_id
+from schemas import ToolCall, ToolCallRequest, ToolResult, ToolSpec, Turn, WireError, call_id
 from schemas.events import (
     ApprovalDecided,
     ApprovalRequired,
@@ -104,12 +104,16 @@ def _known(names: ToolNames) -> str:
     return ", ".join(sorted(n for n, _ in names.items())) or "(none)"
 
 
+def _call_id(turn: Turn, iteration: int, index: int) -> str:
+    return call_id(turn.tenant, turn.session, turn.id, iteration, index)
+
+
 def native_calls(
-    tool_calls: Sequence[ToolCall], names: ToolNames, turn_id: str, iteration: int
+    tool_calls: Sequence[ToolCall], names: ToolNames, turn: Turn, iteration: int
 ) -> list[Call]:
     calls = []
     for index, tc in enumerate(tool_calls):
-        call = Call(index=index, call_id=call_id(turn_id, iteration, index), name=tc.name)
+        call = Call(index=index, call_id=_call_id(turn, iteration, index), name=tc.name)
         calls.append(call)
         spec = names.resolve(tc.name)
         if spec is None:
@@ -124,11 +128,11 @@ def native_calls(
 
 
 def text_calls(
-    content: str, names: ToolNames, turn_id: str, iteration: int, prompts: Prompts
+    content: str, names: ToolNames, turn: Turn, iteration: int, prompts: Prompts
 ) -> list[Call]:
     calls = []
     for index, item in enumerate(parse_text_calls(content)):
-        call = Call(index=index, call_id=call_id(turn_id, iteration, index), name="unreadable")
+        call = Call(index=index, call_id=_call_id(turn, iteration, index), name="unreadable")
         calls.append(call)
         if isinstance(item, ToolFormatError):
             text = prompts.nudges.tool_format_error.strip().format(index=index + 1, error=item)

@@ -1,5 +1,4 @@
 import asyncio
-import logging
 import time
 
 import pytest
@@ -7,10 +6,13 @@ import pytest
 from loop_worker.controls import Controls, send_control
 from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
 from schemas import ApprovalDecision, Cancel, Pause, Resume, Turn, encode
+from loopmesh.testing.durable import stream_events
+from schemas.events import Error
 
 
 def turn(turn_id: str = "t1", **kw) -> Turn:
-    return Turn(id=turn_id, tenant="acme", session="s1", input="hi", created_at=time.time(), **kw)
+    kw = {"tenant": "acme", "session": "s1", **kw}
+    return Turn(id=turn_id, input="hi", created_at=time.time(), **kw)
 
 
 @pytest.fixture
@@ -91,14 +93,51 @@ async def test_an_approval_arriving_while_waiting_wakes_the_wait(nc, controls):
     assert got is not None and got.approved is False
 
 
-async def test_bad_control_messages_are_logged_and_ignored(nc, controls, caplog):
+async def test_bad_control_messages_are_refused_with_an_error_event_on_their_session(nc, controls):
     control = await controls.open(turn())
-    with caplog.at_level(logging.WARNING, logger="loopmesh.loop_worker.controls"):
-        await nc.publish(SUBJECTS.control("acme", "s1"), b'{"type": "explode"}')
-        await nc.publish(SUBJECTS.control("acme", "s1"), b"not json")
-        await publish(nc, Cancel(tenant="acme", session="s1"))
-        await asyncio.wait_for(control.cancelled.wait(), 1.0)
-    assert sum("bad control message" in r.message for r in caplog.records) >= 2
+    await nc.publish(SUBJECTS.control("acme", "s1"), b'{"type": "explode"}')
+    await nc.publish(SUBJECTS.control("acme", "s1"), b"not json")
+    newer = b'{"v": 99, "type": "cancel", "tenant": "acme", "session": "s1", "turn_id": "t1"}'
+    await nc.publish(SUBJECTS.control("acme", "s1"), newer)
+    errors = await _errors(nc, "acme", "s1", 3)
+    assert not control.cancelled.is_set()  # the version-99 cancel did nothing
+    await publish(nc, Cancel(tenant="acme", session="s1"))
+    await asyncio.wait_for(control.cancelled.wait(), 1.0)
+    by_code = sorted((e.code, e.turn_id) for e in errors)
+    assert by_code == [
+        ("invalid_message", "unknown"), ("invalid_message", "unknown"),
+        ("unsupported_version", "t1"),
+    ]  # fmt: skip
+    messages = " | ".join(e.message for e in errors)
+    assert "Invalid value 'explode' - at `$.type`" in messages
+    assert "malformed JSON" in messages and "schema version 99" in messages
+    assert all(not e.fatal for e in errors)
+
+
+async def test_a_control_whose_body_names_another_session_acts_on_nothing(nc, controls):
+    """Who may publish acme's controls may not cancel another tenant's turn by naming it."""
+    victim = await controls.open(turn(tenant="other", session="zz"))
+    hostile = Cancel(tenant="other", session="zz", reason="gotcha")
+    await nc.publish(SUBJECTS.control("acme", "s1"), encode(hostile))
+    [error] = await _errors(nc, "acme", "s1", 1)
+    assert error.code == "subject_mismatch"
+    assert "'other'" in error.message and "'acme'" in error.message
+    assert not await _recorded(controls, "other.zz")
+    assert not await _recorded(controls, "acme.s1")
+    assert await stream_events(nc, "other", "zz") == []
+    await publish(nc, Cancel(tenant="other", session="zz", reason="its own"))
+    await asyncio.wait_for(victim.cancelled.wait(), 5.0)  # routed in order, after the hostile one
+    assert victim.cancel_reason == "its own"
+
+
+async def _errors(nc, tenant: str, session: str, count: int) -> list[Error]:
+    async def enough() -> bool:
+        return len(await stream_events(nc, tenant, session)) >= count
+
+    await wait_for(enough, what=f"{count} error events")
+    events = [e for e, _ in await stream_events(nc, tenant, session)]
+    assert all(isinstance(e, Error) for e in events)
+    return events  # type: ignore[return-value]
 
 
 async def _recorded(controls: Controls, key: str) -> bool:

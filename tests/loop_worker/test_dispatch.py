@@ -185,9 +185,9 @@ async def test_a_first_run_marks_its_calls_first_attempt_and_a_resumed_run_does_
         fake_pool(nc, echo) as ran,
     ):  # fmt: skip
         await fresh.call(request("t1-1-0"))
-        fresh.resuming("t1")
+        fresh.resuming("acme.s1.t1")
         await fresh.call(request("t1-2-0"))
-        fresh.resuming("t1", False)
+        fresh.resuming("acme.s1.t1", False)
         await fresh.call(request("t1-3-0"))
         await fresh.call(msgspec.structs.replace(request("t2-1-0"), turn_id="t2"))
         await careful.call(request("t1-4-0"))

@@ -28,6 +28,11 @@ from schemas.events import (
 from tests.loop_worker.scripted import Rig, ScriptedLLM, call, done, echo
 
 
+def cid(turn: str, iteration: int, index: int) -> str:
+    """The call id the engine gives a call of acme/s1's turn ``turn``."""
+    return call_id("acme", "s1", turn, iteration, index)
+
+
 async def test_task_completion_ends_the_turn_with_its_result_and_the_events_in_order(
     fake_llm: FakeLLM,
 ) -> None:
@@ -76,16 +81,16 @@ async def test_a_tool_result_goes_back_to_the_model_and_the_loop_continues(
     assert (end.reason, end.iterations) == ("task_completion", 2)
     second = fake_llm.requests[1]["messages"]
     assert second[-2]["tool_calls"][0]["function"]["name"] == "local__echo"
-    assert second[-1] == {"role": "tool", "content": "ping", "tool_call_id": "t1-1-0"}
+    assert second[-1] == {"role": "tool", "content": "ping", "tool_call_id": cid("t1", 1, 0)}
     [called] = [e for e in rig.of(ToolCallEvent) if e.tool == "echo"]
     [result] = [e for e in rig.of(ToolResultEvent) if e.tool == "echo"]
     assert (called.call_id, called.server, called.arguments) == (
-        "t1-1-0",
+        cid("t1", 1, 0),
         "local",
         {"text": "ping"},
     )
-    assert (result.call_id, result.content) == ("t1-1-0", "ping")
-    assert [r.call_id for r in rig.tools.runs] == [call_id("t1", 1, 0)]
+    assert (result.call_id, result.content) == (cid("t1", 1, 0), "ping")
+    assert [r.call_id for r in rig.tools.runs] == [call_id("acme", "s1", "t1", 1, 0)]
 
 
 async def test_several_native_tool_calls_in_one_response_run_concurrently(
@@ -109,7 +114,7 @@ async def test_several_native_tool_calls_in_one_response_run_concurrently(
     contents = [e.content for e in rig.of(ToolResultEvent) if e.tool == "meet"]
     assert sorted(contents) == ["met a", "met b"]
     tool_messages = [m for m in fake_llm.requests[1]["messages"] if m["role"] == "tool"]
-    assert [m["tool_call_id"] for m in tool_messages] == ["t1-1-0", "t1-1-1"]
+    assert [m["tool_call_id"] for m in tool_messages] == [cid("t1", 1, 0), cid("t1", 1, 1)]
 
 
 async def test_every_event_carries_tenant_session_turn_iteration_and_time(
@@ -148,9 +153,9 @@ async def test_a_checkpoint_is_saved_after_every_iteration_and_before_its_tool_c
         await rig.run()
     assert [(s.status, s.iteration, [p.id for p in s.pending]) for s in saved] == [
         ("running", 0, []),  # the turn started: its user message is stored
-        ("running", 0, ["t1-1-0"]),  # the model answered: its calls are stored, then run
+        ("running", 0, [cid("t1", 1, 0)]),  # the model answered: its calls are stored, then run
         ("running", 1, []),
-        ("running", 1, ["t1-2-0"]),
+        ("running", 1, [cid("t1", 2, 0)]),
         ("idle", 2, []),
     ]
     calling = saved[1]
@@ -171,9 +176,11 @@ async def test_a_running_turn_resumes_after_its_last_checkpoint_reusing_recorded
         user = ChatMessage(role="user", content="do the task")
         first = ChatMessage(
             role="assistant",
-            tool_calls=(ToolCall(id="t1-1-0", name="local__echo", arguments='{"text":"one"}'),),
+            tool_calls=(
+                ToolCall(id=cid("t1", 1, 0), name="local__echo", arguments='{"text":"one"}'),
+            ),
         )
-        result = ChatMessage(role="tool", content="one", tool_call_id="t1-1-0")
+        result = ChatMessage(role="tool", content="one", tool_call_id=cid("t1", 1, 0))
         await rig.store.save(
             SessionSnapshot(
                 tenant="acme",
@@ -185,7 +192,7 @@ async def test_a_running_turn_resumes_after_its_last_checkpoint_reusing_recorded
             )
         )
         request = ToolCallRequest(
-            call_id=call_id("t1", 2, 0),
+            call_id=call_id("acme", "s1", "t1", 2, 0),
             tenant="acme",
             session="s1",
             turn_id="t1",
@@ -205,7 +212,7 @@ async def test_a_running_turn_resumes_after_its_last_checkpoint_reusing_recorded
     assert len(rig.tools.runs) == 1  # the recorded result was returned, not run again
     assert (end.reason, end.iterations) == ("task_completion", 3)
     resent = fake_llm.requests[0]["messages"]
-    assert resent[-1] == {"role": "tool", "content": "one", "tool_call_id": "t1-1-0"}
+    assert resent[-1] == {"role": "tool", "content": "one", "tool_call_id": cid("t1", 1, 0)}
 
 
 async def test_a_finished_turn_delivered_again_returns_none_and_emits_nothing(
@@ -289,8 +296,12 @@ async def test_tool_calls_get_deterministic_ids_from_turn_iteration_and_index() 
     )
     async with Rig(llm) as rig:
         await rig.run(id="turn-7")
-    assert [r.call_id for r in rig.tools.runs] == ["turn-7-1-0", "turn-7-1-1"]
-    assert [e.call_id for e in rig.of(ToolCallEvent)] == ["turn-7-1-0", "turn-7-1-1", "turn-7-2-0"]
+    assert [r.call_id for r in rig.tools.runs] == [cid("turn-7", 1, 0), cid("turn-7", 1, 1)]
+    assert [e.call_id for e in rig.of(ToolCallEvent)] == [
+        cid("turn-7", 1, 0),
+        cid("turn-7", 1, 1),
+        cid("turn-7", 2, 0),
+    ]
 
 
 async def test_local_tools_record_results_by_call_id() -> None:

@@ -14,9 +14,14 @@ import pytest
 
 from loop_worker.engine.inmemory import LocalTools
 from loopmesh.testing.fake_llm import FakeLLM, tool_calls
-from schemas import SessionSnapshot
+from schemas import SessionSnapshot, call_id
 from schemas.events import LoopStart, Message, ToolCallEvent, ToolErrorEvent, ToolResultEvent
 from tests.loop_worker.scripted import Rig, ScriptedLLM, call, done, say
+
+
+def cid(turn: str, iteration: int, index: int) -> str:
+    """The call id the engine gives a call of acme/s1's turn ``turn``."""
+    return call_id("acme", "s1", turn, iteration, index)
 
 
 class Tools(LocalTools):
@@ -62,7 +67,7 @@ async def test_a_worker_dying_mid_tool_call_is_resumed_without_asking_the_model_
     async with Rig(first_llm, tools=tools) as rig:
         stored = await crash_while_waiting(rig, tools)
         assert stored.iteration == 0
-        assert [c.id for c in stored.pending] == ["t1-1-0", "t1-1-1"]
+        assert [c.id for c in stored.pending] == [cid("t1", 1, 0), cid("t1", 1, 1)]
         assert [m.role for m in stored.messages] == ["user", "assistant"]
 
         # a model asked again for iteration 1 would answer differently
@@ -73,23 +78,25 @@ async def test_a_worker_dying_mid_tool_call_is_resumed_without_asking_the_model_
     assert second.one(LoopStart).resumed is True
     resumed = ["loop_start", "tool_call", "tool_call", "tool_result", "tool_result"]
     assert second.types[:5] == resumed  # no loop_iteration / llm_request before the calls
-    assert [e.call_id for e in second.of(ToolCallEvent)][:2] == ["t1-1-0", "t1-1-1"]
+    assert [e.call_id for e in second.of(ToolCallEvent)][:2] == [cid("t1", 1, 0), cid("t1", 1, 1)]
     assert [e.iteration for e in second.of(ToolCallEvent)][:2] == [1, 1]
     results = {e.call_id: e.content for e in second.of(ToolResultEvent)}
-    assert (results["t1-1-0"], results["t1-1-1"]) == ("counted a", "released")
+    assert (results[cid("t1", 1, 0)], results[cid("t1", 1, 1)]) == ("counted a", "released")
 
     assert len(first_llm.requests) == 1
     assert len(second_llm.requests) == 2  # iterations 2 and 3: iteration 1 was not asked
     sent = second_llm.requests[0].messages
-    assert [c.id for c in sent[-3].tool_calls] == ["t1-1-0", "t1-1-1"]
+    assert [c.id for c in sent[-3].tool_calls] == [cid("t1", 1, 0), cid("t1", 1, 1)]
     assert [(m.tool_call_id, m.content) for m in sent[-2:]] == [
-        ("t1-1-0", "counted a"),
-        ("t1-1-1", "released"),
+        (cid("t1", 1, 0), "counted a"),
+        (cid("t1", 1, 1), "released"),
     ]
 
     assert tools.counted == Counter({"a": 1, "b": 1})
     ran = Counter(r.call_id for r in tools.runs)
-    assert ran == Counter({"t1-1-0": 1, "t1-1-1": 2, "t1-2-0": 1})  # wait was cut, then re-run
+    assert ran == Counter(
+        {cid("t1", 1, 0): 1, cid("t1", 1, 1): 2, cid("t1", 2, 0): 1}
+    )  # wait was cut, then re-run
     assert (end.reason, end.content, end.iterations) == ("task_completion", "all counted", 3)
     assert rig.types.count("loop_end") + second.types.count("loop_end") == 1
     snapshot = second.store.get("acme", "s1")
@@ -167,8 +174,8 @@ async def test_a_resumed_turn_over_the_openai_client_sends_one_request_per_itera
     assert len(fake_llm.requests) == 2
     sent = fake_llm.requests[1]["messages"]
     assert sent[-2:] == [
-        {"role": "tool", "content": "counted a", "tool_call_id": "t1-1-0"},
-        {"role": "tool", "content": "released", "tool_call_id": "t1-1-1"},
+        {"role": "tool", "content": "counted a", "tool_call_id": cid("t1", 1, 0)},
+        {"role": "tool", "content": "released", "tool_call_id": cid("t1", 1, 1)},
     ]
     assert tools.counted == Counter({"a": 1})
     assert rig.types.count("loop_end") + second.types.count("loop_end") == 1
@@ -182,7 +189,11 @@ async def test_a_new_turn_answers_the_calls_a_dead_turn_left_without_results() -
         second = rig.fork(llm)
         end = await second.run("something else", id="t2")
     assert end.reason == "task_completion"
-    assert [r.call_id for r in tools.runs] == ["t1-1-0"]  # the dead turn's call is not re-run
+    assert [r.call_id for r in tools.runs] == [
+        cid("t1", 1, 0)
+    ]  # the dead turn's call is not re-run
     sent = llm.requests[0].messages
     assert [m.role for m in sent] == ["system", "user", "assistant", "tool", "user"]
-    assert sent[3].tool_call_id == "t1-1-0" and sent[3].content.startswith("Error (interrupted)")
+    assert sent[3].tool_call_id == cid("t1", 1, 0) and sent[3].content.startswith(
+        "Error (interrupted)"
+    )

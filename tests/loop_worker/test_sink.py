@@ -33,13 +33,13 @@ def run_events(turn: str = "t1", *, resumed_at: int | None = None):
 async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS)
-    sink.begin("t1")
+    sink.begin("acme.s1.t1")
     started = time.perf_counter()
     for event in run_events():
         await sink.emit(event)
     emitting = time.perf_counter() - started
-    await sink.flush("t1")
-    assert sink.pending("t1") == 0
+    await sink.flush("acme.s1.t1")
+    assert sink.pending("acme.s1.t1") == 0
     stored = await stream_events(nc, "acme", "s1")
     assert [e.type for e, _ in stored] == [
         "loop_start", "llm_request", "content_delta", "content_delta", "tool_result", "loop_end"
@@ -68,15 +68,15 @@ async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
 async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS)
-    sink.begin("t1", delivery=2)
+    sink.begin("acme.s1.t1", delivery=2)
     await sink.emit(run_events(resumed_at=1)[0])
     for _ in range(2):
         await sink.emit(run_events()[-1])
     await sink.flush()
     stored = await stream_events(nc, "acme", "s1")
     assert [(e.type, h["Nats-Msg-Id"]) for e, h in stored] == [
-        ("loop_start", "t1:loop_start:r2"),
-        ("loop_end", "t1:loop_end"),
+        ("loop_start", "acme.s1.t1:loop_start:r2"),
+        ("loop_end", "acme.s1.t1:loop_end"),
     ]
 
 
@@ -121,16 +121,16 @@ def many_events(turn: str, n: int):
 async def test_events_published_without_acks_are_all_stored_after_flush(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=4)
-    sink.begin("t1")
+    sink.begin("acme.s1.t1")
     events = many_events("t1", 10)
     for event in events[:-1]:  # no loop_end: flush publishes the barrier itself
         await sink.emit(event)
-    await sink.flush("t1")
-    assert sink.pending("t1") == 0
+    await sink.flush("acme.s1.t1")
+    assert sink.pending("acme.s1.t1") == 0
     stored = await stream_events(nc, "acme", "s1")
     assert [e.text for e, _ in stored if isinstance(e, ContentDelta)] == [str(i) for i in range(10)]
     await sink.emit(events[-1])
-    await sink.flush("t1")
+    await sink.flush("acme.s1.t1")
     stored = await stream_events(nc, "acme", "s1")
     assert [e.type for e, _ in stored].count("loop_end") == 1
     assert len(stored) == 12
@@ -139,7 +139,7 @@ async def test_events_published_without_acks_are_all_stored_after_flush(nc):
 async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
-    sink.begin("t1")
+    sink.begin("acme.s1.t1")
     publish = nc.publish
     replies: list[str] = []
 
@@ -150,7 +150,7 @@ async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
     nc.publish = counting  # type: ignore[method-assign]
     for event in many_events("t1", 20):
         await sink.emit(event)
-    await sink.flush("t1")
+    await sink.flush("acme.s1.t1")
     assert len(replies) == 22
     assert [r for r in replies if r] == replies[-1:]  # only loop_end asked for an ack
     assert len(await stream_events(nc, "acme", "s1")) == 22
@@ -161,7 +161,7 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
     client = await connect_fast(nats_server.url)
     try:
         sink = JetStreamEvents(client, SUBJECTS, barrier_every=1000)
-        sink.begin("t1")
+        sink.begin("acme.s1.t1")
         events = many_events("t1", 6)
         publish = client.publish
         lost: list[str] = []
@@ -184,20 +184,22 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
         )
         for event in events[4:]:
             await sink.emit(event)
-        await sink.flush("t1")
+        await sink.flush("acme.s1.t1")
         stored = await stream_events(client, "acme", "s1")
     finally:
         await client.close()
     assert len(lost) == 3
     ids = [h["Nats-Msg-Id"] for _, h in stored]
-    expected = ["t1:0:loop_start:0", *(f"t1:1:content_delta:{i}" for i in range(6)), "t1:loop_end"]
+    t1 = "acme.s1.t1"
+    expected = [f"{t1}:0:loop_start:0", *(f"{t1}:1:content_delta:{i}" for i in range(6))]
+    expected.append(f"{t1}:loop_end")
     assert sorted(ids) == sorted(expected)  # none missing, none twice
 
 
 async def test_unacked_events_are_bounded_in_bytes(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
-    sink.begin("t1")
+    sink.begin("acme.s1.t1")
     publish = nc.publish
     replies: list[str] = []
 
@@ -210,5 +212,5 @@ async def test_unacked_events_are_bounded_in_bytes(nc):
     for text in ("a", "b" * 40_000, "c" * 40_000, "d"):
         await sink.emit(ContentDelta(**base, text=text))
     assert [bool(r) for r in replies] == [False, False, True, False]  # 64 KB reached
-    await sink.flush("t1")
+    await sink.flush("acme.s1.t1")
     assert len(await stream_events(nc, "acme", "s1")) == 4

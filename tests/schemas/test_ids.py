@@ -2,7 +2,7 @@ import msgspec
 import pytest
 
 from schemas import DecodeError, InvalidIdError, Subjects, Turn, call_id, decode, safe_token
-from schemas.ids import is_token
+from schemas.ids import is_token, turn_msg_id
 from schemas.subjects import catalog_key, session_key
 
 HOSTILE: list[object] = ["a.b", "*", ">", "a b", "", "x" * 65, "a\nb", "é", 5, None]
@@ -67,9 +67,29 @@ def test_safe_token_maps_any_name_to_a_token_and_keeps_names_apart(name):
     assert safe_token(name + "!") != token
 
 
-def test_call_ids_are_deterministic_tokens_even_for_long_turn_ids():
-    long_turn = "t" * 64
-    assert call_id("turn1", 2, 0) == "turn1-2-0"
-    assert call_id(long_turn, 3, 1) == call_id(long_turn, 3, 1)
-    assert call_id(long_turn, 3, 1) != call_id(long_turn, 3, 2)
-    assert is_token(call_id(long_turn, 99999, 99))
+def test_call_ids_are_deterministic_tokens_even_for_long_ids():
+    long = "t" * 64
+    assert call_id("acme", "s1", "turn1", 2, 0).startswith("turn1-2-0-")
+    assert call_id(long, long, long, 3, 1) == call_id(long, long, long, 3, 1)
+    assert call_id(long, long, long, 3, 1) != call_id(long, long, long, 3, 2)
+    assert call_id(long, long, long, 3, 1) != call_id(long, long, long, 4, 1)
+    assert is_token(call_id(long, long, long, 99999, 99))
+    assert is_token(call_id("a", "b", long, 10**70, 1))
+
+
+def test_call_ids_of_the_same_turn_id_differ_between_tenants_and_sessions():
+    ids = {
+        call_id(tenant, session, "t1", 1, 0)
+        for tenant in ("acme", "other", "acme-s1", "a")
+        for session in ("s1", "s2", "t1", "s1-t1")
+    }
+    assert len(ids) == 16
+    long = "t" * 64  # the turn part is cut short; the hash keeps them apart
+    assert call_id("acme", "s1", long, 1, 0) != call_id("acme", "s1", long[:-1] + "u", 1, 0)
+
+
+def test_a_turns_msg_id_names_its_tenant_session_and_id():
+    assert turn_msg_id("acme", "s1", "t1") == "acme.s1.t1"
+    assert Turn(id="t1", tenant="acme", session="s1", input="").msg_id == "acme.s1.t1"
+    with pytest.raises(InvalidIdError):
+        turn_msg_id("acme", "s.1", "t1")
