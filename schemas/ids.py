@@ -66,6 +66,7 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+@functools.lru_cache(maxsize=16_384)  # the event sink keys every event by it
 def turn_msg_id(tenant: str, session: str, turn_id: str) -> str:
     """The ``Nats-Msg-Id`` of a turn, and the key of everything derived from it:
     ``<tenant>.<session>.<turn>``.
