@@ -50,6 +50,7 @@ from schemas import (
     encode,
     turn_msg_id,
 )
+from schemas.ids import check_turn_msg_id
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
 
@@ -202,7 +203,7 @@ class NatsToolDispatcher:
         redelivered turn). A turn's first delivery has no recorded calls: its calls skip
         the effect read."""
         if resumed:
-            self._resuming.add(key)
+            self._resuming.add(check_turn_msg_id(key))
         else:
             self._resuming.discard(key)
 

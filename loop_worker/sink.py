@@ -41,6 +41,7 @@ from nats.aio.client import Client
 from loopmesh.jetstream import Publisher, acked, retry
 from schemas import Subjects, encode, turn_msg_id
 from schemas.events import Event, tool_event_msg_id
+from schemas.ids import check_turn_msg_id
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
 
@@ -103,7 +104,7 @@ class JetStreamEvents:
     def begin(self, key: str, *, delivery: int = 1) -> None:
         """Start tracking the turn ``key`` (its ``Turn.msg_id``); ``delivery`` is its
         JetStream delivery count."""
-        self._turns[key] = _Turn(delivery=delivery)
+        self._turns[check_turn_msg_id(key)] = _Turn(delivery=delivery)
 
     def end(self, key: str) -> None:
         """Forget a turn (after :meth:`flush`)."""
@@ -193,7 +194,7 @@ class JetStreamEvents:
 
     async def flush(self, key: str | None = None) -> None:
         """Wait until every event of the turn ``key`` (or of every turn) is stored."""
-        keys = [key] if key is not None else list(self._turns)
+        keys = [check_turn_msg_id(key)] if key is not None else list(self._turns)
         for k in keys:
             turn = self._turns.get(k)
             if turn is not None and turn.pending:

@@ -80,6 +80,15 @@ def turn_msg_id(tenant: str, session: str, turn_id: str) -> str:
     return f"{tenant}.{session}.{check_token(turn_id, 'turn')}"
 
 
+def check_turn_msg_id(key: str) -> str:
+    """Return ``key`` if it has the form of :func:`turn_msg_id`, else raise
+    :class:`InvalidIdError`: code keyed by turn catches a bare turn id here."""
+    parts = key.split(".") if isinstance(key, str) else ()
+    if len(parts) != 3 or not all(is_token(p) for p in parts):
+        raise InvalidIdError("turn key", key, "<tenant>.<session>.<turn id> (Turn.msg_id)")
+    return key
+
+
 _SCOPE_HEX = 24  # 96 bits of blake2s over tenant, session and turn
 
 

@@ -55,10 +55,10 @@ async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
         await first.emit(event)
     await first.flush()
     second = JetStreamEvents(nc, SUBJECTS)  # another worker replays iteration 1
-    second.begin("t1", delivery=2)
+    second.begin("acme.s1.t1", delivery=2)
     for event in run_events():
         await second.emit(event)
-    await second.flush("t1")
+    await second.flush("acme.s1.t1")
     stored = await stream_events(nc, "acme", "s1")
     assert [e.type for e, _ in stored] == [
         "loop_start", "llm_request", "content_delta", "content_delta", "tool_result", "loop_end"

@@ -2,7 +2,7 @@ import msgspec
 import pytest
 
 from schemas import DecodeError, InvalidIdError, Subjects, Turn, call_id, decode, safe_token
-from schemas.ids import is_token, turn_msg_id
+from schemas.ids import check_turn_msg_id, is_token, turn_msg_id
 from schemas.subjects import catalog_key, session_key
 
 HOSTILE: list[object] = ["a.b", "*", ">", "a b", "", "x" * 65, "a\nb", "é", 5, None]
@@ -93,3 +93,7 @@ def test_a_turns_msg_id_names_its_tenant_session_and_id():
     assert Turn(id="t1", tenant="acme", session="s1", input="").msg_id == "acme.s1.t1"
     with pytest.raises(InvalidIdError):
         turn_msg_id("acme", "s.1", "t1")
+    assert check_turn_msg_id("acme.s1.t1") == "acme.s1.t1"
+    for bare in ("t1", "acme.t1", "acme.s1.t1.x", "acme..t1"):
+        with pytest.raises(InvalidIdError, match=r"Turn\.msg_id"):
+            check_turn_msg_id(bare)
