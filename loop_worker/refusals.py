@@ -18,11 +18,10 @@ from __future__ import annotations
 import logging
 import time
 
+from loopmesh.jetstream import Publisher, acked, retry
 from schemas import Subjects, encode, turn_msg_id
 from schemas.admit import Refused
 from schemas.events import Error, Event, LoopEnd
-
-from loopmesh.jetstream import Publisher, acked, retry
 
 log = logging.getLogger("loopmesh.loop_worker.refusals")
 

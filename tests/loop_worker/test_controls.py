@@ -4,9 +4,8 @@ import time
 import pytest
 
 from loop_worker.controls import Controls, send_control
-from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
+from loopmesh.testing.durable import SUBJECTS, provision_short, stream_events, wait_for
 from schemas import ApprovalDecision, Cancel, Pause, Resume, Turn, encode
-from loopmesh.testing.durable import stream_events
 from schemas.events import Error
 
 

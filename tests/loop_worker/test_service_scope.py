@@ -7,20 +7,18 @@ import time
 
 import pytest
 
-from schemas import Turn, encode
-from schemas.events import Error, LoopEnd, ToolResultEvent
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.loop_worker.durable import (
+from loopmesh.testing.durable import (
     SUBJECTS,
-    Mesh,
-    Watch,
     connect_fast,
     provision_short,
-    send_turn,
     stream_events,
     wait_for,
 )
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from schemas import Turn, encode
+from schemas.events import Error, LoopEnd, ToolResultEvent
+from tests.loop_worker.durable import Mesh, Watch, send_turn
 
 
 @pytest.fixture
