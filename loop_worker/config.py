@@ -40,7 +40,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_deliveries: AtLeastOne = 10  # a turn delivered more often ends with an error
     fetch_timeout_s: Positive = 1.0
     drain_timeout_s: Positive = 20.0
-    catalog_refresh_s: Positive = 5.0
+    catalog_refresh_s: Positive = 5.0  # unused: the catalog is watched, not re-read
+    catalog_load_timeout_s: Positive = 10.0  # a turn waits this long for the first load
     tool_grace_s: Positive = 5.0
     metrics_host: str = "127.0.0.1"
     metrics_port: Port | None = None

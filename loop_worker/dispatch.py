@@ -18,7 +18,10 @@ there: publish again, under the same id) or has not come when the reply is overd
 first one was stored).
 
 One wildcard subscription (``<inbox>.*``) serves every call; replies find their
-waiting call by id. The catalog is read into memory and reloaded in the background.
+waiting call by id. The tools come from a live watch of the catalog bucket
+(:class:`~loop_worker.catalog.Catalog`): :meth:`NatsToolDispatcher.tools` waits for its
+initial load (raising :class:`~loop_worker.errors.CatalogNotLoadedError` after
+``catalog_load_timeout_s``) and is current from then on.
 """
 
 from __future__ import annotations
@@ -34,9 +37,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KeyValue
 
-from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, retry
 from schemas import (
     DecodeError,
@@ -51,6 +52,9 @@ from schemas import (
     turn_msg_id,
 )
 from schemas.ids import check_turn_msg_id
+
+from .catalog import Catalog, OnChange
+from .errors import CatalogNotLoadedError
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
 
@@ -68,7 +72,8 @@ class NatsToolDispatcher:
     before a request is published (the service commits the session's checkpoint, so
     the pending calls are stored before they can run); ``resend_s`` bounds how long
     after the first publish a copy may be published (well inside the stream's
-    duplicate window).
+    duplicate window). ``on_catalog`` is called with the tool list when the catalog
+    loads and whenever its tools change.
     """
 
     def __init__(
@@ -76,7 +81,8 @@ class NatsToolDispatcher:
         nc: Client,
         subjects: Subjects,
         *,
-        refresh_s: float = 5.0,
+        catalog_load_timeout_s: float = 10.0,
+        on_catalog: OnChange | None = None,
         grace_s: float = 5.0,
         effect_poll_s: float = 1.0,
         default_timeout_s: float = 60.0,
@@ -93,43 +99,40 @@ class NatsToolDispatcher:
         self._before_publish = before_publish
         self._unlapsed = unlapsed
         self._subjects = subjects
-        self._refresh_s = refresh_s
         self._grace_s = grace_s
         self._effect_poll_s = effect_poll_s
         self._default_timeout_s = default_timeout_s
-        self._catalog: dict[str, ToolSpec] = {}
-        self._catalog_kv: KeyValue | None = None
+        self.catalog = Catalog(
+            nc,
+            subjects.catalog_bucket,
+            load_timeout_s=catalog_load_timeout_s,
+            on_change=on_catalog,
+        )
         self._effects_kv: KV | None = None
         self._inbox = ""
         self._sub: Subscription | None = None
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
-        self._refresher: asyncio.Task[None] | None = None
-        self._reloading: asyncio.Lock = asyncio.Lock()
         self._effects_first = effects_first
         self._resuming: set[str] = set()
 
     async def start(self) -> None:
         if self._sub is not None:
             return
-        self._catalog_kv = await retry(
-            lambda: self._js.key_value(self._subjects.catalog_bucket), "open catalog bucket"
-        )
-        effects = self._subjects.effects_bucket
-        await retry(lambda: self._js.key_value(effects), "open effects bucket")
-        await self._publisher.start()
-        self._effects_kv = KV(self._publisher, effects)
-        self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
-        await self.reload()
-        self._refresher = asyncio.create_task(self._refresh(), name="catalog-refresh")
+        self.catalog.start()  # turns wait for its first load (see tools)
+        try:
+            effects = self._subjects.effects_bucket
+            await retry(lambda: self._js.key_value(effects), "open effects bucket")
+            await self._publisher.start()
+            self._effects_kv = KV(self._publisher, effects)
+            self._inbox = self._nc.new_inbox()
+            self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+        except BaseException:
+            await self.catalog.close()
+            raise
 
     async def close(self) -> None:
-        """Stop refreshing and unsubscribe. Idempotent."""
-        task, self._refresher = self._refresher, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop watching the catalog and unsubscribe. Idempotent."""
+        await self.catalog.close()
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -152,49 +155,14 @@ class NatsToolDispatcher:
     # -- catalog ------------------------------------------------------------------------
 
     async def tools(self) -> Sequence[ToolSpec]:
-        return list(self._catalog.values())
-
-    async def reload(self) -> None:
-        """Read the whole catalog again (live workers keep their entries fresh)."""
-        async with self._reloading:
-            assert self._catalog_kv is not None
-            watcher = await self._catalog_kv.watchall()
-            catalog: dict[str, ToolSpec] = {}
-            try:
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if entry.operation is not None or not entry.value:
-                        continue  # deleted or purged
-                    try:
-                        spec = decode(entry.value, ToolSpec)
-                    except DecodeError as exc:
-                        log.warning("bad catalog entry key=%s error=%s", entry.key, exc)
-                        continue
-                    catalog[entry.key] = spec
-            finally:
-                await watcher.stop()
-            self._catalog = catalog
-
-    async def _refresh(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_s)
-            try:
-                await self.reload()
-            except Exception as exc:
-                log.info("catalog reload failed error=%r", exc)
-            raise_if_cancelled()
+        """The catalog's tools, once its initial load is in (a turn never starts on a
+        half-known catalog: :class:`CatalogNotLoadedError` after the load timeout)."""
+        await self.catalog.loaded()
+        return self.catalog.specs()
 
     async def _spec(self, server: str, tool: str) -> ToolSpec | None:
-        key = catalog_key(server, tool)
-        spec = self._catalog.get(key)
-        if spec is None:
-            try:
-                await self.reload()
-            except Exception as exc:
-                log.warning("catalog reload failed error=%r", exc)
-            spec = self._catalog.get(key)
-        return spec
+        await self.catalog.loaded()
+        return self.catalog.get(catalog_key(server, tool))
 
     # -- calls --------------------------------------------------------------------------
 
@@ -208,7 +176,10 @@ class NatsToolDispatcher:
             self._resuming.discard(key)
 
     async def call(self, request: ToolCallRequest) -> ToolResult:
-        spec = await self._spec(request.server, request.tool)
+        try:
+            spec = await self._spec(request.server, request.tool)
+        except CatalogNotLoadedError as exc:
+            return _error(request, "unavailable", str(exc))
         if spec is None:
             return _error(
                 request,

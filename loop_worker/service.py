@@ -122,7 +122,7 @@ class LoopWorker:
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,
-            refresh_s=self.settings.catalog_refresh_s,
+            catalog_load_timeout_s=self.settings.catalog_load_timeout_s,
             grace_s=self.settings.tool_grace_s,
             default_timeout_s=config.loop.tool_timeout_s,
             effects_first=False,

@@ -38,6 +38,7 @@ class Catalog:
         self.refresh_s = refresh_s
         self._changed = asyncio.Event()
         self._published: set[str] = set()
+        self._first_done = False
         registry.on_change(self._changed.set)
 
     @classmethod
@@ -66,11 +67,24 @@ class Catalog:
         self._published = keys
         return len(keys)
 
+    async def publish_first(self) -> None:
+        """Publish once, before :meth:`run` (which then waits its first round): the tools
+        are offered once this returns. A failure is logged; :meth:`run` tries again."""
+        try:
+            await self.publish()
+            self._first_done = True
+        except Exception as exc:
+            log.warning("catalog publish failed: %r", exc)
+
     async def run(self) -> None:
-        """Publish now, then on every change and every ``refresh_s``; until cancelled."""
+        """Publish now (unless :meth:`publish_first` did), then on every change and every
+        ``refresh_s``; until cancelled."""
         while True:
             try:
-                await self.publish()
+                if self._first_done:
+                    self._first_done = False
+                else:
+                    await self.publish()
             except Exception as exc:  # NATS down: the next round tries again
                 log.warning("catalog refresh failed: %r", exc)
             raise_if_cancelled()  # nats-py may have swallowed a cancel

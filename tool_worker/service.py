@@ -149,6 +149,7 @@ class ToolWorker:
                 background = [tg.create_task(self._keepalive(), name="keepalive")]
                 if self.catalog:
                     catalog = await Catalog.open(self._js, self.subjects, self.registry, self.pool)
+                    await catalog.publish_first()  # in the catalog before it says it is ready
                     background.append(tg.create_task(catalog.run(), name="catalog"))
                 background.append(tg.create_task(self._puller(), name="puller"))
                 self.ready.set()

@@ -30,10 +30,10 @@ async def dispatcher(nc):
         yield d
 
 
-async def test_tools_lists_the_catalog_and_sees_new_entries_on_reload(nc, dispatcher):
+async def test_tools_lists_the_catalog_and_sees_new_entries_as_they_are_put(nc, dispatcher):
     assert [t.name for t in await dispatcher.tools()] == ["echo"]
     await register_tool(nc, spec("other", pool="slow"))
-    await dispatcher.reload()
+    assert await dispatcher.catalog.wait_for(lambda c: c.get("local.other") is not None, 5)
     assert sorted(t.name for t in await dispatcher.tools()) == ["echo", "other"]
 
 
