@@ -212,18 +212,18 @@ class Catalog:
 
     async def _publish(self, fresh: dict[str, ToolSpec]) -> None:
         changed = fresh.keys() != self._specs.keys() or not self._loaded.is_set()
-        if fresh == self._specs and not changed:
+        if not changed and fresh == self._specs:
             return
         self._specs = dict(fresh)
         self._list = tuple(fresh.values())
         self._loaded.set()
-        async with self._changed:
-            self._changed.notify_all()
-        if changed and self._on_change is not None:
+        if changed and self._on_change is not None:  # before any waiter resumes
             try:
                 self._on_change(self._list)
             except Exception:
                 log.exception("catalog change callback failed")
+        async with self._changed:
+            self._changed.notify_all()
 
 
 _FIRST = asyncio.FIRST_COMPLETED

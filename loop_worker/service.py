@@ -48,6 +48,7 @@ from schemas.admit import Refused, admit_turn
 from schemas.events import Error, LoopEnd
 
 from . import refusals
+from .approvals import Approvals
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .dispatch import NatsToolDispatcher
@@ -123,6 +124,7 @@ class LoopWorker:
             nc,
             self.subjects,
             catalog_load_timeout_s=self.settings.catalog_load_timeout_s,
+            on_catalog=Approvals(config.loop.approval_tools).report,
             grace_s=self.settings.tool_grace_s,
             default_timeout_s=config.loop.tool_timeout_s,
             effects_first=False,

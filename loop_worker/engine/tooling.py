@@ -28,6 +28,7 @@ from schemas.events import (
 )
 from schemas.messages import PendingCall
 
+from .approvals import Approvals
 from .errors import ToolFormatError
 from .hooks import SKIP, Hooks
 from .memory import truncate
@@ -171,6 +172,7 @@ class ToolRunner:
         self.tools = tools
         self.hooks = hooks
         self.builtin = builtin
+        self.approvals = Approvals(settings.approval_tools)
 
     async def run(self, calls: Sequence[Call]) -> list[Outcome]:
         for call in calls:
@@ -234,18 +236,22 @@ class ToolRunner:
         approved, reason = await self.hooks.approve_tool(request)
         if not approved:
             return self._rejected(call, reason)
-        if self._needs_approval(call):
+        if await self._needs_approval(call):
             refusal = await self._ask_person(call, request)
             if refusal is not None:
                 return await self.hooks.after_tool(request, refusal)
         result = await self.tools.call(request)
         return await self.hooks.after_tool(request, result)
 
-    def _needs_approval(self, call: Call) -> bool:
+    async def _needs_approval(self, call: Call) -> bool:
+        """See :mod:`loop_worker.approvals` (a name that matches no tool fails closed)."""
         assert call.spec is not None
-        return call.spec.needs_approval or f"{call.server}.{call.tool}" in set(
-            self.settings.approval_tools
-        )
+        if call.spec.needs_approval:
+            return True
+        if not self.approvals:
+            return False
+        specs = await self.tools.tools()
+        return self.approvals.reason(call.spec, specs, call.name) is not None
 
     async def _ask_person(self, call: Call, request: ToolCallRequest) -> ToolResult | None:
         """``None`` when a person approved; otherwise the refusal to give the model."""
