@@ -151,7 +151,6 @@ class Catalog:
                 status = await kv.status()
                 self.watches += 1
                 await self._watch(kv, status.ttl or 0.0)
-                log.info("catalog watch ended; watching again bucket=%s", self.bucket)
                 delay = 0.05
             except Exception as exc:
                 self._last_error = exc
@@ -171,14 +170,14 @@ class Catalog:
         initial = True
         try:
             while True:
-                deadline = min(lapses.values(), default=loop.time() + self._check_s)
+                if self._nc.stats["reconnects"] != reconnects:
+                    log.info("reconnected: watching the catalog again bucket=%s", self.bucket)
+                    return
+                wake = min([*lapses.values(), loop.time() + self._check_s])
                 try:
-                    async with asyncio.timeout_at(min(deadline, loop.time() + self._check_s)):
+                    async with asyncio.timeout_at(wake):
                         entry = await anext(watcher)
                 except TimeoutError:
-                    if self._nc.stats["reconnects"] != reconnects:
-                        log.info("reconnected: watching the catalog again bucket=%s", self.bucket)
-                        return
                     now = loop.time()
                     for key in [k for k, t in lapses.items() if t <= now]:
                         del lapses[key]
@@ -188,6 +187,7 @@ class Catalog:
                         await self._publish(fresh)
                     continue
                 except StopAsyncIteration:
+                    log.info("catalog watch ended; watching again bucket=%s", self.bucket)
                     return
                 if entry is None:  # the initial values are in
                     initial = False

@@ -157,12 +157,16 @@ class LoopWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then finish or hand back in-flight turns."""
         await self._prepare()
-        sub = await retry(
-            lambda: self._js.pull_subscribe_bind(
-                self.subjects.turns_consumer, self.subjects.turns_stream
-            ),
-            "bind the turns consumer",
-        )
+        try:
+            sub = await retry(
+                lambda: self._js.pull_subscribe_bind(
+                    self.subjects.turns_consumer, self.subjects.turns_stream
+                ),
+                "bind the turns consumer",
+            )
+        except BaseException:
+            await self.tools.close()  # its catalog watch ends with the worker
+            raise
         try:
             async with asyncio.TaskGroup() as tg:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
