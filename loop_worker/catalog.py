@@ -170,6 +170,7 @@ class Catalog:
         initial = True
         try:
             while True:
+                raise_if_cancelled()  # nats-py may have swallowed a cancel
                 if self._nc.stats["reconnects"] != reconnects:
                     log.info("reconnected: watching the catalog again bucket=%s", self.bucket)
                     return
