@@ -48,10 +48,10 @@ from schemas.admit import Refused, admit_turn
 from schemas.events import Error, LoopEnd
 
 from . import refusals
-from .approvals import Approvals
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .dispatch import NatsToolDispatcher
+from .engine.approvals import Approvals
 from .engine.engine import Engine
 from .engine.errors import StaleSessionError
 from .engine.protocols import LLM

@@ -244,7 +244,7 @@ class ToolRunner:
         return await self.hooks.after_tool(request, result)
 
     async def _needs_approval(self, call: Call) -> bool:
-        """See :mod:`loop_worker.approvals` (a name that matches no tool fails closed)."""
+        """See :mod:`loop_worker.engine.approvals` (a name that matches no tool fails closed)."""
         assert call.spec is not None
         if call.spec.needs_approval:
             return True

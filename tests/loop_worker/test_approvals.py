@@ -11,23 +11,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from loop_worker.approvals import Approvals
 from loop_worker.config import LoopWorkerConfig
+from loop_worker.engine.approvals import Approvals
 from loopmesh.nats import connect
 from loopmesh.settings import load
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto, tool_calls
 from schemas import ApprovalDecision, ToolSpec, Turn
 from schemas.events import ApprovalRequired, LoopEnd
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto, tool_calls
-from tests.loop_worker.durable import (
-    SUBJECTS,
-    Mesh,
-    Running,
-    Watch,
-    connect_fast,
-    provision_short,
-    send_turn,
-)
+from tests.loop_worker.durable import Mesh, Running, Watch, send_turn
 from tests.loop_worker.scripted import Rig
 from tool_worker.config import ToolWorkerConfig
 

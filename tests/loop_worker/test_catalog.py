@@ -12,21 +12,12 @@ import pytest
 from loop_worker.catalog import Catalog
 from loop_worker.errors import CatalogNotLoadedError
 from loopmesh.provision import provision
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
 from schemas import Turn, catalog_key, definitions, encode
 from schemas.events import Error, LoopEnd
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.loop_worker.durable import (
-    SUBJECTS,
-    Mesh,
-    Watch,
-    connect_fast,
-    provision_short,
-    register_tool,
-    send_turn,
-    spec,
-    wait_for,
-)
+from tests.loop_worker.durable import Mesh, Watch, register_tool, send_turn, spec
 
 BUCKET = SUBJECTS.catalog_bucket
 
