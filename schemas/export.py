@@ -33,9 +33,25 @@ def render() -> dict[str, str]:
     """File name → JSON text for every wire type."""
     out = {}
     for name, type_ in WIRE_TYPES.items():
-        schema = msgspec.json.schema(type_)
+        schema = _null_last(msgspec.json.schema(type_))
         schema["title"] = name
         out[f"{name}.json"] = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    return out
+
+
+def _null_last(node: Any) -> Any:
+    """``null`` last in every ``anyOf``, as msgspec 0.22 writes it (older versions put
+    it first), so the files do not depend on the msgspec version that wrote them."""
+    if isinstance(node, list):
+        return [_null_last(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _null_last(value) for key, value in node.items()}
+    if isinstance(out.get("anyOf"), list):
+        null = {"type": "null"}
+        out["anyOf"] = [o for o in out["anyOf"] if o != null] + [
+            o for o in out["anyOf"] if o == null
+        ]
     return out
 
 

@@ -31,11 +31,14 @@ async def publish(nc, control) -> None:
 
 async def test_a_cancel_reaches_the_running_turn_at_once(nc, controls):
     control = await controls.open(turn())
-    started = time.monotonic()
-    await publish(nc, Cancel(tenant="acme", session="s1", reason="stop"))
-    await asyncio.wait_for(control.cancelled.wait(), 1.0)
-    assert control.cancel_reason == "stop"
-    assert time.monotonic() - started < 0.2
+    routed: list[object] = []
+    heard = asyncio.Event()
+    controls.on_routed = lambda c: (routed.append(c), heard.set())
+    cancel = Cancel(tenant="acme", session="s1", reason="stop")
+    await publish(nc, cancel)
+    await asyncio.wait_for(heard.wait(), 10)
+    assert control.cancelled.is_set() and control.cancel_reason == "stop"
+    assert routed == [cancel]  # by the live message itself, not a later read of the record
 
 
 async def test_a_control_for_another_turn_is_ignored(nc, controls):
@@ -44,16 +47,16 @@ async def test_a_control_for_another_turn_is_ignored(nc, controls):
     controls.on_routed = lambda c: routed.set()
     await publish(nc, Cancel(tenant="acme", session="s1", turn_id="t0"))
     await publish(nc, Pause(tenant="acme", session="s1", turn_id="t1"))
-    await asyncio.wait_for(routed.wait(), 1.0)
+    await asyncio.wait_for(routed.wait(), 10)
     assert control.paused and not control.cancelled.is_set()
 
 
 async def test_pause_and_resume_reach_the_running_turn(nc, controls):
     control = await controls.open(turn())
     await publish(nc, Pause(tenant="acme", session="s1"))
-    await wait_for(lambda: control.paused, timeout=1)
+    await wait_for(lambda: control.paused)
     await publish(nc, Resume(tenant="acme", session="s1"))
-    await asyncio.wait_for(control.wait_running(), 1.0)
+    await asyncio.wait_for(control.wait_running(), 10)
 
 
 async def test_a_cancel_sent_while_no_worker_runs_the_turn_applies_when_it_starts(nc, controls):
@@ -77,18 +80,18 @@ async def test_an_approval_recorded_while_no_worker_ran_is_found_by_wait_decisio
     decision = ApprovalDecision(tenant="acme", session="s1", call_id="t1-1-0", approved=True)
     await send_control(nc, SUBJECTS, decision)
     control = await controls.open(turn())
-    got = await control.wait_decision("t1-1-0", timeout=1.0)
+    got = await control.wait_decision("t1-1-0", timeout=10)
     assert got is not None and got.approved and got.call_id == "t1-1-0"
     assert await control.wait_decision("t1-1-1", timeout=0.05) is None
 
 
 async def test_an_approval_arriving_while_waiting_wakes_the_wait(nc, controls):
     control = await controls.open(turn())
-    waiter = asyncio.create_task(control.wait_decision("t1-1-0", timeout=5.0))
+    waiter = asyncio.create_task(control.wait_decision("t1-1-0", timeout=30))
     await publish(
         nc, ApprovalDecision(tenant="acme", session="s1", call_id="t1-1-0", approved=False)
     )
-    got = await asyncio.wait_for(waiter, 1.0)
+    got = await asyncio.wait_for(waiter, 10)
     assert got is not None and got.approved is False
 
 
@@ -101,7 +104,7 @@ async def test_bad_control_messages_are_refused_with_an_error_event_on_their_ses
     errors = await _errors(nc, "acme", "s1", 3)
     assert not control.cancelled.is_set()  # the version-99 cancel did nothing
     await publish(nc, Cancel(tenant="acme", session="s1"))
-    await asyncio.wait_for(control.cancelled.wait(), 1.0)
+    await asyncio.wait_for(control.cancelled.wait(), 10)
     by_code = sorted((e.code, e.turn_id) for e in errors)
     assert by_code == [
         ("invalid_message", "unknown"), ("invalid_message", "unknown"),

@@ -67,18 +67,20 @@ async def test_a_recorded_effect_is_returned_without_running_the_tool_again(nc, 
 
 async def test_a_lost_reply_is_recovered_from_the_effect_record(nc, dispatcher):
     async with fake_pool(nc, echo, reply=False) as ran:
-        started = time.monotonic()
-        result = await dispatcher.call(request(text="quiet"))
-    assert result.content == "quiet" and len(ran) == 1
-    assert time.monotonic() - started < 2.0
+        # The call may wait 120 s: only the effect poll can answer it within the deadline.
+        async with asyncio.timeout(30):
+            slow = msgspec.structs.replace(request(text="quiet"), timeout_s=120)
+            result = await dispatcher.call(slow)
+    assert result.status == "ok" and result.content == "quiet" and len(ran) == 1
 
 
 async def test_a_call_nobody_serves_times_out_by_its_deadline(nc, dispatcher):
     await register_tool(nc, spec("stuck", pool="nobody", timeout_s=0.3))
     started = time.monotonic()
-    result = await dispatcher.call(request(tool="stuck"))
+    async with asyncio.timeout(30):
+        result = await dispatcher.call(request(tool="stuck"))
     assert result.status == "timeout" and result.error and result.error.code == "timeout"
-    assert 0.7 <= time.monotonic() - started < 2.0  # timeout 0.3 + grace 0.5
+    assert time.monotonic() - started >= 0.7  # not before timeout 0.3 + grace 0.5
 
 
 async def test_the_same_call_published_twice_runs_once(nc, dispatcher):
@@ -106,11 +108,10 @@ async def test_cancelling_a_call_ends_the_wait_at_once(nc, dispatcher):
     await register_tool(nc, spec("stuck", pool="nobody", timeout_s=30))
     task = asyncio.create_task(dispatcher.call(request(tool="stuck")))
     await wait_for(lambda: bool(dispatcher._waiting), what="the call to wait")
-    started = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - started < 0.1
+        async with asyncio.timeout(10):  # the call itself would wait 30 s
+            await task
     assert not dispatcher._waiting
 
 
@@ -159,14 +160,14 @@ async def test_the_reply_is_not_held_up_by_a_missing_ack(nc, dispatcher):
     publisher = LossyPublisher(nc)
     async with (
         NatsToolDispatcher(
-            nc, SUBJECTS, grace_s=0.5, effect_poll_s=5.0, publisher=publisher
+            nc, SUBJECTS, grace_s=0.5, effect_poll_s=60.0, publisher=publisher
         ) as lossy,
         fake_pool(nc, echo) as ran,
+        asyncio.timeout(20),  # held up, it would wait for the poll or the deadline (30 s)
     ):
-        started = time.monotonic()
         result = await lossy.call(request(text="fast"))
     assert result.content == "fast" and len(ran) == 1
-    assert time.monotonic() - started < 1.0 and publisher.tool_publishes == ["t1-1-0"]
+    assert publisher.tool_publishes == ["t1-1-0"]  # never published again
 
 
 async def test_a_first_run_marks_its_calls_first_attempt_and_a_resumed_run_does_not(nc):

@@ -99,9 +99,9 @@ async def test_several_native_tool_calls_in_one_response_run_concurrently(
     barrier = asyncio.Barrier(2)  # each call waits for the other: sequential calls time out
     tools = LocalTools()
 
-    @tools.tool(timeout_s=5)
+    @tools.tool(timeout_s=60)
     async def meet(name: str) -> str:
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(30):
             await barrier.wait()
         return f"met {name}"
 

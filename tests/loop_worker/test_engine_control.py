@@ -16,13 +16,13 @@ def finish() -> object:
 
 
 async def test_cancelling_stops_the_llm_stream_promptly(fake_llm: FakeLLM) -> None:
-    fake_llm.script(hang(30))
+    fake_llm.script(hang(60))
     async with Rig.openai(fake_llm) as rig:
         task = asyncio.create_task(rig.run())
         await rig.events.wait_for("llm_request")
         await fake_llm.wait_requests(1)
         rig.control.cancel("user pressed stop")
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(15):
             end = await task
         await fake_llm.wait_disconnects(1)
     assert (end.reason, end.error) == ("cancelled", "user pressed stop")
@@ -30,12 +30,12 @@ async def test_cancelling_stops_the_llm_stream_promptly(fake_llm: FakeLLM) -> No
 
 
 async def test_cancelling_mid_stream_after_some_deltas(fake_llm: FakeLLM) -> None:
-    fake_llm.script(text("a slow story " * 50, chunk_size=4, delay_s=0.05))
+    fake_llm.script(text("a slow story " * 50, chunk_size=4, delay_s=0.5))
     async with Rig.openai(fake_llm) as rig:
         task = asyncio.create_task(rig.run())
         await rig.events.wait_for("content_delta")
         rig.control.cancel()
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(15):
             end = await task
     assert end.reason == "cancelled"
 
@@ -53,10 +53,10 @@ async def test_cancelling_stops_pending_tool_waits_and_closes_the_calls(fake_llm
     fake_llm.script(tool_calls(("local__slow", {})))
     async with Rig.openai(fake_llm, tools=tools) as rig:
         task = asyncio.create_task(rig.run())
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(30):
             await started.wait()
         rig.control.cancel()
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(15):
             end = await task
     assert end.reason == "cancelled"
     snapshot = rig.store.get("acme", "s1")
@@ -93,7 +93,7 @@ async def test_pause_waits_at_the_iteration_boundary_and_resume_continues(
         assert len(fake_llm.requests) == 1  # nothing more happens while paused
         assert "loop_iteration" not in rig.types[rig.types.index("paused") :]
         rig.control.resume()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(30):
             end = await task
     assert end.reason == "task_completion"
     paused, resumed = rig.types.index("paused"), rig.types.index("resumed")
@@ -108,7 +108,7 @@ async def test_cancelling_a_paused_turn_ends_it(fake_llm: FakeLLM) -> None:
         task = asyncio.create_task(rig.run())
         await rig.events.wait_for("paused")
         rig.control.cancel()
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(15):
             end = await task
     assert end.reason == "cancelled"
 
@@ -137,7 +137,7 @@ async def test_a_tool_that_needs_approval_waits_and_runs_once_approved(fake_llm:
         await rig.control.decide(
             ApprovalDecision(tenant="acme", session="s1", call_id=asked.call_id, approved=True)
         )
-        end = await asyncio.wait_for(task, 5)
+        end = await asyncio.wait_for(task, 30)
     assert end.reason == "task_completion"
     assert rig.one(ApprovalDecided).approved is True
     assert [r.tool for r in rig.tools.runs] == ["delete"]
@@ -154,7 +154,7 @@ async def test_a_rejected_tool_call_goes_back_to_the_model_with_the_reason(
                 tenant="acme", session="s1", call_id=asked.call_id, approved=False, reason="no!"
             )
         )
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 30)
     assert rig.tools.runs == []
     assert rig.one(ToolErrorEvent).code == "rejected"
     sent = fake_llm.requests[1]["messages"][-1]["content"]
@@ -185,5 +185,5 @@ async def test_cancelling_while_waiting_for_approval_ends_the_turn(fake_llm: Fak
         task = asyncio.create_task(rig.run())
         await rig.events.wait_for("approval_required")
         rig.control.cancel()
-        end: LoopEnd = await asyncio.wait_for(task, 2)
+        end: LoopEnd = await asyncio.wait_for(task, 15)
     assert end.reason == "cancelled"

@@ -5,7 +5,7 @@ import pytest
 
 from loop_worker.errors import LeaseLostError
 from loop_worker.lease import Leases
-from loopmesh.testing.durable import SUBJECTS, provision_short
+from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
 
 
 @pytest.fixture
@@ -35,8 +35,8 @@ async def test_a_dead_holders_lease_expires_with_the_ttl(leases):
     a, b = await leases("a"), await leases("b")
     assert await a.try_acquire("acme", "s1", "t1") is not None  # then a dies
     started = time.monotonic()
-    lease = await asyncio.wait_for(b.acquire("acme", "s1", "t1"), 5)
-    assert 0.5 < time.monotonic() - started < 3.0
+    lease = await asyncio.wait_for(b.acquire("acme", "s1", "t1"), 30)
+    assert time.monotonic() - started > 0.5  # not before the TTL (1 s)
     assert lease.record.owner == "b"
 
 
@@ -44,12 +44,16 @@ async def test_a_kept_lease_outlives_its_ttl(leases):
     a, b = await leases("a"), await leases("b")
     lease = await a.try_acquire("acme", "s1", "t1")
     keeper = asyncio.create_task(lease.keep())
+    taker = asyncio.create_task(b.acquire("acme", "s1", "t2"))
     try:
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(b.acquire("acme", "s1", "t2"), 2.5)
+        # Renewals come a third of a TTL apart: after the 5th, more than a TTL has passed.
+        await wait_for(lambda: lease.record.renewals >= 5 or keeper.done(), timeout=30)
+        assert not keeper.done() and not taker.done()
+        assert await b.try_acquire("acme", "s1", "t3") is None
     finally:
         keeper.cancel()
-    assert lease.record.renewals >= 5
+        taker.cancel()
+        await asyncio.gather(keeper, taker, return_exceptions=True)
 
 
 async def test_renewing_a_lease_someone_else_took_raises_lease_lost(leases):
@@ -87,17 +91,20 @@ async def test_a_lease_continues_only_when_its_worker_was_the_last_to_hold_it(le
     assert continued == [False, True, False, False, True]
     lease = await a.try_acquire("acme", "s1", "t6")
     assert lease is not None
-    await asyncio.sleep(1.5)  # the TTL takes the lease: the next take reads, and does not continue
+    await wait_for(  # the TTL takes the lease: the next take reads, and does not continue
+        lambda: _free(a), timeout=30, what="the lease to expire"
+    )
     again = await a.try_acquire("acme", "s1", "t7")
     assert again is not None and not again.continued
 
 
 async def test_a_lease_is_unlapsed_until_most_of_its_ttl_passes_without_a_renewal(leases):
     a = await leases("a")
+    asked = time.monotonic()
     lease = await a.try_acquire("acme", "s1", "t1")
     assert lease is not None and lease.unlapsed()
-    await asyncio.sleep(0.85)  # TTL 1 s: a worker frozen this long cannot vouch for it
-    assert not lease.unlapsed()
+    await wait_for(lambda: not lease.unlapsed(), timeout=30)  # a worker frozen too long
+    assert time.monotonic() - asked >= 0.8  # ... past 80% of the TTL (1 s), not before
     await lease.renew()
     assert lease.unlapsed()
     await lease.release()
@@ -121,3 +128,7 @@ async def test_a_lease_is_due_for_renewal_after_a_third_of_its_ttl(leases):
     assert lease.due(now + a.ttl_s / 3 + 0.01)
     await lease.release()
     assert not lease.due(now + a.ttl_s)
+
+
+async def _free(leases: Leases) -> bool:
+    return await leases.holder("acme", "s1") is None

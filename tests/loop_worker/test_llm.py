@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -226,33 +225,34 @@ async def test_a_stream_cut_short_is_retried(fake_llm, make_llm, rec):
 
 
 async def test_cancelling_closes_the_stream_promptly(fake_llm, make_llm, rec):
-    fake_llm.script(text("tick " * 200, chunk_size=5, delay_s=1))
+    fake_llm.script(text("tick " * 200, chunk_size=5, delay_s=60))  # the next chunk: in 60 s
     first = asyncio.Event()
+    deltas: list[str] = []
 
     async def on_delta(text: str) -> None:
+        deltas.append(text)
         first.set()
 
     task = asyncio.create_task(make_llm().complete(HI, on_delta=on_delta))
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(30):
         await first.wait()
-    cancelled_at = time.perf_counter()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.perf_counter() - cancelled_at < 0.25
-    await fake_llm.wait_disconnects(1, timeout=2)
+        async with asyncio.timeout(30):  # not waiting for the next chunk
+            await task
+    await fake_llm.wait_disconnects(1, timeout=30)
+    assert deltas == ["tick "]
 
 
 async def test_cancelling_while_waiting_for_headers_hangs_up(fake_llm, make_llm):
-    fake_llm.script(hang(30))
+    fake_llm.script(hang(60))
     task = asyncio.create_task(make_llm().complete(HI))
     await fake_llm.wait_requests(1)
-    cancelled_at = time.perf_counter()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.perf_counter() - cancelled_at < 0.25
-    await fake_llm.wait_disconnects(1, timeout=2)
+        async with asyncio.timeout(30):  # the server would send headers in 60 s
+            await task
+    await fake_llm.wait_disconnects(1, timeout=30)
 
 
 async def test_a_one_megabyte_reply_streams_in_many_chunks(fake_llm, make_llm, rec):

@@ -121,6 +121,6 @@ async def test_sigterm_lets_the_running_turn_finish_and_exits_cleanly(procs, tmp
         await send_turn(procs.nc, turn("t1", call("count", path=str(tmp_path / "n"), seconds=1)))
         await watch.wait("tool_call", "t1")
         code = await worker.terminate()
-        end = await watch.wait("loop_end", "t1", timeout=1)
+        end = await watch.wait("loop_end", "t1")
     assert code == 0
     assert end.reason == "task_completion"

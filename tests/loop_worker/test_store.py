@@ -102,7 +102,7 @@ async def test_a_kept_checkpoint_is_published_by_itself_soon_after(nc, pipelined
     committer = asyncio.create_task(pipelined.run())
     try:
         await pipelined.save(snapshot(iteration=1))
-        await wait_for(lambda: _has(nc, snapshot(iteration=1)), timeout=2.0, what="the checkpoint")
+        await wait_for(lambda: _has(nc, snapshot(iteration=1)), what="the checkpoint")
     finally:
         committer.cancel()
 
