@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test run lint
+.PHONY: install test test-floor run lint
 
 install: $(STAMP)
 
@@ -20,6 +20,21 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The suite on the oldest versions pyproject.toml allows (its floors), in .venv-floor;
+# the llama.cpp test is left to `make test`.
+FLOOR := .venv-floor
+FLOOR_STAMP := $(FLOOR)/.installed
+
+$(FLOOR_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOOR)
+	$(FLOOR)/bin/python -m pip install -q uv
+	$(FLOOR)/bin/python -m uv pip install -q --python $(FLOOR)/bin/python \
+		--resolution lowest-direct -e '.[dev]'
+	touch $@
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR)/bin/python -m pytest -q -m "not llama" $(PYTEST_ARGS)
 
 # The embedded demo LLM (llama.cpp, built from source the first time: about five minutes).
 LOCAL_STAMP := $(VENV)/.installed-local
