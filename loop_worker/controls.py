@@ -53,18 +53,15 @@ from schemas import (
     session_key,
 )
 from schemas.admit import Refused, admit_control
+from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
 
 from . import refusals
 from .engine.control import TurnControl
 
 log = logging.getLogger("loopmesh.loop_worker.controls")
 
-RECORDED_HEADER = "Loopmesh-Recorded"
+RECORDED_HEADER = CONTROL_RECORDED_HEADER
 RECORDER_QUEUE = "loop-workers-control"
-
-
-def approval_key(tenant: str, session: str, call_id: str) -> str:
-    return f"{session_key(tenant, session)}.approval.{call_id}"
 
 
 class RecordedTurnControl(TurnControl):

@@ -47,6 +47,7 @@ class UpConfig(msgspec.Struct, frozen=True, kw_only=True):
 UP_SERVICES: dict[str, str] = {
     "tool-worker": "tool_worker.cli",
     "loop-worker": "loop_worker.cli",
+    "gateway": "gateway.cli",
 }
 
 

@@ -139,5 +139,16 @@ def session_key(tenant: str, session: str) -> str:
     return _pair(tenant, session)
 
 
+#: Set on a control message whose sender already recorded it in the control bucket.
+CONTROL_RECORDED_HEADER = "Loopmesh-Recorded"
+
+
+def approval_key(tenant: str, session: str, call_id: str) -> str:
+    """The control-bucket key of an approval decision:
+    ``<tenant>.<session>.approval.<call_id>`` (a cancel, pause or resume is recorded under
+    :func:`session_key`)."""
+    return f"{_pair(tenant, session)}.approval.{check_token(call_id, 'call')}"
+
+
 def catalog_key(server: str, tool: str) -> str:
     return f"{check_token(server, 'server')}.{check_token(tool, 'tool')}"

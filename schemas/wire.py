@@ -43,6 +43,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     max_iterations: int | None = None
     metadata: dict[str, str] = {}
+    #: The tools this turn may call, as ``server.tool`` or a bare tool name (any
+    #: server); ``None`` allows every tool in the catalog.
+    tools: tuple[str, ...] | None = None
 
     @property
     def msg_id(self) -> str:

@@ -1,0 +1,126 @@
+"""The bodies the gateway reads and writes, as msgspec Structs.
+
+``/openapi.json`` is generated from these types (see :mod:`gateway.openapi`), so the
+documentation cannot drift from what the handlers decode and encode. Ids and lengths
+are checked by the handlers (a hostile id is a 422 naming its field, a malformed body
+a 400 with the path of the bad field), not by the types, so the two answers differ.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from schemas.ids import TOKEN_PATTERN
+from schemas.messages import ChatMessage, PlanStep, SessionStatus
+from schemas.wire import ToolSpec
+
+Id = Annotated[str, msgspec.Meta(description="1-64 characters from A-Z a-z 0-9 _ -")]
+ToolName = Annotated[
+    str, msgspec.Meta(description="a tool as `server.tool`, or a bare tool name (any server)")
+]
+PATH_ID_PATTERN = TOKEN_PATTERN
+
+
+class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Create a session; without ``session`` the gateway picks an id."""
+
+    session: Id | None = None
+
+
+class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A user turn. ``tools`` limits the turn to these tools (default: every tool)."""
+
+    input: str
+    instructions: str | None = None
+    model: str | None = None
+    max_iterations: int | None = None
+    tools: list[ToolName] | None = None
+
+
+class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Cancel, pause or resume a session's running turn."""
+
+    reason: str | None = None
+
+
+class ApprovalRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Approve or deny a pending tool call."""
+
+    approve: bool
+    reason: str | None = None
+
+
+class SessionCreated(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str
+    session: str
+
+
+class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    session: str
+    status: SessionStatus
+    turns: int
+    updated_at: float
+
+
+class SessionList(msgspec.Struct, frozen=True, kw_only=True):
+    sessions: list[SessionSummary]
+
+
+class SessionView(msgspec.Struct, frozen=True, kw_only=True):
+    tenant: str
+    session: str
+    status: SessionStatus
+    turn_id: str | None
+    iteration: int
+    turns: int
+    updated_at: float
+    messages: list[ChatMessage]
+    plan: list[PlanStep]
+    summary: str
+
+
+class TurnPosted(msgspec.Struct, frozen=True, kw_only=True):
+    """``events_url`` streams this turn's events from just before it was published."""
+
+    turn_id: str
+    session: str
+    events_url: str
+
+
+class ControlAccepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    type: str
+    session: str
+    call_id: str | None = None
+
+
+class ToolList(msgspec.Struct, frozen=True, kw_only=True):
+    tools: list[ToolSpec]
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorDetail
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    status: str
+    detail: str | None = None
+
+
+#: ``GET /v1/events/latest``: events (``schemas.events``) with their stream sequence
+#: added as ``seq``.
+LatestEvents = Annotated[
+    list[dict[str, Any]],
+    msgspec.Meta(description="events, oldest first, each with its stream sequence as `seq`"),
+]

@@ -1,0 +1,524 @@
+"""The gateway's HTTP application (Starlette): one handler per operation of the table
+at the bottom, which also generates ``/openapi.json``."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
+
+from schemas import (
+    ApprovalDecision,
+    Cancel,
+    Pause,
+    Resume,
+    SessionSnapshot,
+    Turn,
+    is_token,
+    new_id,
+)
+
+from . import api, docs
+from .auth import Keys, Principal, RateLimiter, StreamSlots
+from .backend import Backend
+from .errors import (
+    BadRequest,
+    Conflict,
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    Unprocessable,
+)
+from .openapi import CALL_ID, SESSION, Operation, Param, document
+from .settings import GatewaySettings
+from .stream import EventStream
+
+log = logging.getLogger("loopmesh.gateway")
+
+T = TypeVar("T")
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})?$")
+_MAX_MODEL_CHARS = 200
+VERSION = "1"  # of the HTTP API: /v1
+_LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many messages
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "loopmesh_gateway_requests", "HTTP requests answered", ["route", "status"],
+            registry=registry,
+        )  # fmt: skip
+        self.sse_clients = Gauge(
+            "loopmesh_gateway_sse_clients", "open SSE event streams", registry=registry
+        )
+        self.sse_cut = Counter(
+            "loopmesh_gateway_sse_cut", "SSE clients cut for falling behind", registry=registry
+        )
+        self.turns = Counter("loopmesh_gateway_turns", "turns published", registry=registry)
+
+
+class Gateway:
+    """The handlers, with what they share: settings, the NATS backend, keys and limits."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        backend: Backend,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.keys = Keys(settings)
+        self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
+        self.slots = StreamSlots(settings.max_streams_per_key)
+        self.metrics = Metrics(registry or CollectorRegistry())
+
+    # -- request plumbing ---------------------------------------------------------------
+
+    def principal(self, request: Request) -> Principal:
+        who = self.keys.principal(request.headers.get("authorization"))
+        self.limiter.take(who.key)
+        return who
+
+    async def body(self, request: Request, type_: type[T]) -> T:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
+        chunks = bytearray()
+        async for chunk in request.stream():
+            chunks += chunk
+            if len(chunks) > limit:
+                raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+        data = bytes(chunks) or b"{}"
+        try:
+            return msgspec.json.decode(data, type=type_)
+        except msgspec.ValidationError as exc:
+            raise BadRequest(f"invalid body: {exc}", field=_field_of(str(exc))) from None
+        except msgspec.DecodeError as exc:
+            raise BadRequest(f"body is not valid JSON: {exc}") from None
+
+    async def existing(self, who: Principal, session: str) -> SessionSnapshot:
+        snapshot = await self.backend.session(who.tenant, session)
+        if snapshot is None:
+            raise NotFound(f"no session {session!r}")
+        return snapshot
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def create_session(self, request: Request) -> Response:
+        who = self.principal(request)
+        body = await self.body(request, api.CreateSession)
+        session = _id(body.session, "session") if body.session is not None else new_id()
+        if not await self.backend.create_session(who.tenant, session):
+            raise Conflict(f"session {session!r} exists already", field="session")
+        return _json(api.SessionCreated(tenant=who.tenant, session=session), 201)
+
+    async def list_sessions(self, request: Request) -> Response:
+        who = self.principal(request)
+        found = await self.backend.sessions(who.tenant)
+        return _json(
+            api.SessionList(
+                sessions=[
+                    api.SessionSummary(
+                        session=s.session, status=s.status, turns=s.turns, updated_at=s.updated_at
+                    )
+                    for s in found
+                ]
+            )
+        )
+
+    async def get_session(self, request: Request) -> Response:
+        who = self.principal(request)
+        s = await self.existing(who, _id(request.path_params["session"], "session"))
+        return _json(
+            api.SessionView(
+                tenant=s.tenant, session=s.session, status=s.status, turn_id=s.turn_id,
+                iteration=s.iteration, turns=s.turns, updated_at=s.updated_at,
+                messages=list(s.messages), plan=list(s.plan), summary=s.summary,
+            )
+        )  # fmt: skip
+
+    # -- turns ------------------------------------------------------------------------
+
+    async def post_turn(self, request: Request) -> Response:
+        who = self.principal(request)
+        session = _id(request.path_params["session"], "session")
+        key = request.headers.get("idempotency-key")
+        turn_id = _id(key, "Idempotency-Key") if key is not None else new_id()
+        body = await self.body(request, api.PostTurn)
+        turn = self.turn(who, session, turn_id, body)
+        await self.backend.create_session(who.tenant, session)
+        _, last = await self.backend.events_bounds()
+        await self.backend.publish_turn(turn)
+        self.metrics.turns.inc()
+        url = f"/v1/sessions/{session}/events?turn={turn_id}&since={last}"
+        return _json(api.TurnPosted(turn_id=turn_id, session=session, events_url=url), 202)
+
+    def turn(self, who: Principal, session: str, turn_id: str, body: api.PostTurn) -> Turn:
+        s = self.settings
+        if not body.input.strip():
+            raise Unprocessable("`input` must not be empty", field="input")
+        _max_len(body.input, s.max_input_chars, "input")
+        if body.instructions is not None:
+            _max_len(body.instructions, s.max_instructions_chars, "instructions")
+        if body.model is not None:
+            _max_len(body.model, _MAX_MODEL_CHARS, "model")
+            if not body.model.strip():
+                raise Unprocessable("`model` must not be empty", field="model")
+        if body.max_iterations is not None and not 1 <= body.max_iterations <= s.max_iterations:
+            raise Unprocessable(
+                f"`max_iterations` must be between 1 and {s.max_iterations}",
+                field="max_iterations",
+            )
+        tools: tuple[str, ...] | None = None
+        if body.tools is not None:
+            if len(body.tools) > s.max_tools:
+                raise Unprocessable(f"at most {s.max_tools} tools", field="tools")
+            for i, name in enumerate(body.tools):
+                if not _TOOL_NAME.fullmatch(name):
+                    raise Unprocessable(
+                        f"tool name {name[:80]!r} is not `server.tool` or `tool` "
+                        "(1-64 characters from A-Z a-z 0-9 _ - each)",
+                        field=f"tools[{i}]",
+                    )
+            tools = tuple(body.tools)
+        return Turn(
+            id=turn_id, tenant=who.tenant, session=session, input=body.input,
+            created_at=time.time(), instructions=body.instructions, model=body.model,
+            max_iterations=body.max_iterations, tools=tools,
+        )  # fmt: skip
+
+    # -- events -----------------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        who = self.principal(request)
+        session = _id(request.path_params["session"], "session")
+        turn = request.query_params.get("turn")
+        if turn is not None:
+            _id(turn, "turn")
+        after = _sequence(request.query_params.get("since"), "since")
+        resume = _sequence(request.headers.get("last-event-id"), "Last-Event-ID")
+        if resume is not None:
+            after = resume  # a reconnect continues after what it last got
+        await self.existing(who, session)
+        self.slots.acquire(who.key)
+        stream = EventStream(
+            self.backend, who.tenant, session, after=after, turn=turn,
+            buffer=self.settings.stream_buffer,
+        )  # fmt: skip
+        try:
+            await stream.__aenter__()
+        except BaseException:
+            self.slots.release(who.key)
+            raise
+        self.metrics.sse_clients.inc()
+
+        async def items() -> Any:
+            async for item in stream:
+                if item.event == "cut":
+                    self.metrics.sse_cut.inc()
+                yield ServerSentEvent(
+                    data=item.data.decode(),
+                    event=item.event,
+                    id=str(item.seq) if item.seq is not None else None,
+                )
+
+        async def cleanup() -> None:
+            await stream.close()
+            self.slots.release(who.key)
+            self.metrics.sse_clients.dec()
+
+        response = EventSourceResponse(
+            items(),
+            ping=self.settings.keepalive_s,
+            ping_message_factory=lambda: ServerSentEvent(comment="keepalive"),
+            send_timeout=self.settings.send_timeout_s,
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        return _Guarded(response, cleanup)  # type: ignore[return-value]
+
+    async def latest_events(self, request: Request) -> Response:
+        who = self.principal(request)
+        limit = _sequence(request.query_params.get("limit"), "limit")
+        limit = 100 if limit is None else limit
+        if not 1 <= limit <= self.settings.latest_max:
+            raise Unprocessable(
+                f"`limit` must be between 1 and {self.settings.latest_max}", field="limit"
+            )
+        found = await self.backend.latest_events(
+            who.tenant, limit, scan=limit * _LATEST_SCAN_FACTOR
+        )
+        body = b"[" + b",".join(_with_seq(seq, data) for seq, data in found) + b"]"
+        return Response(body, media_type="application/json")
+
+    # -- controls ---------------------------------------------------------------------
+
+    async def control(self, request: Request) -> Response:
+        who = self.principal(request)
+        session = _id(request.path_params["session"], "session")
+        body = await self.body(request, api.ControlRequest)
+        reason = body.reason or ""
+        _max_len(reason, self.settings.max_reason_chars, "reason")
+        await self.existing(who, session)
+        kind = request.url.path.rsplit("/", 1)[1]
+        now = time.time()
+        match kind:
+            case "cancel":
+                control: Any = Cancel(tenant=who.tenant, session=session, at=now, reason=reason)
+            case "pause":
+                control = Pause(tenant=who.tenant, session=session, at=now)
+            case _:
+                control = Resume(tenant=who.tenant, session=session, at=now)
+        await self.backend.send_control(control)
+        return _json(api.ControlAccepted(type=kind, session=session), 202)
+
+    async def approval(self, request: Request) -> Response:
+        who = self.principal(request)
+        session = _id(request.path_params["session"], "session")
+        call_id = _id(request.path_params["call_id"], "call_id")
+        body = await self.body(request, api.ApprovalRequest)
+        reason = body.reason or ""
+        _max_len(reason, self.settings.max_reason_chars, "reason")
+        await self.existing(who, session)
+        decision = ApprovalDecision(
+            tenant=who.tenant, session=session, call_id=call_id, approved=body.approve,
+            reason=reason, at=time.time(),
+        )  # fmt: skip
+        await self.backend.send_control(decision)
+        kind = "approve" if body.approve else "deny"
+        return _json(api.ControlAccepted(type=kind, session=session, call_id=call_id), 202)
+
+    # -- catalog and health -------------------------------------------------------------
+
+    async def tools(self, request: Request) -> Response:
+        self.principal(request)
+        return _json(api.ToolList(tools=await self.backend.tools()))
+
+    async def healthz(self, request: Request) -> Response:
+        return _json(api.Health(status="ok"))
+
+    async def readyz(self, request: Request) -> Response:
+        problem = await self.backend.ready()
+        if problem is not None:
+            return _json(api.Health(status="unavailable", detail=problem), 503)
+        return _json(api.Health(status="ready"))
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(self.openapi_json, media_type="application/json")
+
+    async def docs_page(self, request: Request) -> Response:
+        return HTMLResponse(docs.page("/openapi.json", "/docs/assets"))
+
+    openapi_json: bytes = b""
+
+    def operations(self) -> list[tuple[Operation, Callable[[Request], Awaitable[Response]]]]:
+        since = Param("since", "query", "stream events after this sequence (history)", _INT)
+        turn = Param("turn", "query", "only this turn's events", _TOKEN)
+        last_id = Param("Last-Event-ID", "header", "resume after this sequence", _INT_TEXT)
+        idem = Param("Idempotency-Key", "header", "becomes the turn id", _TOKEN)
+        limit = Param("limit", "query", "how many events (default 100)", _INT)
+        control_ops = [
+            (
+                Operation(
+                    "POST",
+                    f"/v1/sessions/{{session}}/{kind}",
+                    f"{kind} the session's turn",
+                    202,
+                    api.ControlAccepted,
+                    api.ControlRequest,
+                    (SESSION,),
+                    (400, 401, 404, 413, 422, 429, 503),
+                ),
+                self.control,
+            )
+            for kind in ("cancel", "pause", "resume")
+        ]
+        return [
+            (Operation("POST", "/v1/sessions", "create a session", 201, api.SessionCreated,
+                       api.CreateSession, errors=(400, 401, 409, 413, 422, 429, 503)),
+             self.create_session),
+            (Operation("GET", "/v1/sessions", "list the tenant's sessions", 200, api.SessionList,
+                       errors=(401, 429, 503)), self.list_sessions),
+            (Operation("GET", "/v1/sessions/{session}", "read a session", 200, api.SessionView,
+                       params=(SESSION,), errors=(401, 404, 422, 429, 503)), self.get_session),
+            (Operation("POST", "/v1/sessions/{session}/turns", "post a turn", 202, api.TurnPosted,
+                       api.PostTurn, (SESSION, idem), (400, 401, 413, 422, 429, 503)),
+             self.post_turn),
+            (Operation("GET", "/v1/sessions/{session}/events", "stream the session's events (SSE)",
+                       200, None, params=(SESSION, turn, since, last_id),
+                       errors=(401, 404, 422, 429, 503), media="text/event-stream"), self.events),
+            *control_ops,
+            (Operation("POST", "/v1/sessions/{session}/approvals/{call_id}",
+                       "approve or deny a pending tool call", 202, api.ControlAccepted,
+                       api.ApprovalRequest, (SESSION, CALL_ID),
+                       (400, 401, 404, 413, 422, 429, 503)), self.approval),
+            (Operation("GET", "/v1/tools", "the tool catalog", 200, api.ToolList,
+                       errors=(401, 429, 503), tags=("tools",)), self.tools),
+            (Operation("GET", "/v1/events/latest", "the tenant's latest events, with `seq`", 200,
+                       api.LatestEvents, params=(limit,), errors=(401, 422, 429, 503),
+                       tags=("events",)), self.latest_events),
+            (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
+                       tags=("health",)), self.healthz),
+            (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,
+                       errors=(503,), public=True, tags=("health",)), self.readyz),
+        ]  # fmt: skip
+
+
+_INT = {"type": "integer", "minimum": 0}
+_INT_TEXT = {"type": "string", "pattern": r"^[0-9]{1,19}$"}
+_TOKEN = {"type": "string", "pattern": api.PATH_ID_PATTERN}
+
+
+def create_app(gateway: Gateway) -> Starlette:
+    ops = gateway.operations()
+    gateway.openapi_json = msgspec.json.encode(
+        document([op for op, _ in ops], title="loopmesh gateway", version=VERSION)
+    )
+    routes: list[Any] = [Route(op.path, handler, methods=[op.method]) for op, handler in ops]
+    routes += [
+        Route("/metrics", gateway.prometheus, methods=["GET"]),
+        Route("/openapi.json", gateway.openapi, methods=["GET"]),
+        Route("/docs", gateway.docs_page, methods=["GET"]),
+        Mount("/docs/assets", app=StaticFiles(directory=docs.assets_dir()), name="docs-assets"),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            GatewayError: _gateway_error,
+            HTTPException: _http_error,
+            Exception: _crash,
+        },
+    )
+    return app
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+class _Guarded:
+    """A response whose clean-up runs however it ends (finished, cut, disconnected)."""
+
+    def __init__(self, response: Response, cleanup: Callable[[], Awaitable[None]]) -> None:
+        self.response = response
+        self.cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            await self.cleanup()
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+def _error(exc: GatewayError) -> Response:
+    body = api.ErrorBody(error=api.ErrorDetail(code=exc.code, message=exc.message, field=exc.field))
+    response = _json(body, exc.status)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    if exc.status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return _error(exc)
+
+
+_HTTP_CODES = {404: NotFound, 405: BadRequest}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return _error(NotFound(f"no route {request.url.path}"))
+    error = GatewayError(str(exc.detail))
+    error.status, error.code = exc.status_code, "http_error"
+    return _error(error)
+
+
+async def _crash(request: Request, exc: Exception) -> Response:
+    log.exception("gateway error path=%s", request.url.path)
+    return _error(Unavailable("internal error; see the gateway's log"))
+
+
+def _id(value: str | None, field: str) -> str:
+    if value is None or not is_token(value):
+        shown = repr(value[:80]) if value is not None else "none"
+        raise Unprocessable(
+            f"invalid {field}: {shown} must be 1-64 characters from A-Z a-z 0-9 _ -", field=field
+        )
+    return value
+
+
+def _max_len(value: str, limit: int, field: str) -> None:
+    if len(value) > limit:
+        raise Unprocessable(
+            f"`{field}` is {len(value)} characters, over the limit of {limit}", field=field
+        )
+
+
+def _sequence(value: str | None, field: str) -> int | None:
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise Unprocessable(f"`{field}` must be a non-negative integer", field=field)
+    return int(value)
+
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+_NAMED = re.compile(r"field `([^`]*)`")
+
+
+def _field_of(message: str) -> str | None:
+    """The path msgspec names in a validation error (``$.tools[1]`` → ``tools[1]``)."""
+    at = _AT.search(message)
+    named = _NAMED.search(message)
+    if at and named:
+        return f"{at.group(1)}.{named.group(1)}" if at.group(1) else named.group(1)
+    if at:
+        return at.group(1) or None
+    if named:
+        return named.group(1)
+    return None
+
+
+def _with_seq(seq: int, data: bytes) -> bytes:
+    """An event's JSON with ``"seq"`` first."""
+    body = data.strip()
+    if not body.startswith(b"{"):
+        return b'{"seq":%d}' % seq
+    rest = body[1:].lstrip()
+    sep = b"" if rest.startswith(b"}") else b","
+    return b'{"seq":%d%s%s' % (seq, sep, rest)

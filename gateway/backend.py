@@ -1,0 +1,251 @@
+"""The gateway's side of NATS: turns, controls, sessions, the catalog, events.
+
+Every call takes the caller's tenant and builds subjects and keys with it, so a request
+can only ever reach its own tenant's data; ids are checked before they get here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from schemas import (
+    ApprovalDecision,
+    Control,
+    DecodeError,
+    SessionSnapshot,
+    Subjects,
+    ToolSpec,
+    Turn,
+    decode,
+    encode,
+    session_key,
+)
+from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
+
+from .errors import Unavailable
+
+log = logging.getLogger("loopmesh.gateway")
+
+T = TypeVar("T")
+
+#: Sessions listed by ``GET /v1/sessions`` at most.
+MAX_LISTED_SESSIONS = 1_000
+
+
+def turn_msg_id(turn: Turn) -> str:
+    """The ``Nats-Msg-Id`` of a turn: the one place that derives it from the turn.
+
+    Scoped by tenant and session, so two tenants' identical ``Idempotency-Key`` values
+    are two turns, while a retried POST of one tenant's turn is deduplicated.
+    """
+    return f"{turn.tenant}.{turn.session}.{turn.id}"
+
+
+class Backend:
+    """NATS operations of the gateway, on one connection."""
+
+    def __init__(self, nc: Client, subjects: Subjects, *, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.timeout = timeout
+        self.js: JetStreamContext = nc.jetstream(timeout=timeout)
+        self._buckets: dict[str, KeyValue] = {}
+
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await call
+        except TimeoutError:
+            raise Unavailable(f"NATS did not answer in time ({what}); try again") from None
+
+    async def _bucket(self, name: str) -> KeyValue:
+        kv = self._buckets.get(name)
+        if kv is None:
+            try:
+                kv = await self._call(f"open bucket {name}", self.js.key_value(name))
+            except NotFoundError:
+                raise Unavailable(
+                    f"KV bucket {name} is missing; is loopmesh provisioned?"
+                ) from None
+            self._buckets[name] = kv
+        return kv
+
+    # -- sessions ---------------------------------------------------------------------
+
+    async def session(self, tenant: str, session: str) -> SessionSnapshot | None:
+        kv = await self._bucket(self.subjects.sessions_bucket)
+        try:
+            entry = await self._call("read session", kv.get(session_key(tenant, session)))
+        except KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        try:
+            return decode(entry.value, SessionSnapshot)
+        except DecodeError as exc:
+            log.warning("unreadable session tenant=%s session=%s error=%s", tenant, session, exc)
+            return None
+
+    async def create_session(self, tenant: str, session: str) -> bool:
+        """Store an empty snapshot unless the session exists; whether it was created."""
+        kv = await self._bucket(self.subjects.sessions_bucket)
+        empty = SessionSnapshot(tenant=tenant, session=session, updated_at=time.time())
+        try:
+            await self._call(
+                "create session", kv.create(session_key(tenant, session), encode(empty))
+            )
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def sessions(self, tenant: str) -> list[SessionSnapshot]:
+        """The tenant's sessions (at most :data:`MAX_LISTED_SESSIONS`), newest first."""
+        kv = await self._bucket(self.subjects.sessions_bucket)
+        found: list[SessionSnapshot] = []
+        watcher = await self._call("list sessions", kv.watch(f"{tenant}.*", ignore_deletes=True))
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.value and len(found) < MAX_LISTED_SESSIONS:
+                        try:
+                            found.append(decode(entry.value, SessionSnapshot))
+                        except DecodeError:
+                            continue
+        except TimeoutError:
+            raise Unavailable("NATS did not answer in time (list sessions)") from None
+        finally:
+            await watcher.stop()
+        found.sort(key=lambda s: s.updated_at, reverse=True)
+        return found
+
+    # -- turns and controls -----------------------------------------------------------
+
+    async def publish_turn(self, turn: Turn) -> int:
+        """Publish ``turn`` with JetStream and await the ack; its turns-stream sequence."""
+        ack = await self._call(
+            "publish turn",
+            self.js.publish(
+                self.subjects.turn(turn.tenant, turn.session),
+                encode(turn),
+                headers={"Nats-Msg-Id": turn_msg_id(turn)},
+            ),
+        )
+        return ack.seq
+
+    async def send_control(self, control: Control) -> None:
+        """Record ``control`` in the control bucket, then publish it to the session's
+        control subject, marked as recorded (the loop workers' contract, see
+        ``loop_worker/controls.py``)."""
+        kv = await self._bucket(self.subjects.control_bucket)
+        if isinstance(control, ApprovalDecision):
+            key = approval_key(control.tenant, control.session, control.call_id)
+        else:
+            key = session_key(control.tenant, control.session)
+        await self._call("record control", kv.put(key, encode(control)))
+        await self.nc.publish(
+            self.subjects.control(control.tenant, control.session),
+            encode(control),
+            headers={CONTROL_RECORDED_HEADER: "1"},
+        )
+        await self._call("flush control", self.nc.flush())
+
+    # -- catalog ----------------------------------------------------------------------
+
+    async def tools(self) -> list[ToolSpec]:
+        kv = await self._bucket(self.subjects.catalog_bucket)
+        specs: list[ToolSpec] = []
+        watcher = await self._call("list tools", kv.watchall(ignore_deletes=True))
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for entry in watcher:
+                    if entry is None:
+                        break
+                    if entry.value:
+                        try:
+                            specs.append(decode(entry.value, ToolSpec))
+                        except DecodeError:
+                            continue
+        except TimeoutError:
+            raise Unavailable("NATS did not answer in time (list tools)") from None
+        finally:
+            await watcher.stop()
+        specs.sort(key=lambda s: (s.server, s.name))
+        return specs
+
+    # -- events -----------------------------------------------------------------------
+
+    async def events_bounds(self) -> tuple[int, int]:
+        """The events stream's first and last sequence."""
+        info = await self._call(
+            "events stream info", self.js.stream_info(self.subjects.events_stream)
+        )
+        return info.state.first_seq, info.state.last_seq
+
+    async def latest_events(self, tenant: str, limit: int, scan: int) -> list[tuple[int, bytes]]:
+        """The tenant's latest ``limit`` events among the stream's last ``scan`` messages,
+        oldest first, as (sequence, JSON)."""
+        first, last = await self.events_bounds()
+        if last == 0:
+            return []
+        start = max(first, last - scan + 1, 1)
+        sub = await self._call(
+            "open latest events",
+            self.js.pull_subscribe(
+                f"{self.subjects.prefix}.events.{tenant}.>",
+                stream=self.subjects.events_stream,
+                config=js_api.ConsumerConfig(
+                    deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=start,
+                    ack_policy=js_api.AckPolicy.NONE,
+                    inactive_threshold=30.0,
+                    mem_storage=True,
+                ),
+            ),
+        )
+        out: list[tuple[int, bytes]] = []
+        try:
+            info = await self._call("latest events info", sub.consumer_info())
+            pending = info.num_pending or 0
+            while pending > 0:
+                batch = await self._call(
+                    "fetch latest events", sub.fetch(min(pending, 256), timeout=self.timeout)
+                )
+                for msg in batch:
+                    meta = msg.metadata
+                    out.append((meta.sequence.stream, msg.data))
+                    pending = meta.num_pending or 0
+                out = out[-limit:]
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        return out
+
+    # -- health -----------------------------------------------------------------------
+
+    async def ready(self) -> str | None:
+        """``None`` when NATS is connected and every stream exists, else what is wrong."""
+        if not self.nc.is_connected:
+            return "not connected to NATS"
+        s = self.subjects
+        for stream in (s.turns_stream, s.events_stream):
+            try:
+                await self._call("stream info", self.js.stream_info(stream))
+            except NotFoundError:
+                return f"stream {stream} is missing"
+            except Unavailable as exc:
+                return exc.message
+        return None

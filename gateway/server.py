@@ -1,0 +1,133 @@
+"""The gateway as a running server: NATS connection, app and uvicorn, in the caller's
+event loop::
+
+    async with GatewayServer(config) as gateway:
+        print(gateway.url)
+        await stop.wait()
+
+Refuses to start without API keys unless no-auth is on, and refuses no-auth on a
+non-loopback host unless ``no_auth_any_host`` says so too (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+
+import uvicorn
+from nats.aio.client import Client
+
+from loopmesh.errors import ConfigError
+from loopmesh.nats import connect
+from schemas import Subjects
+
+from .app import Gateway, create_app
+from .backend import Backend
+from .settings import GatewayConfig, GatewaySettings
+
+log = logging.getLogger("loopmesh.gateway")
+
+
+def check_settings(settings: GatewaySettings) -> None:
+    """Raise :class:`ConfigError` for an unsafe or useless auth set-up."""
+    if settings.no_auth:
+        if not is_loopback(settings.host) and not settings.no_auth_any_host:
+            raise ConfigError(
+                "[gateway]",
+                f"no_auth = true on host {settings.host!r}, which is not a loopback address: "
+                "anyone who can reach it would act as tenant 'local'. Bind to 127.0.0.1, "
+                "or also set no_auth_any_host = true if that is really meant.",
+            )
+        if settings.api_keys:
+            raise ConfigError("[gateway]", "no_auth = true and api_keys are both set; pick one")
+    elif not settings.api_keys:
+        raise ConfigError(
+            "[gateway]",
+            "no api_keys configured: add [[gateway.api_keys]] entries "
+            "(sha256 = ..., tenant = ...; `python -m gateway.keys` makes one), "
+            "or set no_auth = true for a local, loopback-only gateway",
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the caller's stop event rules."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+class GatewayServer:
+    def __init__(self, config: GatewayConfig, *, nc: Client | None = None) -> None:
+        check_settings(config.gateway)
+        self.config = config
+        self._nc = nc
+        self._own_nc = nc is None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.gateway: Gateway | None = None
+        self.port = config.gateway.port
+
+    @property
+    def url(self) -> str:
+        host = self.config.gateway.host
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{self.port}"
+
+    async def __aenter__(self) -> GatewayServer:
+        settings = self.config.gateway
+        if self._nc is None:
+            self._nc = await connect(self.config.nats, name="gateway")
+        try:
+            backend = Backend(
+                self._nc, Subjects(self.config.nats.prefix), timeout=settings.nats_timeout_s
+            )
+            self.gateway = Gateway(settings, backend)
+            app = create_app(self.gateway)
+            uv = uvicorn.Config(
+                app, host=settings.host, port=settings.port, log_config=None,
+                lifespan="off", access_log=False, timeout_graceful_shutdown=2,
+            )  # fmt: skip
+            self._server = _Server(uv)
+            self._task = asyncio.create_task(self._server.serve(), name="gateway-http")
+            while not self._server.started:
+                if self._task.done():
+                    self._task.result()
+                    raise RuntimeError("the gateway's HTTP server stopped while starting")
+                await asyncio.sleep(0.01)
+            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        except BaseException:
+            await self._close_nats()
+            raise
+        if settings.no_auth:
+            log.warning("gateway in NO-AUTH mode: every request is tenant 'local' url=%s", self.url)
+        log.info("gateway listening url=%s keys=%d", self.url, len(settings.api_keys))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        server, task = self._server, self._task
+        self._server = self._task = None
+        if server is not None and task is not None:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await task
+        await self._close_nats()
+
+    async def _close_nats(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None and self._own_nc:
+            with contextlib.suppress(Exception):
+                await nc.drain()
