@@ -66,10 +66,6 @@ _LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many m
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests = Counter(
-            "loopmesh_gateway_requests", "HTTP requests answered", ["route", "status"],
-            registry=registry,
-        )  # fmt: skip
         self.sse_clients = Gauge(
             "loopmesh_gateway_sse_clients", "open SSE event streams", registry=registry
         )
