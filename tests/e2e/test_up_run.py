@@ -50,7 +50,7 @@ def alive(pid: int) -> bool:
 async def up(tmp_path, **env) -> tuple[Proc, str]:
     proc = Proc(
         "-m", "loopmesh", "up", "--port", "-1", "--monitor-port", "-1",
-        "--store-dir", str(tmp_path / "nats"), env=env,
+        "--store-dir", str(tmp_path / "nats"), env={"LOOPMESH_GATEWAY__PORT": "0", **env},
     )  # fmt: skip
     await proc.start()
     url = _READY.search(await proc.wait_line("set LOOPMESH_NATS__URL=")).group(1)
