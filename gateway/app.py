@@ -169,8 +169,10 @@ class Gateway:
         turn = self.turn(who, session, turn_id, body)
         await self.backend.create_session(who.tenant, session)
         _, last = await self.backend.events_bounds()
-        await self.backend.publish_turn(turn)
-        self.metrics.turns.inc()
+        if await self.backend.publish_turn(turn):
+            last = 0  # a retry: the turn may have run already; its events from the start
+        else:
+            self.metrics.turns.inc()
         url = f"/v1/sessions/{session}/events?turn={turn_id}&since={last}"
         return _json(api.TurnPosted(turn_id=turn_id, session=session, events_url=url), 202)
 

@@ -132,8 +132,9 @@ class Backend:
 
     # -- turns and controls -----------------------------------------------------------
 
-    async def publish_turn(self, turn: Turn) -> int:
-        """Publish ``turn`` with JetStream and await the ack; its turns-stream sequence."""
+    async def publish_turn(self, turn: Turn) -> bool:
+        """Publish ``turn`` with JetStream and await the ack; whether JetStream already
+        had it (a retried POST, deduplicated by ``Nats-Msg-Id``)."""
         ack = await self._call(
             "publish turn",
             self.js.publish(
@@ -142,7 +143,7 @@ class Backend:
                 headers={"Nats-Msg-Id": turn_msg_id(turn)},
             ),
         )
-        return ack.seq
+        return bool(ack.duplicate)
 
     async def send_control(self, control: Control) -> None:
         """Record ``control`` in the control bucket, then publish it to the session's

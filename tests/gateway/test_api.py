@@ -71,6 +71,8 @@ async def test_a_posted_turn_is_published_with_jetstream_and_its_id_from_idempot
         "/v1/sessions/s1/turns", json=body, headers={"Idempotency-Key": "k-1"}
     )
     assert again.status_code == 202 and again.json()["turn_id"] == "k-1"
+    # its events may have started already: the retry's stream replays the turn's history
+    assert again.json()["events_url"] == "/v1/sessions/s1/events?turn=k-1&since=0"
     stored = await turns_in_stream(nats_url)
     assert len(stored) == 1
     turn, headers = stored[0]

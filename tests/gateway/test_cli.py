@@ -78,3 +78,20 @@ async def test_up_starts_the_gateway_without_auth_on_loopback_and_a_turn_runs_th
             proc.proc.send_signal(signal.SIGINT)
             assert await asyncio.wait_for(proc.proc.wait(), 60) == 0
             await proc.close()
+
+
+def test_the_keys_helper_prints_a_key_and_the_entry_that_accepts_it(capsys):
+    import tomllib
+
+    from gateway.auth import Keys
+    from gateway.keys import main
+    from gateway.settings import GatewayConfig
+
+    assert main(["acme", "ci"]) == 0
+    out = capsys.readouterr().out
+    key = out.split("API key (shown once): ")[1].split()[0]
+    entry = tomllib.loads(out.split("\n\n", 1)[1])
+    config = __import__("msgspec").convert(entry, GatewayConfig)
+    who = Keys(config.gateway).principal(f"Bearer {key}")
+    assert (who.tenant, who.key) == ("acme", "ci")
+    assert key not in out.split("\n\n", 1)[1]  # the entry holds only the hash
