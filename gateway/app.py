@@ -46,7 +46,6 @@ from .errors import (
     GatewayError,
     NotFound,
     PayloadTooLarge,
-    Unavailable,
     Unprocessable,
 )
 from .openapi import CALL_ID, SESSION, Operation, Param, document
@@ -454,9 +453,6 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     return _error(exc)
 
 
-_HTTP_CODES = {404: NotFound, 405: BadRequest}
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
@@ -468,7 +464,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("gateway error path=%s", request.url.path)
-    return _error(Unavailable("internal error; see the gateway's log"))
+    return _error(GatewayError("internal error; see the gateway's log"))
 
 
 def _id(value: str | None, field: str) -> str:
