@@ -239,3 +239,16 @@ async def test_streaming_another_tenants_session_is_not_found(
     r = await client.get("/v1/sessions/theirs/events", params={"since": 0})
     assert r.status_code == 404
     assert r.json()["error"] == {"code": "not_found", "message": "no session 'theirs'"}
+
+
+async def test_resuming_from_past_the_end_waits_for_the_next_events(
+    client: httpx.AsyncClient, nc: Client
+):
+    await client.post("/v1/sessions", json={"session": "s1"})
+    seqs = await publish(nc, 2)
+    headers = {"Last-Event-ID": str(seqs[-1] + 1)}  # one this session never had
+    async with client.stream("GET", "/v1/sessions/s1/events", headers=headers) as r:
+        assert r.status_code == 200
+        more = await publish(nc, 3)
+        got = await take(r, 2)
+    assert [int(m.id or 0) for m in got] == more[1:]
