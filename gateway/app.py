@@ -4,7 +4,6 @@ at the bottom, which also generates ``/openapi.json``."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -33,13 +32,13 @@ from schemas import (
     Resume,
     SessionSnapshot,
     Turn,
-    is_token,
     new_id,
 )
 
 from . import api, docs
 from .auth import Keys, Principal, RateLimiter, StreamSlots
 from .backend import Backend
+from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of
 from .errors import (
     BadRequest,
     Conflict,
@@ -56,7 +55,6 @@ log = logging.getLogger("loopmesh.gateway")
 
 T = TypeVar("T")
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})?$")
 _MAX_MODEL_CHARS = 200
 VERSION = "1"  # of the HTTP API: /v1
 _LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many messages
@@ -112,7 +110,7 @@ class Gateway:
         try:
             return msgspec.json.decode(data, type=type_)
         except msgspec.ValidationError as exc:
-            raise BadRequest(f"invalid body: {exc}", field=_field_of(str(exc))) from None
+            raise BadRequest(f"invalid body: {exc}", field=field_of(str(exc))) from None
         except msgspec.DecodeError as exc:
             raise BadRequest(f"body is not valid JSON: {exc}") from None
 
@@ -127,7 +125,7 @@ class Gateway:
     async def create_session(self, request: Request) -> Response:
         who = self.principal(request)
         body = await self.body(request, api.CreateSession)
-        session = _id(body.session, "session") if body.session is not None else new_id()
+        session = check_id(body.session, "session") if body.session is not None else new_id()
         if not await self.backend.create_session(who.tenant, session):
             raise Conflict(f"session {session!r} exists already", field="session")
         return _json(api.SessionCreated(tenant=who.tenant, session=session), 201)
@@ -148,7 +146,7 @@ class Gateway:
 
     async def get_session(self, request: Request) -> Response:
         who = self.principal(request)
-        s = await self.existing(who, _id(request.path_params["session"], "session"))
+        s = await self.existing(who, check_id(request.path_params["session"], "session"))
         return _json(
             api.SessionView(
                 tenant=s.tenant, session=s.session, status=s.status, turn_id=s.turn_id,
@@ -161,9 +159,9 @@ class Gateway:
 
     async def post_turn(self, request: Request) -> Response:
         who = self.principal(request)
-        session = _id(request.path_params["session"], "session")
+        session = check_id(request.path_params["session"], "session")
         key = request.headers.get("idempotency-key")
-        turn_id = _id(key, "Idempotency-Key") if key is not None else new_id()
+        turn_id = check_id(key, "Idempotency-Key") if key is not None else new_id()
         body = await self.body(request, api.PostTurn)
         turn = self.turn(who, session, turn_id, body)
         await self.backend.create_session(who.tenant, session)
@@ -179,11 +177,11 @@ class Gateway:
         s = self.settings
         if not body.input.strip():
             raise Unprocessable("`input` must not be empty", field="input")
-        _max_len(body.input, s.max_input_chars, "input")
+        check_length(body.input, s.max_input_chars, "input")
         if body.instructions is not None:
-            _max_len(body.instructions, s.max_instructions_chars, "instructions")
+            check_length(body.instructions, s.max_instructions_chars, "instructions")
         if body.model is not None:
-            _max_len(body.model, _MAX_MODEL_CHARS, "model")
+            check_length(body.model, _MAX_MODEL_CHARS, "model")
             if not body.model.strip():
                 raise Unprocessable("`model` must not be empty", field="model")
         if body.max_iterations is not None and not 1 <= body.max_iterations <= s.max_iterations:
@@ -196,7 +194,7 @@ class Gateway:
             if len(body.tools) > s.max_tools:
                 raise Unprocessable(f"at most {s.max_tools} tools", field="tools")
             for i, name in enumerate(body.tools):
-                if not _TOOL_NAME.fullmatch(name):
+                if not TOOL_NAME.fullmatch(name):
                     raise Unprocessable(
                         f"tool name {name[:80]!r} is not `server.tool` or `tool` "
                         "(1-64 characters from A-Z a-z 0-9 _ - each)",
@@ -213,12 +211,12 @@ class Gateway:
 
     async def events(self, request: Request) -> Response:
         who = self.principal(request)
-        session = _id(request.path_params["session"], "session")
+        session = check_id(request.path_params["session"], "session")
         turn = request.query_params.get("turn")
         if turn is not None:
-            _id(turn, "turn")
-        after = _sequence(request.query_params.get("since"), "since")
-        resume = _sequence(request.headers.get("last-event-id"), "Last-Event-ID")
+            check_id(turn, "turn")
+        after = check_sequence(request.query_params.get("since"), "since")
+        resume = check_sequence(request.headers.get("last-event-id"), "Last-Event-ID")
         if resume is not None:
             after = resume  # a reconnect continues after what it last got
         await self.existing(who, session)
@@ -260,7 +258,7 @@ class Gateway:
 
     async def latest_events(self, request: Request) -> Response:
         who = self.principal(request)
-        limit = _sequence(request.query_params.get("limit"), "limit")
+        limit = check_sequence(request.query_params.get("limit"), "limit")
         limit = 100 if limit is None else limit
         if not 1 <= limit <= self.settings.latest_max:
             raise Unprocessable(
@@ -276,10 +274,10 @@ class Gateway:
 
     async def control(self, request: Request) -> Response:
         who = self.principal(request)
-        session = _id(request.path_params["session"], "session")
+        session = check_id(request.path_params["session"], "session")
         body = await self.body(request, api.ControlRequest)
         reason = body.reason or ""
-        _max_len(reason, self.settings.max_reason_chars, "reason")
+        check_length(reason, self.settings.max_reason_chars, "reason")
         await self.existing(who, session)
         kind = request.url.path.rsplit("/", 1)[1]
         now = time.time()
@@ -295,11 +293,11 @@ class Gateway:
 
     async def approval(self, request: Request) -> Response:
         who = self.principal(request)
-        session = _id(request.path_params["session"], "session")
-        call_id = _id(request.path_params["call_id"], "call_id")
+        session = check_id(request.path_params["session"], "session")
+        call_id = check_id(request.path_params["call_id"], "call_id")
         body = await self.body(request, api.ApprovalRequest)
         reason = body.reason or ""
-        _max_len(reason, self.settings.max_reason_chars, "reason")
+        check_length(reason, self.settings.max_reason_chars, "reason")
         await self.existing(who, session)
         decision = ApprovalDecision(
             tenant=who.tenant, session=session, call_id=call_id, approved=body.approve,
@@ -465,47 +463,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _crash(request: Request, exc: Exception) -> Response:
     log.exception("gateway error path=%s", request.url.path)
     return _error(GatewayError("internal error; see the gateway's log"))
-
-
-def _id(value: str | None, field: str) -> str:
-    if value is None or not is_token(value):
-        shown = repr(value[:80]) if value is not None else "none"
-        raise Unprocessable(
-            f"invalid {field}: {shown} must be 1-64 characters from A-Z a-z 0-9 _ -", field=field
-        )
-    return value
-
-
-def _max_len(value: str, limit: int, field: str) -> None:
-    if len(value) > limit:
-        raise Unprocessable(
-            f"`{field}` is {len(value)} characters, over the limit of {limit}", field=field
-        )
-
-
-def _sequence(value: str | None, field: str) -> int | None:
-    if value is None:
-        return None
-    if not value.isascii() or not value.isdigit() or len(value) > 19:
-        raise Unprocessable(f"`{field}` must be a non-negative integer", field=field)
-    return int(value)
-
-
-_AT = re.compile(r" - at `\$\.?(.*)`$")
-_NAMED = re.compile(r"field `([^`]*)`")
-
-
-def _field_of(message: str) -> str | None:
-    """The path msgspec names in a validation error (``$.tools[1]`` → ``tools[1]``)."""
-    at = _AT.search(message)
-    named = _NAMED.search(message)
-    if at and named:
-        return f"{at.group(1)}.{named.group(1)}" if at.group(1) else named.group(1)
-    if at:
-        return at.group(1) or None
-    if named:
-        return named.group(1)
-    return None
 
 
 def _with_seq(seq: int, data: bytes) -> bytes:
