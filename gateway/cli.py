@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from loopmesh.cli import config_from_args
+from loopmesh.settings import replace
 from loopmesh.shutdown import shutdown_on_signals
 
 from .server import GatewayServer
@@ -40,7 +41,7 @@ def config_of(args: argparse.Namespace) -> GatewayConfig:
     if getattr(args, "no_auth", False):
         changes["no_auth"] = True
     return msgspec.structs.replace(
-        config, gateway=msgspec.structs.replace(config.gateway, **changes)
+        config, gateway=replace(config.gateway, "the command line", **changes)
     )
 
 

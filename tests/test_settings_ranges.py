@@ -8,11 +8,12 @@ import msgspec
 import msgspec.inspect as mi
 import pytest
 
+from gateway.settings import GatewayConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.settings import RuntimeConfig
 from tool_worker.config import ToolWorkerConfig
 
-CONFIGS = [LoopWorkerConfig, ToolWorkerConfig, RuntimeConfig]
+CONFIGS = [LoopWorkerConfig, ToolWorkerConfig, RuntimeConfig, GatewayConfig]
 
 
 def numeric_fields(info: mi.Type, path: str = "$") -> list[tuple[str, mi.Type]]:

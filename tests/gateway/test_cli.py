@@ -95,3 +95,17 @@ def test_the_keys_helper_prints_a_key_and_the_entry_that_accepts_it(capsys):
     who = Keys(config.gateway).principal(f"Bearer {key}")
     assert (who.tenant, who.key) == ("acme", "ci")
     assert key not in out.split("\n\n", 1)[1]  # the entry holds only the hash
+
+
+def test_command_line_values_are_checked_like_the_files(monkeypatch):
+    import argparse
+
+    from gateway.cli import config_of
+    from loopmesh.errors import ConfigError
+
+    monkeypatch.delenv("LOOPMESH_CONFIG", raising=False)
+    args = argparse.Namespace(config=None, nats_url=None, host=None, port=70000, no_auth=False)
+    with pytest.raises(ConfigError, match="the command line"):
+        config_of(args)
+    args.port = 9000
+    assert config_of(args).gateway.port == 9000
