@@ -103,10 +103,10 @@ async def main(args: argparse.Namespace) -> None:
     import httpx
 
     from bench.harness import CpuMeter, Mesh, pid_of
+    from loopmesh.testing.durable import Proc
+    from loopmesh.testing.sse import messages
     from schemas import Subjects, encode
     from schemas.events import ContentDelta
-    from tests.gateway.sse import messages
-    from tests.loop_worker.durable import Proc
 
     s = Subjects()
     with tempfile.TemporaryDirectory() as tmp:

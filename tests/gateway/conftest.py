@@ -14,7 +14,7 @@ from gateway.auth import key_hash
 from gateway.server import GatewayServer
 from gateway.settings import ApiKey, GatewayConfig, GatewaySettings
 from loopmesh.settings import NatsSettings
-from tests.loop_worker.durable import connect_fast, provision_short
+from loopmesh.testing.durable import connect_fast, provision_short
 
 #: Two tenants' keys (the config stores only their SHA-256).
 ACME_KEY = "acme-secret-key-1"

@@ -8,9 +8,10 @@ import time
 
 import httpx
 
+from loopmesh.testing.durable import connect_fast
 from schemas import ApprovalDecision, Cancel, Subjects, ToolSpec, Turn, decode, encode
 from schemas.events import LoopStart
-from tests.loop_worker.durable import connect_fast, register_tool
+from tests.loop_worker.durable import register_tool
 
 SUBJECTS = Subjects()
 

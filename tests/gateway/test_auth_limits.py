@@ -11,9 +11,9 @@ from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.errors import ConfigError
 from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import connect_fast
 from schemas import Subjects
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
-from tests.loop_worker.durable import connect_fast
 
 SUBJECTS = Subjects()
 

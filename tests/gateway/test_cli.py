@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from gateway.auth import key_hash
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.gateway.sse import messages
-from tests.loop_worker.durable import Proc
+from loopmesh.testing.durable import Proc
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from loopmesh.testing.sse import messages
 
 pytestmark = pytest.mark.slow
 

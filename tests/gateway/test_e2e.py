@@ -12,10 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.gateway.sse import Message, messages
-from tests.loop_worker.durable import Mesh, connect_fast, stream_events
+from loopmesh.testing.durable import connect_fast, stream_events
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from loopmesh.testing.sse import Message, messages
+from tests.loop_worker.durable import Mesh
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from nats.aio.client import Client
 
+from loopmesh.testing.durable import connect_fast
+from loopmesh.testing.sse import Message, messages
 from schemas import Subjects, encode
 from schemas.events import ContentDelta
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
-from tests.gateway.sse import Message, messages
-from tests.loop_worker.durable import connect_fast
 
 SUBJECTS = Subjects()
 
