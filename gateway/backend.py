@@ -42,15 +42,6 @@ T = TypeVar("T")
 MAX_LISTED_SESSIONS = 1_000
 
 
-def turn_msg_id(turn: Turn) -> str:
-    """The ``Nats-Msg-Id`` of a turn: the one place that derives it from the turn.
-
-    Scoped by tenant and session, so two tenants' identical ``Idempotency-Key`` values
-    are two turns, while a retried POST of one tenant's turn is deduplicated.
-    """
-    return f"{turn.tenant}.{turn.session}.{turn.id}"
-
-
 class Backend:
     """NATS operations of the gateway, on one connection."""
 
@@ -140,7 +131,7 @@ class Backend:
             self.js.publish(
                 self.subjects.turn(turn.tenant, turn.session),
                 encode(turn),
-                headers={"Nats-Msg-Id": turn_msg_id(turn)},
+                headers={"Nats-Msg-Id": turn.msg_id},
             ),
         )
         return bool(ack.duplicate)
