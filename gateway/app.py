@@ -35,7 +35,7 @@ from schemas import (
     new_id,
 )
 
-from . import api, docs
+from . import api, docs, webview
 from .auth import Keys, Principal, RateLimiter, StreamSlots
 from .backend import Backend
 from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of
@@ -402,6 +402,7 @@ def create_app(gateway: Gateway) -> Starlette:
         Route("/openapi.json", gateway.openapi, methods=["GET"]),
         Route("/docs", gateway.docs_page, methods=["GET"]),
         Mount("/docs/assets", app=StaticFiles(directory=docs.assets_dir()), name="docs-assets"),
+        *webview.routes(),
     ]
     app = Starlette(
         routes=routes,
