@@ -101,6 +101,7 @@ class ToolResultEvent(Event, tag="tool_result", frozen=True, kw_only=True):
     content: str = ""
     truncated: bool = False
     duration_ms: float = 0.0
+    worker: str = ""  # the tool worker that ran the call
 
 
 class ToolErrorEvent(Event, tag="tool_error", frozen=True, kw_only=True):
@@ -109,6 +110,7 @@ class ToolErrorEvent(Event, tag="tool_error", frozen=True, kw_only=True):
     tool: str = ""
     code: str = ""
     message: str = ""
+    worker: str = ""  # the tool worker that reported it; empty when the loop refused the call
 
 
 class ToolTimeout(Event, tag="tool_timeout", frozen=True, kw_only=True):

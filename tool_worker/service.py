@@ -404,13 +404,16 @@ class ToolWorker:
                 content=content[: self.event_max_chars] if truncated else content,
                 truncated=truncated,
                 duration_ms=result.duration_ms,
+                worker=result.worker,
             )
         elif result.status == "timeout":
             timeout = request.timeout_s or self._timeout_of(request)
             event = ToolTimeout(**common, timeout_s=timeout)
         else:
             error = result.error or WireError(code="tool_exception", message="")
-            event = ToolErrorEvent(**common, code=error.code, message=error.message)
+            event = ToolErrorEvent(
+                **common, code=error.code, message=error.message, worker=result.worker
+            )
         subject = self.subjects.event(request.tenant, request.session, event.type)
         headers = {"Nats-Msg-Id": tool_event_msg_id(request.call_id, event.type)}
         if self.confirm_events:

@@ -456,6 +456,7 @@ class View {
       case "tool_error": {
         const card = this.card(e);
         this.setStatus(card, "error", "error");
+        card.facts.textContent = e.worker ? `on ${e.worker}` : "";
         card.result.textContent = `${e.code}: ${e.message}`;
         card.result.hidden = false;
         break;

@@ -304,6 +304,7 @@ class ToolRunner:
                 content=content,
                 truncated=cut,
                 duration_ms=result.duration_ms,
+                worker=result.worker,
             )
             return Outcome(call, result, content)
         error = result.error or WireError(code=result.status, message="the tool failed")
@@ -320,6 +321,7 @@ class ToolRunner:
                 tool=tool,
                 code=error.code,
                 message=error.message,
+                worker=result.worker,
             )
         text, _ = truncate(
             f"Error ({error.code}): {error.message}", self.settings.tool_result_max_chars

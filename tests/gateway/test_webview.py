@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,14 @@ async def test_the_page_runs_a_turn_through_an_approval_and_a_dropped_stream(
     assert await card.locator(".call-result").text_content() == "written"
     assert "Approved" in await card.locator(".approval").text_content()
     assert await counting.locator(".call-result").text_content() == "counted visit"
+    tool_worker = mesh.running[0].service.name
     facts = await counting.locator(".call-facts").text_content()
-    assert facts.endswith(" ms") or facts.endswith(" s")
+    shown_facts = rf"([0-9]+ ms|[0-9]+\.[0-9]{{2}} s) · on {re.escape(tool_worker)}"
+    assert re.fullmatch(shown_facts, facts), facts
+    assert facts.endswith(" s · on " + tool_worker)  # it slept a second
+    facts = await card.locator(".call-facts").text_content()
+    assert re.fullmatch(shown_facts, facts), facts
+    assert await page.locator(".turn-meta").text_content() == "fake-model · on w1"
     assert await texts(page, "#plan .step-title") == titles
     assert [await s.get_attribute("data-status") for s in await page.locator("#plan li").all()] == [
         "done",
