@@ -205,6 +205,51 @@ async def test_the_page_runs_a_turn_through_an_approval_and_a_dropped_stream(
     await page.screenshot(path=str(ARTIFACTS / "webview.png"), full_page=True)
 
 
+async def test_deny_a_call_answer_the_question_in_the_box_then_cancel_the_next_turn(
+    mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any, tmp_path: Path
+):
+    question = "I may not write there. Which file should I count in instead?"
+    llm.script(
+        tool_calls(("local__guarded", {"path": str(tmp_path / "no"), "label": "x"})),
+        tool_calls(("ask_question", {"question": question})),
+        tool_calls(
+            ("local__count", {"path": str(tmp_path / "n"), "seconds": 10}),
+            content="Counting, slowly.",
+        ),
+    )
+    async with gateway_at(no_auth=True) as gw:
+        await page.goto(gw.url)  # no-auth: no key asked for
+        await page.locator("#new-session").click()
+        await _selected_session(page)
+        await page.locator("#input").fill("Write x to the file 'no'.")
+        await page.locator("#send").click()
+
+        guarded = page.locator(".call", has_text="local.guarded")
+        await guarded.locator("button.deny").click()
+        first = page.locator(".turn").nth(0)
+        await first.locator(".final.ask_question").wait_for()
+        assert await guarded.locator(".approval").text_content() == "Denied"
+        assert await guarded.get_attribute("data-status") == "error"  # the loop refused it
+        assert await first.locator(".final-text").text_content() == question
+        assert await page.locator("#question").text_content() == f"The model asks: {question}"
+        assert await page.locator("#input").get_attribute("placeholder") == "Your answer…"
+
+        # the answer is the next turn
+        await page.locator("#input").fill("Count in the file 'n'.")
+        await page.locator("#send").click()
+        second = page.locator(".turn").nth(1)
+        counting = second.locator(".call", has_text="local.count")
+        await counting.wait_for()
+        assert await second.locator(".user").text_content() == "Count in the file 'n'."
+        assert await page.locator("#question").is_hidden()
+        await page.locator("#cancel:enabled").click()
+        await second.locator(".final.cancelled").wait_for()
+        assert await second.locator(".final-title").text_content() == "Cancelled"
+        assert await page.locator("#cancel").is_disabled()
+        assert await page.locator(".turn").count() == 2
+    assert not (tmp_path / "no").exists()
+
+
 async def test_model_output_is_shown_as_text_never_as_markup(
     mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any
 ):
