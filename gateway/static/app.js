@@ -193,8 +193,7 @@ const END_TITLES = {
 class View {
   constructor(session) {
     this.session = session;
-    this.lastId = null; // the last event id applied
-    this.seen = new Set();
+    this.lastId = null; // the last event id applied (ids are stream sequences: they only grow)
     this.turns = new Map(); // turn_id -> {node, body, head, parts: Map}
     this.calls = new Map(); // call_id -> card parts
     this.running = null; // turn id of the running turn
@@ -256,11 +255,11 @@ class View {
     }
     if (message.id === null) return;
     const seq = Number(message.id);
-    if (!Number.isFinite(seq) || this.seen.has(seq) || (this.lastId !== null && seq <= this.lastId)) {
+    if (!Number.isFinite(seq) || (this.lastId !== null && seq <= this.lastId)) {
       return; // already on screen
     }
-    this.seen.add(seq);
     this.lastId = seq;
+    $("timeline").dataset.lastId = String(seq);
     this.apply(data, seq);
   }
 
@@ -571,6 +570,7 @@ function open(session) {
   const view = new View(session);
   app.session = view;
   $("timeline").replaceChildren();
+  delete $("timeline").dataset.lastId;
   $("plan").replaceChildren(el("li", "empty", "no plan yet"));
   for (const id of ["iteration", "model", "worker", "context", "tokens"]) $(id).textContent = "–";
   $("session-title").textContent = session;

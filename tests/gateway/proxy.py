@@ -12,6 +12,7 @@ class Proxy:
         self.target = (host, port)
         self.accepting = True
         self.dropped = 0  # connections aborted by down()
+        self.requests = bytearray()  # every byte clients sent, to read their requests
         self._open: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -59,16 +60,25 @@ class Proxy:
         assert task is not None
         self._tasks.add(task)  # type: ignore[arg-type]
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(
+                self._pipe(reader, up_writer, self.requests), self._pipe(up_reader, writer)
+            )
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
             for w in (writer, up_writer):
                 self._open.discard(w)
                 w.transport.abort()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        record: bytearray | None = None,
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
+                if record is not None:
+                    record += data
                 writer.write(data)
                 await writer.drain()
         with contextlib.suppress(OSError):

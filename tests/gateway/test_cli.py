@@ -64,8 +64,10 @@ async def test_up_starts_the_gateway_without_auth_on_loopback_and_a_turn_runs_th
             assert "no auth, tenant local" in line
             url = _URL.search(line).group(1)  # type: ignore[union-attr]
             assert url.startswith("http://127.0.0.1:")
+            assert await proc.wait_line("web view  http") == f"web view  {url}/"
             await proc.wait_line("loop worker ready")
             async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+                assert "<title>loopmesh</title>" in (await c.get("/")).text
                 r = await c.post("/v1/sessions/demo/turns", json={"input": "say hi"})
                 assert r.status_code == 202
                 async with c.stream("GET", r.json()["events_url"]) as s:

@@ -152,12 +152,21 @@ async def test_the_page_runs_a_turn_through_an_approval_and_a_dropped_stream(
             timeout=30,
             what="the counting tool's result",
         )
+        shown_before = await _last_event_id(page)
+        reconnects_from = len(proxy.requests)
         proxy.up()
 
         final = page.locator(".final")
         await final.wait_for()
         end = await watch.wait("loop_end")
     await page.locator("#link[data-state=live]").wait_for()
+    # it resumed from the last event it had shown, by Last-Event-ID
+    resumed = re.findall(
+        rb"GET /v1/sessions/[^ ]+/events[^\r]*\r\n(?:[^\r]+\r\n)*?last-event-id: ([0-9]+)\r\n",
+        bytes(proxy.requests[reconnects_from:]),
+        re.IGNORECASE,
+    )
+    assert resumed and int(resumed[0]) == shown_before, (resumed, shown_before)
 
     # what the page shows
     assert await final.locator(".final-title").text_content() == "Final answer"
@@ -288,6 +297,11 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy(
     assert script.status_code == 200 and "javascript" in script.headers["content-type"]
     assert script.headers["x-content-type-options"] == "nosniff"
     assert missing.status_code == 404
+
+
+async def _last_event_id(page: Any) -> int:
+    """The id of the last event the page applied (it keeps it on the timeline)."""
+    return int(await page.locator("#timeline").get_attribute("data-last-id") or 0)
 
 
 async def _selected_session(page: Any) -> str:
