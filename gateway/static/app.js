@@ -197,6 +197,7 @@ class View {
     this.turns = new Map(); // turn_id -> {node, body, head, parts: Map}
     this.calls = new Map(); // call_id -> card parts
     this.running = null; // turn id of the running turn
+    this.scrollPending = false;
     this.pendingQuestion = null;
     this.abort = new AbortController();
     this.inputs = JSON.parse(sessionStorage.getItem(INPUTS_STORE) || "{}");
@@ -260,7 +261,20 @@ class View {
     }
     this.lastId = seq;
     $("timeline").dataset.lastId = String(seq);
+    this.followSoon();
     this.apply(data, seq);
+  }
+
+  // Keeps the newest events in sight while the reader is at the bottom: one check and
+  // one scroll per frame, however many events arrive in it.
+  followSoon() {
+    if (this.scrollPending) return;
+    if (window.innerHeight + window.scrollY < document.body.scrollHeight - 80) return;
+    this.scrollPending = true;
+    requestAnimationFrame(() => {
+      this.scrollPending = false;
+      window.scrollTo(0, document.body.scrollHeight);
+    });
   }
 
   // -- structure: a turn, its parts -----------------------------------------------------
@@ -410,7 +424,7 @@ class View {
         this.stream(turn, e.iteration, "thinking");
         break;
       case "thinking_delta":
-        this.stream(turn, e.iteration, "thinking").textContent += e.text;
+        this.stream(turn, e.iteration, "thinking").append(e.text); // a text node: never markup
         break;
       case "thinking_end": {
         const node = this.stream(turn, e.iteration, "thinking");
@@ -418,7 +432,7 @@ class View {
         break;
       }
       case "content_delta":
-        this.stream(turn, e.iteration, "text").textContent += e.text;
+        this.stream(turn, e.iteration, "text").append(e.text);
         break;
       case "tool_call": {
         if (e.server === "loop" && HIDDEN_BUILTINS.has(e.tool)) break;
