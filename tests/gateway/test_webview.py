@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.server import GatewayServer
-from tests.fake_llm import FakeLLM, tool_calls
+from tests.fake_llm import FakeLLM, error, tool_calls
 from tests.fake_replies import auto
 from tests.gateway.conftest import ACME_KEY, GatewayFactory
 from tests.gateway.proxy import Proxy
@@ -274,6 +274,23 @@ async def test_model_output_is_shown_as_text_never_as_markup(
         assert await page.locator(".final-text").text_content() == f"done {hostile}"
         assert await page.locator(".assistant").text_content() == hostile
         assert await page.locator(".user").text_content() == f"say {hostile}"
+
+        # an error the model's server sends back is text too, and says why the turn stopped
+        llm.script(error(500, f"upstream broke {hostile}"))
+        await page.locator("#input").fill("again")
+        await page.locator("#send").click()
+        failed = page.locator(".turn").nth(1).locator(".final.llm_failed")
+        await failed.wait_for()
+        title = "Stopped: the model could not be reached"
+        assert await failed.locator(".final-title").text_content() == title
+        assert hostile in await failed.locator(".final-error").text_content()
+
+        # reloaded, the page replays the session's history: the same, once
+        shown = await page.locator("#timeline").inner_text()
+        await page.reload()
+        await page.locator(".turn:nth-child(2) .final").wait_for()
+        assert await page.locator("#timeline").inner_text() == shown
+        assert await page.locator(".final").count() == 2
         assert await page.locator("img").count() == 0
         assert await page.locator(".timeline script").count() == 0
         assert await page.evaluate("window.__pwned") is None
