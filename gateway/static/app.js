@@ -513,7 +513,10 @@ class View {
       default:
         break; // message, question: shown by loop_end; unknown types: ignored
     }
-    if (e.type === "loop_start" || e.type === "loop_end") this.showRunning();
+    if (e.type === "loop_start" || e.type === "loop_end") {
+      this.showRunning();
+      refreshSessions(); // the list shows each session's status
+    }
   }
 
   showIteration(turn, k) {
@@ -552,7 +555,6 @@ class View {
     this.pendingQuestion = e.reason === "ask_question" ? e.content : null;
     $("iteration").textContent = `${e.iterations} of ${turn.max || e.iterations} (finished)`;
     turn.iter.textContent = `${e.iterations} of ${turn.max || e.iterations} iterations`;
-    refreshSessions();
   }
 
   showRunning() {
