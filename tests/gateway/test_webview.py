@@ -19,11 +19,12 @@ import httpx
 import pytest
 
 from gateway.server import GatewayServer
-from tests.fake_llm import FakeLLM, error, tool_calls
-from tests.fake_replies import auto
+from loopmesh.testing.durable import connect_fast, stream_events, wait_for
+from loopmesh.testing.fake_llm import FakeLLM, error, tool_calls
+from loopmesh.testing.fake_replies import auto
 from tests.gateway.conftest import ACME_KEY, GatewayFactory
 from tests.gateway.proxy import Proxy
-from tests.loop_worker.durable import Mesh, Watch, connect_fast, stream_events, wait_for
+from tests.loop_worker.durable import Mesh, Watch
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
