@@ -111,6 +111,6 @@ if __name__ == "__main__":
     )
     add_common_options(parser)
     arguments = parser.parse_args()
-    setup_logging(arguments.log_level, arguments.log_json)
+    setup_logging(arguments.log_level or "INFO", arguments.log_json)
     with contextlib.suppress(KeyboardInterrupt):
         run(main(arguments))

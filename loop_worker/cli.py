@@ -93,7 +93,7 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
         )
         if not needs_embedded_llm(config):
             _say(f"llm       {config.llm.base_url or 'OpenAI'} · model {config.llm.model}")
-            await serve(config, stop, provision=False)
+            await serve(config, stop, provision=False, announce=True)
             return
         if not llama.available():
             _say(
@@ -101,7 +101,7 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
                 f"{llama.INSTALL_HINT}; or set [llm] base_url / api_key / model "
                 "(LOOPMESH_LLM__BASE_URL, OPENAI_API_KEY). Turns will fail until then."
             )
-            await serve(config, stop, provision=False)
+            await serve(config, stop, provision=False, announce=True)
             return
         _say("llm       starting the embedded llama.cpp server (SmolLM2-135M-Instruct)...")
         server = llama.LlamaServer()
@@ -121,7 +121,8 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
                 model=server.model,
                 max_tokens=config.llm.max_tokens or llama.MAX_TOKENS,
             )
-            await serve(msgspec.structs.replace(config, llm=embedded), stop, provision=False)
+            embedded_config = msgspec.structs.replace(config, llm=embedded)
+            await serve(embedded_config, stop, provision=False, announce=True)
         finally:
             await server.stop()
 
@@ -150,8 +151,23 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def serve(config: LoopWorkerConfig, stop: asyncio.Event, *, provision: bool = True) -> None:
-    """Connect, provision, and run a loop worker until ``stop`` is set."""
+async def _announce_ready(worker: LoopWorker, stop: asyncio.Event) -> None:
+    ready = asyncio.ensure_future(worker.ready.wait())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ready.cancel()
+        stopped.cancel()
+    if worker.ready.is_set():
+        _say(f"loop      loop worker ready ({worker.name}); it takes turns now")
+
+
+async def serve(
+    config: LoopWorkerConfig, stop: asyncio.Event, *, provision: bool = True, announce: bool = False
+) -> None:
+    """Connect, provision, and run a loop worker until ``stop`` is set. With
+    ``announce``, print a line once it takes turns (``up`` is quiet otherwise)."""
     nc = await connect(config.nats, name="loop-worker")
     try:
         if provision and config.loop_worker.provision:
@@ -165,7 +181,10 @@ async def serve(config: LoopWorkerConfig, stop: asyncio.Event, *, provision: boo
                         config.loop_worker.metrics_host, port, healthy=lambda: nc.is_connected
                     )
                 )
-            await worker.run(stop)
+            async with asyncio.TaskGroup() as tg:
+                if announce:
+                    tg.create_task(_announce_ready(worker, stop))
+                await worker.run(stop)
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()

@@ -1,7 +1,8 @@
-"""``loopmesh run "task"``: publish a turn straight to NATS and print its events.
+"""``loopmesh run "task"``: publish a turn (to NATS, or ``--gateway URL``) and print its events.
 
-The command subscribes to the session's events first (an ordered consumer on the
-events stream, from "new"), then publishes the :class:`~schemas.Turn`, and prints each
+Over NATS the command subscribes to the session's events first (an ordered consumer on
+the events stream, from "new"), then publishes the :class:`~schemas.Turn`; through the
+gateway it posts the turn and reads its ``events_url`` (see ``remote.py``). It prints each
 event of that turn as it arrives: iteration k of N, tool calls and their results, and
 the final answer. It exits 0 when the turn ended with ``task_completion``,
 ``converse`` or ``ask_question``, 1 when it ended otherwise, 3 on ``--timeout``.
@@ -13,25 +14,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
-import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from loopmesh.cli import config_from_args
-from loopmesh.errors import NatsConnectError
-from loopmesh.nats import connect
-from loopmesh.settings import NatsSettings
-from schemas import DecodeError, Subjects, Turn, check_token, decode, encode, new_id
+from schemas import DecodeError, Subjects, Turn, decode, encode, new_id
 from schemas.events import (
     AnyEvent,
+    ApprovalDecided,
     ApprovalRequired,
+    ContentDelta,
     Error,
     Event,
     LLMResponse,
@@ -41,6 +40,7 @@ from schemas.events import (
     Message,
     NoToolCall,
     Paused,
+    PlanUpdate,
     Question,
     Resumed,
     Retry,
@@ -49,6 +49,11 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
+
+from .remote import Item, add_remote_options, client_config, open_remote, token
+
+#: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
+LOG_LEVEL = "WARNING"
 
 HELP = """Run one turn: publish it to NATS and print its events until it ends.
 
@@ -59,26 +64,18 @@ SUCCESS = frozenset({"task_completion", "converse", "ask_question"})
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
 
 
-class RunConfig(msgspec.Struct, frozen=True, kw_only=True):
-    nats: NatsSettings = NatsSettings()
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", help="what the agent should do")
-    parser.add_argument("--tenant", default="local", help="tenant id (default: local)")
-    parser.add_argument("--session", help="session id (default: a new one)")
-    parser.add_argument("--turn-id", help="turn id (default: a new one)")
+    parser.add_argument("--session", type=token("session"), help="session id (default: a new one)")
+    parser.add_argument("--turn-id", type=token("turn"), help="turn id (default: a new one)")
     parser.add_argument("--max-iterations", type=int, help="overrides [loop] max_iterations")
     parser.add_argument("--model", help="overrides [llm] model for this turn")
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
     )
-    parser.add_argument(
-        "--connect-timeout", type=float, default=0.0, metavar="S",
-        help="keep trying to reach NATS for this long (for a `loopmesh up` still starting)",
-    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
     parser.add_argument("--deltas", action="store_true", help="print streamed text as it comes")
+    add_remote_options(parser)
 
 
 async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> int:
@@ -160,27 +157,22 @@ async def run_turn(
 
 
 async def main(args: argparse.Namespace) -> int:
-    config = config_from_args(RunConfig, args)
-    subjects = Subjects(config.nats.prefix)
+    config = client_config(args)
     turn = Turn(
-        id=check_token(args.turn_id or new_id(), "turn"),
-        tenant=check_token(args.tenant, "tenant"),
-        session=check_token(args.session or new_id(), "session"),
+        id=args.turn_id or new_id(),
+        tenant=config.client.tenant,
+        session=args.session or new_id(),
         input=args.task,
         created_at=time.time(),
         max_iterations=args.max_iterations,
         model=args.model,
     )
-    nc = await _connect(config.nats, args.connect_timeout)
-    try:
-        print(
-            f"turn {turn.id} · tenant {turn.tenant} · session {turn.session}",
-            file=sys.stderr,
-            flush=True,
-        )
+    printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
+    async with open_remote(args) as remote:
+        print(f"turn {turn.id} · session {turn.session} · {remote.where}", file=sys.stderr)
         try:
             async with asyncio.timeout(args.timeout):
-                end = await run_turn(nc, subjects, turn, as_json=args.json, deltas=args.deltas)
+                end = await _follow(remote.run(turn), printer)
         except TimeoutError:
             print(
                 f"\nno end of turn {turn.id} within {args.timeout:g}s "
@@ -188,24 +180,25 @@ async def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_TIMEOUT
-    finally:
-        await nc.close()
     return EXIT_OK if end.reason in SUCCESS else EXIT_FAILED
 
 
-async def _connect(settings: NatsSettings, patience: float) -> Client:
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            return await connect(settings, name="loopmesh-run")
-        except NatsConnectError:
-            if time.monotonic() >= deadline:
-                raise
-            await asyncio.sleep(0.5)
+async def _follow(items: AsyncIterator[Item], printer: Printer) -> LoopEnd:
+    async with contextlib.aclosing(items):  # type: ignore[type-var]
+        async for item in items:
+            event = item.event()
+            if event is not None:
+                printer.show(event)
+            if isinstance(event, LoopEnd):
+                return event
+    raise AssertionError("the event stream ended before the turn did")  # pragma: no cover
 
 
 class Printer:
-    """Events as lines a person reads (or JSON lines)."""
+    """Events as lines a person reads (or JSON lines).
+
+    The final answer arrives twice (a ``message`` or ``question`` event, then the
+    ``loop_end`` that carries it): it is printed once, in full."""
 
     def __init__(self, out: TextIO, *, as_json: bool = False, deltas: bool = False) -> None:
         self.out = out
@@ -213,21 +206,24 @@ class Printer:
         self.deltas = deltas
         self.max_iterations = 0
         self._in_delta = False
+        self._streamed: list[str] = []  # content deltas since the last line
+        self._said: set[str] = set()  # answers and questions printed in full
 
     def show(self, event: Event) -> None:
         if self.as_json:
             self._line(encode(event).decode())
             return
-        if event.type == "content_delta" and self.deltas:
-            self.out.write(getattr(event, "text", ""))
+        if isinstance(event, ContentDelta) and self.deltas:
+            self.out.write(event.text)
             self.out.flush()
+            self._streamed.append(event.text)
             self._in_delta = True
             return
         line = self.describe(event)
+        if self._in_delta:
+            self.out.write("\n")
+            self._in_delta = False
         if line is not None:
-            if self._in_delta:
-                self.out.write("\n")
-                self._in_delta = False
             self._line(line)
 
     def describe(self, event: Event) -> str | None:
@@ -238,7 +234,10 @@ class Printer:
                 where = worker or "a worker"
                 return f"▶ turn {how} on {where} · model {model or '?'} · up to {n} iterations"
             case LoopIteration(iteration=k, max_iterations=n):
+                self._streamed.clear()
                 return f"── iteration {k} of {n or self.max_iterations}"
+            case ToolCallEvent(server="loop") | ToolResultEvent(server="loop"):
+                return None  # the loop's own tools: their message, question or plan shows
             case ToolCallEvent(server=server, tool=tool, arguments=arguments):
                 return f"  → {_tool(server, tool)}({_short(json.dumps(arguments), 200)})"
             case ToolResultEvent(server=server, tool=tool, content=content, duration_ms=ms):
@@ -247,13 +246,29 @@ class Printer:
                 return f"  ✗ {_tool(server, tool)} {code}: {_short(message, 300)}"
             case ToolTimeout(server=server, tool=tool, timeout_s=timeout):
                 return f"  ✗ {_tool(server, tool)} timed out after {timeout:g}s"
-            case ApprovalRequired(call_id=call_id, server=server, tool=tool):
-                return f"  ? {_tool(server, tool)} needs approval (call {call_id})"
+            case ApprovalRequired(call_id=call_id, server=server, tool=tool, session=session):
+                return (
+                    f"  ? {_tool(server, tool)} needs approval: "
+                    f"loopmesh approve --session {session} {call_id}  (or deny)"
+                )
+            case ApprovalDecided(call_id=call_id, approved=approved, reason=reason):
+                how = "approved" if approved else "denied"
+                return f"  {'✓' if approved else '✗'} call {call_id} {how}" + (
+                    f": {_short(reason, 200)}" if reason else ""
+                )
+            case PlanUpdate(plan=plan):
+                steps = "; ".join(f"[{s.status}] {_short(s.title, 60)}" for s in plan)
+                return f"  ☰ plan: {steps}"
             case NoToolCall():
                 return "  · the model answered without a tool call"
             case Message(content=content) if content.strip():
-                return f"  💬 {_short(content.strip(), 500)}"
+                text = content.strip()
+                self._said.add(text)
+                if "".join(self._streamed).strip() == text:
+                    return None  # it was just streamed
+                return "  💬 " + text.replace("\n", "\n     ")
             case Question(text=text):
+                self._said.add(text.strip())
                 return f"  ? {text}"
             case Retry(what=what, attempt=attempt, reason=reason, delay_s=delay):
                 return f"  … retrying {what} (attempt {attempt}, in {delay:.1f}s): {reason}"
@@ -267,7 +282,8 @@ class Printer:
                 return None
             case LoopEnd(reason=reason, content=content, iterations=k, error=error):
                 mark = "✔" if reason in SUCCESS else "✘"
-                tail = f"\n{content}" if content else ""
+                said = content.strip() in self._said
+                tail = f"\n{content}" if content and not said else ""
                 err = f" ({error})" if error and reason not in SUCCESS else ""
                 return f"{mark} {reason} after {k} iteration(s){err}{tail}"
         return None

@@ -9,8 +9,10 @@ nothing and says so plainly. Each module exposes::
     async def main(args: argparse.Namespace) -> int: ...
 
 Every command also gets the common options ``--config``, ``--nats-url``,
-``--log-level`` and ``--log-json``; :func:`config_from_args` reads a service's settings
-with them applied.
+``--log-level`` (or ``-v``) and ``--log-json``; :func:`config_from_args` reads a
+service's settings with them applied. A module may set ``LOG_LEVEL`` (default ``INFO``):
+the commands people run at a terminal set ``WARNING``, so that only their own output
+shows unless ``-v`` or ``--log-level`` asks for logs.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ COMMANDS: dict[str, str] = {
     "tool-worker": "tool_worker.cli",
     "gateway": "gateway.cli",
     "run": "loop_worker.client",
+    "events": "loop_worker.cli_events",
+    "approve": "loop_worker.cli_approval",
+    "deny": "loop_worker.cli_approval",
+    "cancel": "loop_worker.cli_cancel",
     "tools": "tool_worker.cli_catalog",
 }
 
@@ -76,7 +82,7 @@ def load_command(name: str) -> ModuleType:
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
-    """``--config``, ``--nats-url``, ``--log-level``, ``--log-json``. With ``suppress``
+    """``--config``, ``--nats-url``, ``--log-level``, ``-v``, ``--log-json``. With ``suppress``
     the options set nothing unless given, so a subcommand's copy does not reset a value
     given before the command name."""
 
@@ -93,8 +99,13 @@ def add_common_options(parser: argparse.ArgumentParser, *, suppress: bool = Fals
         help="NATS server URL(s), comma-separated; overrides [nats] url",
     )  # fmt: skip
     group.add_argument(
-        "--log-level", metavar="LEVEL", default=default("INFO"),
-        help="DEBUG, INFO, WARNING or ERROR (default: INFO)",
+        "--log-level", metavar="LEVEL", default=default(None),
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO for services, WARNING for "
+        "up, run and the other commands people type)",
+    )  # fmt: skip
+    group.add_argument(
+        "-v", "--verbose", action="count", default=default(0),
+        help="show logs: -v for INFO, -vv for DEBUG (same as --log-level)",
     )  # fmt: skip
     group.add_argument(
         "--log-json", action="store_true", default=default(False),
@@ -158,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        setup_logging(args.log_level, args.log_json)
+        setup_logging(log_level(args, modules[args.command]), args.log_json)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -169,6 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LoopmeshError as exc:
         print(f"loopmesh {args.command}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def log_level(args: argparse.Namespace, module: ModuleType) -> str:
+    """``--log-level`` if given, else ``-v`` (INFO) / ``-vv`` (DEBUG), else the
+    command's own ``LOG_LEVEL`` (INFO unless the module says otherwise)."""
+    if args.log_level:
+        return str(args.log_level)
+    if args.verbose:
+        return "INFO" if args.verbose == 1 else "DEBUG"
+    return str(getattr(module, "LOG_LEVEL", "INFO"))
 
 
 def _command_name(argv: list[str]) -> str | None:

@@ -63,7 +63,8 @@ def setup_logging(level: str = "INFO", json: bool = False, *, stream: TextIO | N
     root.addHandler(handler)
     root.setLevel(_level(level))
     # Libraries that narrate every request at INFO would drown the services' lines.
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+    # (the openai client logs through ``httpx2``, one line per request.)
+    for noisy in ("httpx", "httpx2", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 

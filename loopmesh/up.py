@@ -27,6 +27,9 @@ from .shutdown import shutdown_on_signals
 
 log = logging.getLogger("loopmesh.up")
 
+#: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
+LOG_LEVEL = "WARNING"
+
 HELP = """\
 Run loopmesh on this machine until Ctrl-C.
 
@@ -68,6 +71,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, default=4222,
         help="client port of the embedded server; -1 picks a free one (default: 4222)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fs-root", metavar="DIR",
+        help="also serve the file tools fs.fs_list, fs.fs_read, fs.fs_write under DIR "
+        "([tool_worker] fs_root); to ask before each write set [loop] approval_tools",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tools-module", dest="module", action="append", default=[], metavar="PKG.MODULE",
+        help="also serve the tools of this Python module (repeatable; [tool_worker] modules)",
     )  # fmt: skip
     parser.add_argument(
         "--monitor-port", type=int, default=8222,

@@ -112,11 +112,23 @@ def worker_of(
     )
 
 
-async def serve(config: ToolWorkerConfig, stop: asyncio.Event, *, provision: bool) -> None:
+async def serve(
+    config: ToolWorkerConfig,
+    stop: asyncio.Event,
+    *,
+    provision: bool,
+    ready: asyncio.Event | None = None,
+    announce: bool = False,
+) -> None:
     """Connect, optionally provision, and serve the pool until ``stop`` is set: the
-    standalone command and ``loopmesh up`` both run this."""
+    standalone command and ``loopmesh up`` both run this. ``ready`` is set once the
+    worker serves and its tools are in the catalog; ``announce`` prints the tools."""
     settings = config.tool_worker
     registry, servers = build(settings)
+    if announce:
+        names = ", ".join(sorted(f"{t.server}.{t.name}" for t in registry))
+        mcp = f" + MCP: {', '.join(m.name for m in servers)}" if servers else ""
+        print(f"tools     pool {settings.pool}: {names}{mcp}", flush=True)
     nc = await connect(config.nats, name=f"tool-worker-{settings.pool}")
     try:
         if provision:
@@ -127,20 +139,41 @@ async def serve(config: ToolWorkerConfig, stop: asyncio.Event, *, provision: boo
                 await stack.enter_async_context(
                     MetricsServer(port=settings.metrics_port, healthy=lambda: nc.is_connected)
                 )
-            await worker.run(stop)
+            async with asyncio.TaskGroup() as tg:
+                running = tg.create_task(worker.run(stop))
+                if ready is not None:
+                    await _first(worker.ready.wait(), running)
+                    ready.set()
     finally:
         await nc.drain()
 
 
+async def _first(*aws: Awaitable[object]) -> None:
+    """Wait until one of ``aws`` is done; cancel the others (tasks are left running)."""
+    futures = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future, aw in zip(futures, aws, strict=True):
+            if future is not aw:
+                future.cancel()
+
+
 def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
-    """The tool worker of ``[tool_worker]`` (the built-in tools by default), as a service
-    of ``loopmesh up`` (which has provisioned already)."""
+    """The tool worker of ``[tool_worker]`` (the built-in tools by default, and ``up``'s
+    ``--fs-root`` / ``--tools-module``), as a service of ``loopmesh up`` (which has
+    provisioned already). Its ``ready`` event is set once its tools are in the catalog,
+    so that ``up`` starts the loop worker after that (a loop worker reads the catalog
+    when it starts, then only every ``catalog_refresh_s``)."""
+    ready = asyncio.Event()
 
     async def service(stop: asyncio.Event, nats_url: str) -> None:
         config = config_of(args)
         nats = msgspec.structs.replace(config.nats, url=nats_url)
-        await serve(msgspec.structs.replace(config, nats=nats), stop, provision=False)
+        config = msgspec.structs.replace(config, nats=nats)
+        await serve(config, stop, provision=False, ready=ready, announce=True)
 
+    service.ready = ready  # type: ignore[attr-defined]
     return service
 
 

@@ -14,6 +14,9 @@ from schemas import Subjects, ToolSpec, encode
 from .catalog import read_catalog
 from .config import ToolWorkerConfig
 
+#: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
+LOG_LEVEL = "WARNING"
+
 HELP = """List the tools in the catalog: server.tool, pool, timeout and description.
 
 Specs are refreshed by live tool workers and expire when none serves them."""

@@ -1,0 +1,59 @@
+"""``loopmesh events --session S``: a session's events, readable or as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from .client import Printer
+from .remote import add_remote_options, open_remote, token
+
+#: Quiet at a terminal: only the events, unless -v or --log-level asks for logs.
+LOG_LEVEL = "WARNING"
+
+HELP = """Print a session's events: those stored, then (with --follow) new ones as they come.
+
+Straight from NATS (an ordered consumer on the events stream), or through the gateway
+with --gateway URL. With --json each line is the event's JSON with its stream
+sequence first ({"seq": 4711, "type": ...}); --since SEQ starts after that sequence,
+so a reader that stopped resumes with nothing missed or repeated. Without --follow,
+through a gateway, the stored events are read until none has come for a second."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session", required=True, type=token("session"), help="session id")
+    parser.add_argument("--turn", type=token("turn"), help="only this turn's events")
+    parser.add_argument(
+        "--since", type=_sequence, metavar="SEQ",
+        help="only events after this stream sequence (default: all that are kept)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new events until Ctrl-C"
+    )
+    parser.add_argument("--json", action="store_true", help="JSON lines, each with its seq")
+    parser.add_argument("--deltas", action="store_true", help="print streamed text as it comes")
+    add_remote_options(parser)
+
+
+def _sequence(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"a stream sequence is a number ≥ 0, not {value!r}")
+    return int(value)
+
+
+async def main(args: argparse.Namespace) -> int:
+    printer = Printer(sys.stdout, deltas=args.deltas)
+    async with open_remote(args) as remote:
+        items = remote.events(args.session, after=args.since, turn=args.turn, follow=args.follow)
+        async with contextlib.aclosing(items):  # type: ignore[type-var]
+            async for item in items:
+                if args.json:
+                    printer._line(item.json_line())
+                    continue
+                event = item.event()
+                if event is not None:
+                    printer.show(event)
+                elif item.seq is None:  # the gateway's notice (history trimmed)
+                    print(f"! {item.type}: {item.data.decode()}", file=sys.stderr)
+    return 0
