@@ -1,0 +1,56 @@
+"""The examples in examples/ run as the README shows them: a real nats-server, a real
+loop worker and tool worker, the fake OpenAI server as the model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.fake_llm import FakeLLM
+from tests.fake_replies import auto
+from tests.loop_worker.durable import ROOT, Mesh, Proc, connect_fast, provision_short
+
+
+@pytest.fixture
+async def mesh(nats_server) -> AsyncIterator[Mesh]:
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    async with FakeLLM(default=auto()) as llm:
+        mesh = Mesh(nats_server.url, llm.base_url, nc)
+        try:
+            await mesh.tool_worker()
+            await mesh.loop_worker()
+            yield mesh
+        finally:
+            await mesh.close()
+            await nc.close()
+
+
+async def test_the_nats_py_example_publishes_a_turn_and_prints_its_events_to_the_end(mesh: Mesh):
+    task = 'call local__echo {"text": "hi there"}'
+    proc = Proc(
+        str(ROOT / "examples" / "publish_turn.py"), "--url", mesh.url,
+        "--tenant", "acme", "--session", "ex1", "--timeout", "60", task,
+    )  # fmt: skip
+    await proc.start()
+    assert proc.proc is not None
+    assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
+    await proc.close()
+    types = [line.split()[0] for line in proc.lines[1:-1]]
+    assert proc.lines[0].startswith("published turn ")
+    assert types[0] == "loop_start" and types[-1] == "loop_end", types
+    assert "tool_call" in types and "tool_result" in types
+    end = json.loads(proc.lines[-2].split(" ", 1)[1])
+    assert end["reason"] == "task_completion"
+    assert proc.lines[-1] == "done: hi there"
+
+
+def test_the_example_needs_only_nats_py():
+    source = (ROOT / "examples" / "publish_turn.py").read_text()
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
+               if line.startswith(("import ", "from "))}  # fmt: skip
+    assert imports - set(sys.stdlib_module_names) == {"nats"}

@@ -1,0 +1,258 @@
+"""``loopmesh run``, ``events``, ``approve``, ``deny`` and ``cancel`` as a person types
+them: real processes against a real nats-server, a real loop worker and tool worker
+(the fake OpenAI server as the model), and the real gateway for ``--gateway``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.server import GatewayServer
+from gateway.settings import GatewayConfig, GatewaySettings
+from loopmesh.settings import NatsSettings
+from tests.fake_llm import FakeLLM
+from tests.fake_replies import auto
+from tests.loop_worker.durable import Mesh, Proc, Watch, connect_fast, provision_short
+
+pytestmark = pytest.mark.slow
+
+TRANSPORTS = ["nats", "gateway"]
+
+
+@pytest.fixture
+async def mesh(nats_server) -> AsyncIterator[Mesh]:
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    async with FakeLLM(default=auto()) as llm:
+        mesh = Mesh(nats_server.url, llm.base_url, nc)
+        try:
+            await mesh.tool_worker()
+            await mesh.loop_worker()
+            yield mesh
+        finally:
+            await mesh.close()
+            await nc.close()
+
+
+@pytest.fixture
+async def gateway(mesh: Mesh) -> AsyncIterator[GatewayServer]:
+    config = GatewayConfig(
+        nats=NatsSettings(url=mesh.url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(no_auth=True, port=0),
+    )
+    async with GatewayServer(config) as gw:
+        yield gw
+
+
+def via(transport: str, mesh: Mesh, gateway: GatewayServer) -> list[str]:
+    if transport == "gateway":
+        return ["--gateway", gateway.url]
+    return ["--nats-url", mesh.url]
+
+
+async def loopmesh(*args: str, timeout: float = 60) -> tuple[int, list[str]]:
+    """Run ``loopmesh ARGS`` to its end; its exit code and output lines (stdout+stderr)."""
+    proc = await Proc("-m", "loopmesh", *args).start()
+    assert proc.proc is not None
+    code = await asyncio.wait_for(proc.proc.wait(), timeout)
+    await proc.close()
+    return code, proc.lines
+
+
+def count_task(path: Path) -> str:
+    return f"call local__count {json.dumps({'path': str(path), 'label': 'a'})}"
+
+
+def guarded_task(path: Path) -> str:
+    return f"call local__guarded {json.dumps({'path': str(path), 'label': 'ok'})}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_run_prints_the_turn_and_its_answer_once_with_no_log_lines(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    target = tmp_path / "n"
+    code, lines = await loopmesh(
+        "run", *via(transport, mesh, gateway), "--session", "s1", count_task(target)
+    )
+    assert code == 0, lines
+    assert target.read_text() == "a\n"  # the tool ran, once
+    out = "\n".join(lines)
+    assert "── iteration 1 of 6" in out
+    assert "→ local.count(" in out and "← local.count" in out
+    assert "✔ task_completion after 2 iteration(s)" in out
+    answers = [line for line in lines if "done: " in line]
+    assert len(answers) == 1 and answers[0].startswith("  💬 done: "), lines  # printed once
+    assert not [line for line in lines if "level=" in line], lines  # quiet by default
+    where = "gateway http://" if transport == "gateway" else "NATS, tenant local"
+    assert where in lines[0]
+
+
+async def test_run_shows_logs_on_request(mesh: Mesh, tmp_path: Path):
+    code, lines = await loopmesh("run", "-v", "--nats-url", mesh.url, count_task(tmp_path / "n"))
+    assert code == 0, lines
+    assert any("level=info" in line and "nats connected" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_events_prints_a_sessions_history_readably_and_as_json_lines_from_a_sequence(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    code, _ = await loopmesh(
+        "run", "--nats-url", mesh.url, "--session", "s1", count_task(tmp_path / "n")
+    )
+    assert code == 0
+    remote = via(transport, mesh, gateway)
+
+    code, lines = await loopmesh("events", *remote, "--session", "s1")
+    assert code == 0, lines
+    assert lines[0].startswith("▶ turn started on w1")
+    assert lines[-1] == "✔ task_completion after 2 iteration(s)"
+
+    code, lines = await loopmesh("events", *remote, "--session", "s1", "--json")
+    assert code == 0, lines
+    events = [json.loads(line) for line in lines]
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))
+    assert events[-1]["type"] == "loop_end" and events[0]["session"] == "s1"
+    stored = [e for e, _ in await _stored(mesh)]
+    assert [e["type"] for e in events] == [e.type for e in stored]
+
+    middle = seqs[len(seqs) // 2]
+    code, lines = await loopmesh(
+        "events", *remote, "--session", "s1", "--json", "--since", str(middle)
+    )
+    assert code == 0, lines
+    assert [json.loads(line)["seq"] for line in lines] == [s for s in seqs if s > middle]
+
+
+async def _stored(mesh: Mesh) -> list:
+    from tests.loop_worker.durable import stream_events
+
+    return await stream_events(mesh.nc, "local", "s1")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_events_of_an_unknown_session(transport: str, mesh: Mesh, gateway: GatewayServer):
+    code, lines = await loopmesh("events", *via(transport, mesh, gateway), "--session", "nobody")
+    if transport == "nats":
+        assert (code, lines) == (0, [])  # nothing stored
+    else:
+        assert code == 1
+        assert "loopmesh events: error: the gateway answered 404 not_found" in lines[-1]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_events_follow_prints_new_turns_as_they_run(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    await gateway_session(gateway, "s1")
+    follower = await Proc(
+        "-m", "loopmesh", "events", *via(transport, mesh, gateway), "--session", "s1", "--follow"
+    ).start()
+    try:
+        # (no wait for the follower to subscribe: it starts from the session's first event)
+        code, _ = await loopmesh(
+            "run", "--nats-url", mesh.url, "--session", "s1", count_task(tmp_path / "n")
+        )
+        assert code == 0
+        await follower.wait_line("✔ task_completion")
+        code, _ = await loopmesh(
+            "run", "--nats-url", mesh.url, "--session", "s1", count_task(tmp_path / "n")
+        )
+        assert code == 0
+        await wait_count(follower, "✔ task_completion", 2)
+        assert follower.proc is not None and follower.proc.returncode is None  # still following
+    finally:
+        await follower.close()
+
+
+async def gateway_session(gateway: GatewayServer, session: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=gateway.url) as c:
+        r = await c.post("/v1/sessions", json={"session": session})
+        assert r.status_code == 201, r.text
+
+
+async def wait_count(proc: Proc, text: str, count: int, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout), proc._changed:
+        await proc._changed.wait_for(lambda: sum(text in line for line in proc.lines) >= count)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("command", ["approve", "deny"])
+async def test_approve_and_deny_decide_a_waiting_tool_call(
+    transport: str, command: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    target = tmp_path / "g"
+    async with Watch(mesh.nc, tenant="local", session="s1") as watch:
+        run = await Proc(
+            "-m", "loopmesh", "run", "--nats-url", mesh.url, "--session", "s1", guarded_task(target)
+        ).start()
+        try:
+            required = await watch.wait("approval_required", timeout=30)
+            hint = await run.wait_line("needs approval")
+            call_id = required.call_id  # type: ignore[attr-defined]
+            assert f"loopmesh approve --session s1 {call_id}" in hint
+            code, lines = await loopmesh(
+                command, *via(transport, mesh, gateway), "--session", "s1", call_id,
+                "--reason", "looked at it",
+            )  # fmt: skip
+            assert code == 0, lines
+            assert lines == [
+                f"{'approved' if command == 'approve' else 'denied'} call {call_id} in session s1"
+            ]
+            decided = await watch.wait("approval_decision", timeout=30)
+            assert decided.approved is (command == "approve")  # type: ignore[attr-defined]
+            assert decided.reason == "looked at it"  # type: ignore[attr-defined]
+            await watch.wait("loop_end", timeout=30)
+            assert await asyncio.wait_for(run.proc.wait(), 30) == 0  # type: ignore[union-attr]
+        finally:
+            await run.close()
+    out = "\n".join(run.lines)
+    if command == "approve":
+        assert target.read_text() == "ok\n" and f"✓ call {call_id} approved" in out
+    else:
+        assert not target.exists() and f"✗ call {call_id} denied: looked at it" in out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_cancel_stops_a_running_turn(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    async with Watch(mesh.nc, tenant="local", session="s1") as watch:
+        run = await Proc(
+            "-m", "loopmesh", "run", "--nats-url", mesh.url, "--session", "s1",
+            guarded_task(tmp_path / "g"),
+        ).start()  # fmt: skip
+        try:
+            await watch.wait("approval_required", timeout=30)  # it waits for a person
+            code, lines = await loopmesh(
+                "cancel", *via(transport, mesh, gateway), "--session", "s1", "--reason", "enough"
+            )
+            assert (code, lines) == (0, ["cancel sent to session s1"])
+            end = await watch.wait("loop_end", timeout=30)
+            assert end.reason == "cancelled"  # type: ignore[attr-defined]
+            assert await asyncio.wait_for(run.proc.wait(), 30) == 1  # type: ignore[union-attr]
+        finally:
+            await run.close()
+    assert "✘ cancelled after 1 iteration(s) (enough)" in run.lines
+
+
+async def test_bad_ids_and_a_refusing_gateway_are_clear_errors(mesh: Mesh, gateway: GatewayServer):
+    code, lines = await loopmesh("approve", "--nats-url", mesh.url, "--session", "s.1", "c1")
+    assert code == 2
+    assert "argument --session: invalid session id 's.1'" in "\n".join(lines)
+    code, lines = await loopmesh("cancel", "--gateway", gateway.url, "--session", "nobody")
+    assert code == 1
+    assert lines == [
+        "loopmesh cancel: error: the gateway answered 404 not_found: no session 'nobody'"
+    ]
+    code, lines = await loopmesh("cancel", "--gateway", "http://127.0.0.1:9", "--session", "s1")
+    assert code == 1
+    assert "cannot reach the gateway at http://127.0.0.1:9" in lines[-1]
