@@ -21,6 +21,12 @@ iteration), and prints:
   gateway's CPU per delivered SSE message.
 
 The first two turns warm up and are not counted. Same clock for all (one machine).
+
+    python bench/sse.py --nats-fanout [--clients 500]
+
+measures only the NATS half of the gateway's fan-out: ``--clients`` ordered consumers
+(each SSE stream has one) on one session, in this process, with the gateway's own
+``EventStream``; it prints this process's CPU per event delivered to one consumer.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 WARM_UP = 2
+SELF = Path(__file__).resolve()
 
 
 class _Head(msgspec.Struct):
@@ -198,7 +205,7 @@ async def driver(args: argparse.Namespace) -> None:
             r = await http.post("/v1/sessions", json={"session": "watched"})
             assert r.status_code == 201, r.text
             clients = await asyncio.create_subprocess_exec(
-                sys.executable, str(Path(__file__).resolve()), "--clients-process",
+                sys.executable, str(SELF), "--clients-process",
                 "--url", base, "--session", "watched", "--clients", str(args.clients),
                 "--nats-url", mesh.server.url,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -302,6 +309,56 @@ def report(
         print(f"gateway CPU per delivered SSE message: {gw / deliveries * 1e6:.0f} µs")
 
 
+async def nats_fanout(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from gateway.backend import Backend
+    from gateway.stream import EventStream
+    from loopmesh.nats import connect
+    from loopmesh.server import NatsServer
+    from loopmesh.settings import NatsSettings
+    from schemas import Subjects
+    from tests.loop_worker.durable import provision_short
+
+    events = 200
+    async with NatsServer(Path(tempfile.mkdtemp(prefix="bench-fanout-"))) as server:
+        nc = await connect(NatsSettings(url=server.url), name="fanout")
+        await provision_short(nc)
+        backend = Backend(nc, Subjects())
+        streams = [EventStream(backend, "local", "s1", after=None) for _ in range(args.clients)]
+        for stream in streams:
+            await stream.__aenter__()
+        got = 0
+        done = asyncio.Event()
+
+        async def drain(stream: EventStream) -> None:
+            nonlocal got
+            async for _ in stream:
+                got += 1
+                if got == events * args.clients:
+                    done.set()
+
+        readers = [asyncio.ensure_future(drain(s)) for s in streams]
+        publisher = await connect(NatsSettings(url=server.url), name="publisher")
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.perf_counter()
+        for _ in range(events):
+            await publisher.jetstream().publish("loopmesh.events.local.s1.x", b'{"turn_id":"t"}')
+        await asyncio.wait_for(done.wait(), 300)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter() - started
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        for reader in readers:
+            reader.cancel()
+        print(
+            f"{args.clients} ordered consumers on one session, {events} events: "
+            f"{got} deliveries in {wall:.1f} s; this process {cpu:.2f} CPU s = "
+            f"{cpu / got * 1e6:.0f} µs per delivery (NATS side only, incl. the publisher)"
+        )
+        await publisher.close()
+        await nc.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -310,6 +367,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--rate", type=float, default=1.0, help="turns posted per second")
     parser.add_argument("--echo", type=int, default=2, help="tool calls per turn")
+    parser.add_argument("--nats-fanout", action="store_true", help="the NATS half alone")
     parser.add_argument("--clients-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
@@ -322,6 +380,8 @@ def main() -> None:
             uvloop.run(clients_main(args))
         except ImportError:
             asyncio.run(clients_main(args))
+    elif args.nats_fanout:
+        asyncio.run(nats_fanout(args))
     else:
         asyncio.run(driver(args))
 

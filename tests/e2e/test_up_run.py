@@ -47,10 +47,11 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def up(tmp_path, **env) -> tuple[Proc, str]:
+async def up(tmp_path, extra: tuple[str, ...] = (), **env) -> tuple[Proc, str]:
     proc = Proc(
         "-m", "loopmesh", "up", "--port", "-1", "--monitor-port", "-1",
-        "--store-dir", str(tmp_path / "nats"), env={"LOOPMESH_GATEWAY__PORT": "0", **env},
+        "--store-dir", str(tmp_path / "nats"), *extra,
+        env={"LOOPMESH_GATEWAY__PORT": "0", **env},
     )  # fmt: skip
     await proc.start()
     url = _READY.search(await proc.wait_line("set LOOPMESH_NATS__URL=")).group(1)
@@ -95,6 +96,34 @@ async def test_up_and_run_complete_a_turn_with_an_openai_compatible_endpoint(tmp
             assert "✘ llm_failed" in out
         finally:
             await stop_and_check_nothing_left(proc)
+
+
+async def test_up_is_quiet_serves_the_file_tools_with_fs_root_and_shows_where_to_look(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    async with FakeLLM(default=auto()) as llm:
+        proc, url = await up(
+            tmp_path,
+            LOOPMESH_LLM__BASE_URL=llm.base_url,
+            LOOPMESH_LLM__API_KEY="test",
+            LOOPMESH_LLM__MODEL="fake-model",
+            extra=("--fs-root", str(files)),
+        )
+        try:
+            await proc.wait_line("loop worker ready")
+            tools = await proc.wait_line("tools     pool default:")
+            assert "local.fs_write" in tools and "local.calculator" in tools
+            web = await proc.wait_line("web view  http://127.0.0.1:")
+            assert web.split()[2].endswith("/")
+            code, out = await run(url, 'call fs_write {"path": "note.txt", "content": "hi"}')
+            assert code == 0, out
+            assert (files / "note.txt").read_text() == "hi"
+            assert out.count("done: wrote") == 1, out  # the answer, once
+        finally:
+            await stop_and_check_nothing_left(proc)
+    logs = [line for line in proc.lines if "level=" in line]
+    # quiet by default: only the no-auth notice, which is a warning by design
+    assert all("NO-AUTH" in line for line in logs), logs
 
 
 @pytest.mark.llama
