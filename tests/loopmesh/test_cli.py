@@ -166,3 +166,18 @@ async def test_the_embedded_nats_server_dies_with_up_even_when_up_is_killed(tmp_
         proc.kill()  # SIGKILL: up cannot stop its children itself
         await proc.wait()
     await wait_until(lambda: nats_server_pids(store) == [], what="nats-server to exit")
+
+
+def test_commands_people_type_are_quiet_unless_asked_and_services_log_at_info():
+    import argparse
+
+    up, worker = cli.load_command("up"), cli.load_command("loop-worker")
+
+    def level(module, log_level=None, verbose=0):
+        return cli.log_level(argparse.Namespace(log_level=log_level, verbose=verbose), module)
+
+    assert level(up) == "WARNING"
+    assert level(cli.load_command("run")) == "WARNING"
+    assert level(up, verbose=1) == "INFO" and level(up, verbose=2) == "DEBUG"
+    assert level(up, log_level="ERROR", verbose=2) == "ERROR"
+    assert level(worker) == "INFO"

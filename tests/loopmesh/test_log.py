@@ -53,3 +53,12 @@ def test_setting_up_twice_keeps_one_handler(stream):
 def test_an_unknown_level_is_refused():
     with pytest.raises(ValueError, match="unknown log level"):
         setup_logging("LOUD")
+
+
+def test_http_clients_do_not_log_a_line_per_request_even_at_info(stream):
+    setup_logging("INFO", stream=stream)
+    for name in ("httpx", "httpx2", "httpcore"):  # the openai client logs through httpx2
+        logging.getLogger(name).info("HTTP Request: POST http://x/v1/chat/completions")
+    logging.getLogger("httpx2").warning("a real problem")
+    lines = stream.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "a real problem" in lines[0]
