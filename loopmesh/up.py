@@ -116,10 +116,22 @@ async def main(args: argparse.Namespace) -> int:
 
         async with asyncio.TaskGroup() as tg:
             for name, service in running:
-                tg.create_task(service(stop, url), name=name)
+                task = tg.create_task(service(stop, url), name=name)
+                ready: asyncio.Event | None = getattr(service, "ready", None)
+                if ready is not None:  # the next services need this one (the tool catalog)
+                    await _until_ready(ready, task, stop)
             await stop.wait()
         _say("stopping")
     return 0
+
+
+async def _until_ready(ready: asyncio.Event, task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(ready.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait([*waiters, task], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _say(line: str) -> None:

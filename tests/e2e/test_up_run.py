@@ -117,6 +117,7 @@ async def test_up_is_quiet_serves_the_file_tools_with_fs_root_and_shows_where_to
             assert web.split()[2].endswith("/")
             code, out = await run(url, 'call fs_write {"path": "note.txt", "content": "hi"}')
             assert code == 0, out
+            assert (files / "note.txt").exists(), out
             assert (files / "note.txt").read_text() == "hi"
             assert out.count("done: wrote") == 1, out  # the answer, once
         finally:
