@@ -73,7 +73,7 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
         async with GatewayServer(config) as gateway:
             auth = "no auth, tenant local" if gateway_settings.no_auth else "API keys"
             print(f"gateway   {gateway.url} ({auth}; API docs at {gateway.url}/docs)", flush=True)
-            print(f"web view  {gateway.url}/ (watch turns live, approve tool calls)", flush=True)
+            print(f"web view  {gateway.url}/", flush=True)
             await stop.wait()
 
     return service
