@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import httpx
 import msgspec
@@ -30,7 +30,7 @@ from nats.js import api as js_api
 from loopmesh.cli import config_from_args
 from loopmesh.errors import LoopmeshError, NatsConnectError
 from loopmesh.nats import connect
-from loopmesh.settings import NatsSettings
+from loopmesh.settings import NatsSettings, replace
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -45,14 +45,15 @@ from schemas import (
     encode,
 )
 from schemas.events import AnyEvent, Event
+from schemas.ids import TOKEN_PATTERN
 
 from .controls import send_control
 
 
 class ClientSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    gateway: str | None = None
+    gateway: Annotated[str, msgspec.Meta(pattern=r"^https?://")] | None = None
     api_key: str | None = None
-    tenant: str = "local"
+    tenant: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "local"
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,8 +160,7 @@ def client_config(args: argparse.Namespace) -> ClientConfig:
         changes["api_key"] = args.api_key
     if getattr(args, "tenant", None):
         changes["tenant"] = args.tenant
-    client = msgspec.structs.replace(config.client, **changes)
-    check_token(client.tenant, "tenant")
+    client = replace(config.client, "the command line", **changes)
     return msgspec.structs.replace(config, client=client)
 
 
