@@ -256,3 +256,36 @@ async def test_bad_ids_and_a_refusing_gateway_are_clear_errors(mesh: Mesh, gatew
     code, lines = await loopmesh("cancel", "--gateway", "http://127.0.0.1:9", "--session", "s1")
     assert code == 1
     assert "cannot reach the gateway at http://127.0.0.1:9" in lines[-1]
+
+
+async def test_run_through_a_gateway_with_keys_takes_the_key_from_the_environment(
+    mesh: Mesh, tmp_path: Path
+):
+    from gateway.auth import key_hash
+    from gateway.settings import ApiKey
+
+    config = GatewayConfig(
+        nats=NatsSettings(url=mesh.url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=(ApiKey(sha256=key_hash("k1"), tenant="acme"),)),
+    )
+    async with GatewayServer(config) as gw:
+        task = count_task(tmp_path / "n")
+        code, lines = await loopmesh("run", "--gateway", gw.url, "--session", "s1", task)
+        assert code == 1
+        assert "the gateway answered 401 unauthorized" in lines[-1]
+        proc = await Proc(
+            "-m", "loopmesh", "run", "--gateway", gw.url, "--session", "s1", task,
+            env={"LOOPMESH_CLIENT__API_KEY": "k1"},
+        ).start()  # fmt: skip
+        assert await asyncio.wait_for(proc.proc.wait(), 60) == 0, proc.output()  # type: ignore[union-attr]
+        await proc.close()
+    assert "✔ task_completion" in proc.output()
+    assert (tmp_path / "n").read_text() == "a\n"
+    stored = await _stored_of(mesh, "acme", "s1")
+    assert stored and stored[-1].type == "loop_end"  # the key's tenant, not local
+
+
+async def _stored_of(mesh: Mesh, tenant: str, session: str) -> list:
+    from tests.loop_worker.durable import stream_events
+
+    return [e for e, _ in await stream_events(mesh.nc, tenant, session)]
