@@ -182,7 +182,7 @@ async def driver(args: argparse.Namespace) -> None:
     import httpx
 
     from bench.harness import CpuMeter, Mesh, pid_of
-    from tests.loop_worker.durable import Proc
+    from loopmesh.testing.durable import Proc
 
     store = Path(tempfile.mkdtemp(prefix="bench-sse-"))
     async with Mesh(store, ack_wait_s=30, lease_ttl_s=30) as mesh:
@@ -317,8 +317,8 @@ async def nats_fanout(args: argparse.Namespace) -> None:
     from loopmesh.nats import connect
     from loopmesh.server import NatsServer
     from loopmesh.settings import NatsSettings
+    from loopmesh.testing.durable import provision_short
     from schemas import Subjects
-    from tests.loop_worker.durable import provision_short
 
     events = 200
     async with NatsServer(Path(tempfile.mkdtemp(prefix="bench-fanout-"))) as server:

@@ -207,7 +207,7 @@ class NatsRemote:
             await self.nc.jetstream().publish(
                 self.subjects.turn(turn.tenant, turn.session),
                 encode(turn),
-                headers={"Nats-Msg-Id": turn.id},
+                headers={"Nats-Msg-Id": turn.msg_id},
             )
             while True:
                 msg = await sub.next_msg(timeout=None)

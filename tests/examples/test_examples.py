@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.loop_worker.durable import ROOT, Mesh, Proc, connect_fast, provision_short
+from loopmesh.testing.durable import ROOT, Proc, connect_fast, provision_short
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from tests.loop_worker.durable import Mesh
 
 
 @pytest.fixture

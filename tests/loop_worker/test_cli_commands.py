@@ -14,9 +14,10 @@ import pytest
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.settings import NatsSettings
-from tests.fake_llm import FakeLLM
-from tests.fake_replies import auto
-from tests.loop_worker.durable import Mesh, Proc, Watch, connect_fast, provision_short
+from loopmesh.testing.durable import Proc, connect_fast, provision_short
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
+from tests.loop_worker.durable import Mesh, Watch
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +132,7 @@ async def test_events_prints_a_sessions_history_readably_and_as_json_lines_from_
 
 
 async def _stored(mesh: Mesh) -> list:
-    from tests.loop_worker.durable import stream_events
+    from loopmesh.testing.durable import stream_events
 
     return await stream_events(mesh.nc, "local", "s1")
 
@@ -286,6 +287,6 @@ async def test_run_through_a_gateway_with_keys_takes_the_key_from_the_environmen
 
 
 async def _stored_of(mesh: Mesh, tenant: str, session: str) -> list:
-    from tests.loop_worker.durable import stream_events
+    from loopmesh.testing.durable import stream_events
 
     return [e for e, _ in await stream_events(mesh.nc, tenant, session)]
