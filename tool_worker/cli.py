@@ -137,7 +137,11 @@ async def serve(
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port is not None:
                 await stack.enter_async_context(
-                    MetricsServer(port=settings.metrics_port, healthy=lambda: nc.is_connected)
+                    MetricsServer(
+                        settings.metrics_host,
+                        settings.metrics_port,
+                        healthy=lambda: nc.is_connected,
+                    )
                 )
             async with asyncio.TaskGroup() as tg:
                 running = tg.create_task(worker.run(stop))

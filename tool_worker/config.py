@@ -52,6 +52,7 @@ class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     mcp_start_timeout_s: Positive = 30.0
     event_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 32_768
     confirm_events: bool = False
+    metrics_host: str = "127.0.0.1"  # "0.0.0.0" in a pod, for probes and Prometheus
     metrics_port: Port | None = None
 
     def pool_of(self, server: str, tool: str) -> str:

@@ -45,6 +45,7 @@ assign = {{ "local.calculator" = "slow", "local" = "slow" }}
 mcp_start_timeout_s = 6.5
 event_max_chars = 1000
 confirm_events = true
+metrics_host = "0.0.0.0"
 metrics_port = {metrics_port}
 
 [[tool_worker.mcp_servers]]
@@ -101,7 +102,11 @@ async def test_the_tool_worker_under_up_serves_its_metrics_port(
 ) -> None:
     port = free_port()
     path = tmp_path / "loopmesh.toml"
-    path.write_text(f"[tool_worker]\nbuiltins = ['calculator']\nmetrics_port = {port}\n")
+    # metrics_host: another loopback address than the default, so the setting is seen used
+    path.write_text(
+        f"[tool_worker]\nbuiltins = ['calculator']\nmetrics_host = '127.0.0.2'\n"
+        f"metrics_port = {port}\n"
+    )
     stop = asyncio.Event()
     service = asyncio.create_task(
         cli.up_service(parse("up", "--config", str(path)))(stop, nats_server.url)
@@ -110,7 +115,7 @@ async def test_the_tool_worker_under_up_serves_its_metrics_port(
         async with httpx.AsyncClient() as http, asyncio.timeout(30):
             while True:
                 try:
-                    response = await http.get(f"http://127.0.0.1:{port}/healthz")
+                    response = await http.get(f"http://127.0.0.2:{port}/healthz")
                     break
                 except httpx.ConnectError:
                     assert not service.done(), service.result()

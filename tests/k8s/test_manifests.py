@@ -1,0 +1,379 @@
+"""The k8s/ manifests, rendered by kustomize and checked offline: core kinds against
+Kubernetes' schemas (kubernetes-validate), KEDA and prometheus-operator kinds against
+their CRDs' openAPIV3Schema, the settings against loopmesh's own settings types, and
+the NATS chart values against the chart's values."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import msgspec
+import pytest
+
+from gateway.settings import GatewayConfig
+from loop_worker.config import LoopWorkerConfig
+from loopmesh.cli import COMMANDS
+from loopmesh.settings import NatsSettings, load
+from schemas.subjects import Subjects
+from tool_worker.config import ToolWorkerConfig
+
+from .render import (
+    K8S,
+    REFERENCE,
+    ROOT,
+    TARGETS,
+    Doc,
+    load_yaml,
+    named,
+    of_kind,
+    pod_labels,
+    render,
+    selects,
+)
+
+KUBERNETES_VERSION = "1.32.0"
+CRDS = {
+    ("keda.sh", "ScaledObject"): "keda.sh_scaledobjects.yaml",
+    ("keda.sh", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
+    ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+}
+#: What each service's Deployment runs, and the settings type it reads.
+SERVICES: dict[str, type[Any]] = {
+    "loop-worker": LoopWorkerConfig,
+    "tool-worker": ToolWorkerConfig,
+    "gateway": GatewayConfig,
+}
+#: Seconds a pod needs beyond its drain deadline: the NATS drain and process exit.
+DRAIN_MARGIN_S = 5
+
+
+# -- schemas -------------------------------------------------------------------------
+
+
+def _crd_validator(group: str, kind: str, version: str) -> jsonschema.protocols.Validator:
+    crd = load_yaml(REFERENCE / CRDS[(group, kind)])
+    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            schema = _closed(copy.deepcopy(v["schema"]["openAPIV3Schema"]))
+            return jsonschema.Draft202012Validator(schema)
+    raise AssertionError(f"the {kind} CRD has no version {version}")
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with unknown fields refused where the API server would prune them
+    (an object with properties, and neither additionalProperties nor
+    x-kubernetes-preserve-unknown-fields): a misspelt field fails here, not silently."""
+    if isinstance(schema, dict):
+        for value in schema.values():
+            _closed(value)
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        for item in schema:
+            _closed(item)
+    return schema
+
+
+def _validate(doc: Doc) -> None:
+    group, _, version = doc["apiVersion"].rpartition("/")
+    if (group, doc["kind"]) in CRDS:
+        errors = list(_crd_validator(group, doc["kind"], version).iter_errors(doc))
+        if errors:
+            pytest.fail(
+                f"{doc['kind']} {doc['metadata']['name']}: "
+                + "; ".join(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
+            )
+        return
+    try:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {exc.message} at {exc.path}")
+    except kubernetes_validate.SchemaNotFoundError:
+        pytest.fail(f"{doc['apiVersion']} {doc['kind']}: no schema to validate it with")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_document_is_valid(target: str) -> None:
+    docs = render(target)
+    assert of_kind(docs, "Deployment"), f"k8s/{target} renders no Deployment"
+    for doc in docs:
+        _validate(doc)
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == "loopmesh", doc["metadata"]["name"]
+
+
+def test_the_validation_refuses_a_misspelt_field() -> None:
+    """The checks above can fail: a typo in a ScaledObject and in a Deployment."""
+    docs = render("overlays/keda")
+    scaled = copy.deepcopy(of_kind(docs, "ScaledObject")[0])
+    scaled["spec"]["maxReplicas"] = scaled["spec"].pop("maxReplicaCount")
+    with pytest.raises(pytest.fail.Exception, match="maxReplicas"):
+        _validate(scaled)
+    deployment = copy.deepcopy(of_kind(docs, "Deployment")[0])
+    deployment["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
+    with pytest.raises(pytest.fail.Exception, match="terminationGracePeriod"):
+        _validate(deployment)
+
+
+# -- the services ----------------------------------------------------------------------
+
+
+def _service(deployment: Doc) -> str:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = container["args"][0]
+    assert command in COMMANDS, f"{deployment['metadata']['name']} runs unknown {command!r}"
+    assert command in SERVICES, f"{deployment['metadata']['name']} runs {command!r}"
+    return str(command)
+
+
+def _config(docs: list[Doc], deployment: Doc, tmp_path: Path) -> Any:
+    """The settings the Deployment's container reads, through loopmesh's own loader:
+    the mounted ConfigMap's TOML file, then its env and envFrom variables (the values
+    of Secrets stay unset)."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(named(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    config_path = Path(env["LOOPMESH_CONFIG"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        if config_path.parent == Path(mount["mountPath"]):
+            config_map = named(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+            break
+    else:
+        raise AssertionError(f"{deployment['metadata']['name']}: nothing mounted at {config_path}")
+    local = tmp_path / f"{deployment['metadata']['name']}.toml"
+    local.write_text(config_map["data"][config_path.name])
+    env["LOOPMESH_CONFIG"] = str(local)
+    return load(SERVICES[_service(deployment)], env=env)
+
+
+def _port(container: Doc, port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return int(number)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
+    """Probes and ports are where the service really listens, on an address a kubelet
+    reaches, and the grace period covers the service's drain deadline."""
+    docs = render(target)
+    for deployment in of_kind(docs, "Deployment"):
+        name = deployment["metadata"]["name"]
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        config = _config(docs, deployment, tmp_path)
+        service = _service(deployment)
+        grace = pod["terminationGracePeriodSeconds"]
+        if service == "gateway":
+            listen, host, paths = config.gateway.port, config.gateway.host, ("/healthz", "/readyz")
+            # No drain setting: uvicorn's graceful shutdown (2 s) after the preStop pause.
+            pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+            assert grace >= pause + 2 + DRAIN_MARGIN_S, name
+        else:
+            settings = config.loop_worker if service == "loop-worker" else config.tool_worker
+            listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
+            assert grace >= settings.drain_timeout_s + DRAIN_MARGIN_S, (name, grace)
+            assert grace <= settings.drain_timeout_s + 30, f"{name}: grace far past the drain"
+        assert host == "0.0.0.0", f"{name} listens on {host}: probes and scrapes cannot reach"
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            assert _port(container, get["port"]) == listen, (name, probe)
+            assert get["path"] in paths, (name, probe, get["path"])
+        assert container["readinessProbe"]["httpGet"]["path"] == paths[-1], name
+        assert config.nats.url and config.nats.replicas == 3, name
+        if service == "tool-worker":
+            pool = container["args"][container["args"].index("--pool") + 1]
+            assert pod_labels(deployment)["loopmesh.dev/pool"] == pool
+            assert name == f"tool-worker-{pool}"
+
+
+def _dockerfile_user() -> int:
+    users = re.findall(r"^USER\s+(\d+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert users, "the Dockerfile sets no numeric USER"
+    return int(users[-1].split(":")[0])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_deployments_are_hardened(target: str) -> None:
+    docs = render(target)
+    uid = _dockerfile_user()
+    assert uid != 0
+    policies = of_kind(docs, "NetworkPolicy")
+    assert any(
+        p["spec"]["podSelector"] == {} and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        and not p["spec"].get("ingress") and not p["spec"].get("egress")
+        for p in policies
+    ), "no default-deny NetworkPolicy"  # fmt: skip
+    for deployment in of_kind(docs, "Deployment"):
+        name = deployment["metadata"]["name"]
+        labels = pod_labels(deployment)
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] == uid, name
+        assert pod["automountServiceAccountToken"] is False, name
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod["containers"]:
+            assert container["image"].startswith("ghcr.io/loopmesh/loopmesh:"), name
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["capabilities"]["drop"] == ["ALL"], name
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"]), name
+            tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert tmp and "emptyDir" in volumes[tmp[0]["name"]], f"{name}: no writable /tmp"
+        budgets = [
+            b
+            for b in of_kind(docs, "PodDisruptionBudget")
+            if selects(b["spec"]["selector"], labels)
+        ]
+        assert len(budgets) == 1, f"{name}: {len(budgets)} PodDisruptionBudgets"
+        assert any(
+            p["spec"]["podSelector"] and selects(p["spec"]["podSelector"], labels) for p in policies
+        ), f"{name}: no NetworkPolicy of its own"
+        ports = {p["name"] for c in pod["containers"] for p in c["ports"]}
+        scraped = [
+            m["spec"]["podMetricsEndpoints"][0]["port"]
+            for m in of_kind(docs, "PodMonitor")
+            if selects(m["spec"]["selector"], labels)
+        ]
+        for monitor in of_kind(docs, "ServiceMonitor"):
+            for service in of_kind(docs, "Service"):
+                if selects(monitor["spec"]["selector"], service["metadata"]["labels"]) and selects(
+                    {"matchLabels": service["spec"]["selector"]}, labels
+                ):
+                    (port,) = [
+                        p for p in service["spec"]["ports"]
+                        if p["name"] == monitor["spec"]["endpoints"][0]["port"]
+                    ]  # fmt: skip
+                    scraped.append(port["targetPort"])
+        assert len(scraped) == 1 and scraped[0] in ports, f"{name}: scraped on {scraped}"
+
+
+# -- autoscaling -------------------------------------------------------------------------
+
+
+def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tuple[str, str]:
+    """The stream and durable consumer the Deployment's workers pull from, by the code."""
+    config = _config(docs, deployment, tmp_path)
+    subjects = Subjects(config.nats.prefix)
+    if _service(deployment) == "loop-worker":
+        return subjects.turns_stream, subjects.turns_consumer
+    return subjects.tools_stream, subjects.pool_consumer(config.tool_worker.pool)
+
+
+def _workers(docs: list[Doc]) -> list[Doc]:
+    return [d for d in of_kind(docs, "Deployment") if _service(d) != "gateway"]
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if t in ("overlays/keda", "overlays/prod")])
+def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> None:
+    docs = render(target)
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in of_kind(docs, "ScaledObject")}
+    workers = _workers(docs)
+    assert set(scaled) == {d["metadata"]["name"] for d in workers}
+    authentications = {a["metadata"]["name"]: a for a in of_kind(docs, "TriggerAuthentication")}
+    for deployment in workers:
+        name = deployment["metadata"]["name"]
+        spec = scaled[name]["spec"]
+        assert "replicas" not in deployment["spec"], f"{name}: replicas fight KEDA"
+        assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"] <= 100, name
+        (trigger,) = spec["triggers"]
+        meta = trigger["metadata"]
+        assert trigger["type"] == "nats-jetstream", name
+        assert (meta["stream"], meta["consumer"]) == _expected_consumer(docs, deployment, tmp_path)
+        assert int(meta["lagThreshold"]) > 0 and int(meta["activationLagThreshold"]) >= 0
+        if "authenticationRef" in trigger:
+            auth = authentications[trigger["authenticationRef"]["name"]]
+            params = {r["parameter"] for r in auth["spec"]["secretTargetRef"]}
+            assert params == {"natsServerMonitoringEndpoint", "account"}, name
+            assert not {"natsServerMonitoringEndpoint", "account"} & set(meta), name
+        else:
+            assert meta["account"] == "$G", name
+            host, _, port = meta["natsServerMonitoringEndpoint"].partition(":")
+            assert host == "nats-headless.nats.svc.cluster.local" and port == "8222", name
+
+
+def test_plain_hpas_cover_every_worker() -> None:
+    docs = render("overlays/hpa")
+    assert not of_kind(docs, "ScaledObject")
+    hpas = {
+        h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(docs, "HorizontalPodAutoscaler")
+    }
+    assert set(hpas) == {d["metadata"]["name"] for d in _workers(docs)}
+    for deployment in _workers(docs):
+        assert "replicas" not in deployment["spec"]
+        spec = hpas[deployment["metadata"]["name"]]["spec"]
+        assert 1 <= spec["minReplicas"] < spec["maxReplicas"]
+
+
+# -- Grafana and NATS ------------------------------------------------------------------------
+
+
+def test_grafana_dashboards_are_generated_with_the_sidecar_label() -> None:
+    """Every k8s/grafana/*.json becomes a key of the dashboards ConfigMap, and nothing else."""
+    on_disk = sorted(p.name for p in (K8S / "grafana").glob("*.json"))
+    kustomization = load_yaml(K8S / "grafana" / "kustomization.yaml")
+    (generator,) = kustomization["configMapGenerator"]
+    assert sorted(generator["files"]) == on_disk, "list every dashboard in k8s/grafana"
+    (dashboards,) = [
+        c for c in of_kind(render("base"), "ConfigMap")
+        if c["metadata"]["name"].startswith("loopmesh-dashboards")
+    ]  # fmt: skip
+    assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
+    data = dashboards.get("data", {})
+    assert sorted(data) == on_disk
+    for name, text in data.items():
+        assert "panels" in json.loads(text), name
+
+
+def _key_paths(values: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(values, dict) and values:
+        return [p for k, v in values.items() for p in _key_paths(v, (*prefix, k))]
+    return [prefix]
+
+
+def _chart_allows(chart: Any, path: tuple[str, ...]) -> bool:
+    """Whether the chart's values have ``path``; below a key whose default is an empty
+    map (``merge: {}``, ``env: {}``, ``topologySpreadConstraints: {}``) any key goes."""
+    node = chart
+    for key in path:
+        if isinstance(node, dict) and not node:
+            return True
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+def test_nats_values_use_the_chart_keys() -> None:
+    chart = load_yaml(REFERENCE / "nats-chart-2.14.2-values.yaml")
+    ours = load_yaml(K8S / "nats" / "values.yaml")
+    unknown = [".".join(p) for p in _key_paths(ours) if not _chart_allows(chart, p)]
+    assert not unknown, f"keys the nats chart does not have: {unknown}"
+    assert not _chart_allows(chart, ("nats", "jetstream", "fileStorage"))  # the 0.x layout
+    assert ours["config"]["jetstream"]["enabled"] and ours["config"]["jetstream"]["fileStore"]
+    assert ours["config"]["cluster"] == {"enabled": True, "replicas": 3}
+    assert ours["config"]["monitor"]["enabled"] and ours["config"]["monitor"]["port"] == 8222
+    assert ours["promExporter"]["enabled"] and ours["promExporter"]["podMonitor"]["enabled"]
+    settings = tomllib.loads((K8S / "base" / "config" / "loopmesh.toml").read_text())
+    nats = msgspec.convert(settings["nats"], NatsSettings)
+    assert nats.replicas == ours["config"]["cluster"]["replicas"]
+    assert nats.url == "nats://nats.nats.svc.cluster.local:4222"
