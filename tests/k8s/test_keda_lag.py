@@ -99,7 +99,7 @@ async def workers(
         lambda: loop_cli.serve(LoopWorkerConfig(nats=nats, llm=llm_settings), stop)
     ]
     for pool in pools:
-        settings = ToolWorkerSettings(pool=pool, builtins=("calculator",))
+        settings = ToolWorkerSettings(pool=pool, builtins=("calculator",), pull_expires_s=1.0)
         config = ToolWorkerConfig(nats=nats, tool_worker=settings)
         services.append(lambda config=config: tool_cli.serve(config, stop, provision=True))
     tasks = [asyncio.create_task(service()) for service in services]
