@@ -17,9 +17,11 @@ import kubernetes_validate
 import msgspec
 import pytest
 
+from gateway.server import check_settings
 from gateway.settings import GatewayConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.cli import COMMANDS
+from loopmesh.errors import ConfigError
 from loopmesh.settings import NatsSettings, load
 from schemas.subjects import Subjects
 from tool_worker.config import ToolWorkerConfig
@@ -184,6 +186,7 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
         grace = pod["terminationGracePeriodSeconds"]
         if service == "gateway":
             listen, host, paths = config.gateway.port, config.gateway.host, ("/healthz", "/readyz")
+            _gateway_starts_with_its_secret(docs, deployment, tmp_path)
             # No drain setting: uvicorn's graceful shutdown (2 s) after the preStop pause.
             pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
             assert grace >= pause + 2 + DRAIN_MARGIN_S, name
@@ -203,6 +206,36 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             pool = container["args"][container["args"].index("--pool") + 1]
             assert pod_labels(deployment)["loopmesh.dev/pool"] == pool
             assert name == f"tool-worker-{pool}"
+
+
+def _gateway_starts_with_its_secret(docs: list[Doc], deployment: Doc, tmp_path: Path) -> None:
+    """The gateway's API keys come from a Secret, as JSON (docs/KUBERNETES.md): with an
+    entry in that shape its settings pass the checks it makes before listening, and
+    without one they fail closed."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    (keys,) = [e for e in container["env"] if e["name"] == "LOOPMESH_GATEWAY__API_KEYS"]
+    assert keys["valueFrom"]["secretKeyRef"] == {"name": "loopmesh-gateway-keys", "key": "api-keys"}
+    without = _config(docs, deployment, tmp_path).gateway
+    with pytest.raises(ConfigError, match="no api_keys"):
+        check_settings(without)
+    entry = json.dumps([{"sha256": "0" * 64, "tenant": "acme", "name": "ci"}])
+    with_keys = msgspec.structs.replace(
+        without, api_keys=load(GatewayConfig, env={keys["name"]: entry}).gateway.api_keys
+    )
+    check_settings(with_keys)
+    assert with_keys.api_keys[0].tenant == "acme"
+
+
+def test_the_image_holds_every_package() -> None:
+    """The Dockerfile copies, and .dockerignore lets through, every package of the wheel."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    allowed = (ROOT / ".dockerignore").read_text().split()
+    for package in packages:
+        assert re.search(rf"^COPY {package} \./{package}$", dockerfile, re.MULTILINE), package
+        assert f"!{package}/" in allowed, package
+    assert re.search(r'^ENTRYPOINT \["loopmesh"\]$', dockerfile, re.MULTILINE)
 
 
 def _dockerfile_user() -> int:
