@@ -19,6 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.settings import GatewayConfig
+from loop_worker.config import LoopWorkerConfig
+from loopmesh.cli import COMMANDS
+from loopmesh.settings import load
+from tool_worker.config import ToolWorkerConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 REFERENCE = Path(__file__).resolve().parent / "reference"
@@ -26,6 +32,13 @@ REFERENCE = Path(__file__).resolve().parent / "reference"
 TARGETS = ("base", *sorted(f"overlays/{p.name}" for p in (K8S / "overlays").iterdir()))
 
 Doc = dict[str, Any]
+
+#: What each service's Deployment runs, and the settings type it reads.
+SERVICES: dict[str, type[Any]] = {
+    "loop-worker": LoopWorkerConfig,
+    "tool-worker": ToolWorkerConfig,
+    "gateway": GatewayConfig,
+}
 
 
 def renderer() -> list[str] | None:
@@ -92,3 +105,35 @@ def pod_labels(deployment: Doc) -> dict[str, str]:
 
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+def service_of(deployment: Doc) -> str:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = container["args"][0]
+    assert command in COMMANDS, f"{deployment['metadata']['name']} runs unknown {command!r}"
+    assert command in SERVICES, f"{deployment['metadata']['name']} runs {command!r}"
+    return str(command)
+
+
+def container_config(docs: list[Doc], deployment: Doc, tmp_path: Path) -> Any:
+    """The settings the Deployment's container reads, through loopmesh's own loader:
+    the mounted ConfigMap's TOML file, then its env and envFrom variables (the values
+    of Secrets stay unset)."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(named(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    config_path = Path(env["LOOPMESH_CONFIG"])
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        if config_path.parent == Path(mount["mountPath"]):
+            config_map = named(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
+            break
+    else:
+        raise AssertionError(f"{deployment['metadata']['name']}: nothing mounted at {config_path}")
+    local = tmp_path / f"{deployment['metadata']['name']}.toml"
+    local.write_text(config_map["data"][config_path.name])
+    env["LOOPMESH_CONFIG"] = str(local)
+    return load(SERVICES[service_of(deployment)], env=env)

@@ -19,12 +19,9 @@ import pytest
 
 from gateway.server import check_settings
 from gateway.settings import GatewayConfig
-from loop_worker.config import LoopWorkerConfig
-from loopmesh.cli import COMMANDS
 from loopmesh.errors import ConfigError
 from loopmesh.settings import NatsSettings, load
 from schemas.subjects import Subjects
-from tool_worker.config import ToolWorkerConfig
 
 from .render import (
     K8S,
@@ -32,12 +29,13 @@ from .render import (
     ROOT,
     TARGETS,
     Doc,
+    container_config,
     load_yaml,
-    named,
     of_kind,
     pod_labels,
     render,
     selects,
+    service_of,
 )
 
 KUBERNETES_VERSION = "1.32.0"
@@ -46,12 +44,6 @@ CRDS = {
     ("keda.sh", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
     ("monitoring.coreos.com", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
     ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
-}
-#: What each service's Deployment runs, and the settings type it reads.
-SERVICES: dict[str, type[Any]] = {
-    "loop-worker": LoopWorkerConfig,
-    "tool-worker": ToolWorkerConfig,
-    "gateway": GatewayConfig,
 }
 #: Seconds a pod needs beyond its drain deadline: the NATS drain and process exit.
 DRAIN_MARGIN_S = 5
@@ -133,38 +125,6 @@ def test_the_validation_refuses_a_misspelt_field() -> None:
 # -- the services ----------------------------------------------------------------------
 
 
-def _service(deployment: Doc) -> str:
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    command = container["args"][0]
-    assert command in COMMANDS, f"{deployment['metadata']['name']} runs unknown {command!r}"
-    assert command in SERVICES, f"{deployment['metadata']['name']} runs {command!r}"
-    return str(command)
-
-
-def _config(docs: list[Doc], deployment: Doc, tmp_path: Path) -> Any:
-    """The settings the Deployment's container reads, through loopmesh's own loader:
-    the mounted ConfigMap's TOML file, then its env and envFrom variables (the values
-    of Secrets stay unset)."""
-    pod = deployment["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        env.update(named(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
-    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
-    config_path = Path(env["LOOPMESH_CONFIG"])
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    for mount in container["volumeMounts"]:
-        if config_path.parent == Path(mount["mountPath"]):
-            config_map = named(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])
-            break
-    else:
-        raise AssertionError(f"{deployment['metadata']['name']}: nothing mounted at {config_path}")
-    local = tmp_path / f"{deployment['metadata']['name']}.toml"
-    local.write_text(config_map["data"][config_path.name])
-    env["LOOPMESH_CONFIG"] = str(local)
-    return load(SERVICES[_service(deployment)], env=env)
-
-
 def _port(container: Doc, port: int | str) -> int:
     if isinstance(port, int):
         return port
@@ -181,8 +141,8 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
         name = deployment["metadata"]["name"]
         pod = deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
-        config = _config(docs, deployment, tmp_path)
-        service = _service(deployment)
+        config = container_config(docs, deployment, tmp_path)
+        service = service_of(deployment)
         grace = pod["terminationGracePeriodSeconds"]
         if service == "gateway":
             listen, host, paths = config.gateway.port, config.gateway.host, ("/healthz", "/readyz")
@@ -215,7 +175,7 @@ def _gateway_starts_with_its_secret(docs: list[Doc], deployment: Doc, tmp_path: 
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     (keys,) = [e for e in container["env"] if e["name"] == "LOOPMESH_GATEWAY__API_KEYS"]
     assert keys["valueFrom"]["secretKeyRef"] == {"name": "loopmesh-gateway-keys", "key": "api-keys"}
-    without = _config(docs, deployment, tmp_path).gateway
+    without = container_config(docs, deployment, tmp_path).gateway
     with pytest.raises(ConfigError, match="no api_keys"):
         check_settings(without)
     entry = json.dumps([{"sha256": "0" * 64, "tenant": "acme", "name": "ci"}])
@@ -305,15 +265,15 @@ def test_deployments_are_hardened(target: str) -> None:
 
 def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tuple[str, str]:
     """The stream and durable consumer the Deployment's workers pull from, by the code."""
-    config = _config(docs, deployment, tmp_path)
+    config = container_config(docs, deployment, tmp_path)
     subjects = Subjects(config.nats.prefix)
-    if _service(deployment) == "loop-worker":
+    if service_of(deployment) == "loop-worker":
         return subjects.turns_stream, subjects.turns_consumer
     return subjects.tools_stream, subjects.pool_consumer(config.tool_worker.pool)
 
 
 def _workers(docs: list[Doc]) -> list[Doc]:
-    return [d for d in of_kind(docs, "Deployment") if _service(d) != "gateway"]
+    return [d for d in of_kind(docs, "Deployment") if service_of(d) != "gateway"]
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t in ("overlays/keda", "overlays/prod")])
