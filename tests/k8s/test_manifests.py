@@ -288,6 +288,8 @@ def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> Non
         spec = scaled[name]["spec"]
         assert "replicas" not in deployment["spec"], f"{name}: replicas fight KEDA"
         assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"] <= 100, name
+        fallback = spec["fallback"]["replicas"]  # when NATS's monitoring cannot be read
+        assert spec["minReplicaCount"] <= fallback <= spec["maxReplicaCount"], name
         (trigger,) = spec["triggers"]
         meta = trigger["metadata"]
         assert trigger["type"] == "nats-jetstream", name
