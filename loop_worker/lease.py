@@ -10,8 +10,8 @@ with :meth:`Lease.due` and :meth:`Lease.renew`: a task per turn costs more than 
 turn's requests.) The delete leaves a marker whose revision the worker remembers, so
 taking the same session's lease again is one write (``kv.create`` would need three
 round trips over a marker: a failed create, a read, an update), and when that write
-succeeds nobody held the session since (:attr:`Lease.continued`): the worker may use
-what it kept of the session instead of reading it again::
+succeeds nobody held the key since (:attr:`Lease.continued`; what the loop worker
+makes of that: :func:`loop_worker.turn.warm`)::
 
     lease = await leases.acquire("acme", "s1", turn_id)
     try:

@@ -11,6 +11,10 @@ many sessions at once (``max_active_turns``). For each delivered turn it:
    started before; one loop renews the leases of every running turn meanwhile;
 3. flushes the turn's events, releases the lease and acks the turn.
 
+That story, one turn from delivery to ack, reads top to bottom in :mod:`.turn`; this
+module owns what all turns share: pulling, the in-progress acks, the lease renewals,
+order, room, and the turns it refuses or gives up.
+
 While a turn is held, in-progress acks go out every third of AckWait. A worker that
 dies leaves its turns unacked: they are redelivered after AckWait and resumed from
 their checkpoints by another worker. A worker that loses a lease (it stalled for
@@ -26,15 +30,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
-from prometheus_client import Counter, Gauge, Histogram
 
-from loopmesh.aio import both, raise_if_cancelled
-from loopmesh.jetstream import Publisher, answered, quietly, retry, worker_name
+from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import Publisher, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer
 from schemas import (
     ConsumerDef,
@@ -44,7 +46,7 @@ from schemas import (
     Turn,
     session_key,
 )
-from schemas.admit import Refused, admit_turn
+from schemas.admit import Refused
 from schemas.events import Error, LoopEnd
 
 from . import refusals
@@ -53,43 +55,16 @@ from .controls import Controls
 from .dispatch import NatsToolDispatcher
 from .engine.approvals import Approvals
 from .engine.engine import Engine
-from .engine.errors import StaleSessionError
 from .engine.protocols import LLM
 from .errors import LeaseLostError
-from .lease import Lease, Leases
+from .lease import Leases
 from .sink import JetStreamEvents
 from .store import KVSessionStore
+from .turn import HELD, HandBack, TurnRun, first_turn
+
+__all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
 
 log = logging.getLogger("loopmesh.loop_worker")
-
-TURNS = Counter("loopmesh_loop_turns", "Turns finished by this worker", ["outcome"])
-ACTIVE = Gauge("loopmesh_loop_turns_active", "Turns running in this worker")
-HELD = Gauge("loopmesh_loop_turns_held", "Turns delivered to this worker and not yet acked")
-DURATION = Histogram(
-    "loopmesh_loop_turn_seconds",
-    "Time from a turn's delivery to its ack",
-    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
-)
-
-
-class HandBack(Exception):
-    """A turn this worker will not run now; it goes back to the stream."""
-
-    def __init__(self, delay: float | None = None) -> None:
-        super().__init__("handed back")
-        self.delay = delay
-
-
-@dataclass(slots=True)
-class _Held:
-    msg: Msg
-    turn: Turn | None = None
-    seq: int = 0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    lease: Lease | None = None
-    lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
-    acked: bool = False
 
 
 class LoopWorker:
@@ -142,9 +117,9 @@ class LoopWorker:
             fallback_message=config.llm.fallback_message,
             worker=self.name,
         )
-        self._held: dict[str, _Held] = {}  # by the delivery's reply subject
-        self._by_seq: dict[int, _Held] = {}
-        self._running: dict[str, _Held] = {}  # session key → the turn running it
+        self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
+        self._by_seq: dict[int, TurnRun] = {}
+        self._running: dict[str, TurnRun] = {}  # session key → the turn running it
         self._slots = asyncio.Semaphore(self.settings.max_active_turns)
         self._tenants: dict[str, int] = {}
         self._tenant_room = asyncio.Condition()
@@ -270,10 +245,10 @@ class LoopWorker:
                 if self._stopping:
                     await quietly(msg.nak())
                     continue
-                held = _Held(msg)
+                held = TurnRun(msg, self)
                 self._held[msg.reply] = held
                 HELD.set(len(self._held))
-                held.task = tg.create_task(self._handle(held))
+                held.task = tg.create_task(held.run())
 
     async def _keepalive(self) -> None:
         period = self.ack_wait_s / 3
@@ -285,7 +260,7 @@ class LoopWorker:
 
     async def _renew_leases(self) -> None:
         """Renew the lease of every running turn once a third of its TTL has passed;
-        a turn whose lease cannot be renewed is muted and stopped (:meth:`_lose`)."""
+        a turn whose lease cannot be renewed is muted and stopped (:meth:`TurnRun.lose`)."""
         while True:
             await asyncio.sleep(self.leases.ttl_s / 6)
             now = time.monotonic()
@@ -294,25 +269,16 @@ class LoopWorker:
                 await asyncio.gather(*(self._renew(held) for held in due))
             raise_if_cancelled()
 
-    async def _renew(self, held: _Held) -> None:
+    async def _renew(self, held: TurnRun) -> None:
         lease = held.lease
         assert lease is not None
         try:
             await lease.renew()
         except LeaseLostError as exc:
             if not lease.released:
-                self._lose(held, exc)
+                held.lose(exc)
         except Exception as exc:  # not a lost lease: the next round tries again
             log.warning("lease not renewed key=%s error=%r", lease.key, exc)
-
-    def _lose(self, held: _Held, exc: LeaseLostError) -> None:
-        """Another worker may run the turn now: drop its events and stop it, keeping
-        nothing (no checkpoint, no ack, no nak)."""
-        held.lost = exc
-        if held.turn is not None:
-            self.events.mute(held.turn.msg_id)
-        if held.task is not None:
-            held.task.cancel()
 
     def _unlapsed(self, request: ToolCallRequest) -> bool:
         """Whether the lease of the request's session is surely still this worker's: only
@@ -322,60 +288,7 @@ class LoopWorker:
         held = self._running.get(session_key(request.tenant, request.session))
         return held is not None and held.lease is not None and held.lease.unlapsed()
 
-    # -- one turn -----------------------------------------------------------------------
-
-    async def _handle(self, held: _Held) -> None:
-        msg = held.msg
-        started = time.monotonic()
-        outcome = "acked"
-        try:
-            try:
-                held.turn = turn = admit_turn(self.subjects, msg.subject, msg.data, _msg_id(msg))
-            except Refused as refused:
-                await self._refuse(msg, refused)
-                outcome = "refused"
-                return
-            meta = msg.metadata
-            held.seq = meta.sequence.stream
-            self._by_seq[held.seq] = held
-            if meta.num_delivered > self.settings.max_deliveries:
-                await self._give_up(turn, meta.num_delivered)
-                await self._ack(msg, turn)
-                outcome = "gave_up"
-                return
-            await self._run(held, turn, meta.num_delivered)
-            if not held.acked:
-                await self._ack(msg, turn)
-        except HandBack as back:
-            outcome = "handed_back"
-            self.stats["handed_back"] += 1
-            await quietly(msg.nak(delay=back.delay))
-        except asyncio.CancelledError:
-            if held.lost is not None:
-                outcome = "lost"
-                self.stats["lost"] += 1
-                log.warning("another worker took over turn=%s: %s", turn_id(held), held.lost)
-                return  # the task ends here: its cancel was this worker's own
-            outcome = "handed_back"
-            self.stats["handed_back"] += 1
-            await quietly(msg.nak())
-            raise
-        except (LeaseLostError, StaleSessionError) as exc:
-            outcome = "lost"
-            self.stats["lost"] += 1
-            log.warning("another worker took over turn=%s: %s", turn_id(held), exc)
-        except Exception:
-            outcome = "failed"
-            log.exception("turn failed; handing it back turn=%s", turn_id(held))
-            await quietly(msg.nak(delay=1.0))
-        finally:
-            held.done.set()
-            self._held.pop(msg.reply, None)
-            self._by_seq.pop(held.seq, None)
-            HELD.set(len(self._held))
-            TURNS.labels(outcome).inc()
-            DURATION.observe(time.monotonic() - started)
-            self._room.set()
+    # -- what a turn asks of its worker (the turn itself: :mod:`.turn`) ----------------
 
     async def _refuse(self, msg: Msg, refused: Refused) -> None:
         """Tell the publisher's session why (:mod:`.refusals`), then term the turn; if
@@ -393,96 +306,10 @@ class LoopWorker:
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await quietly(msg.term())
 
-    async def _ack(self, msg: Msg, turn: Turn) -> None:
-        """``msg.ack_sync()``, with the reply on the publisher's inbox."""
-        await retry(lambda: answered(self.publisher, msg.reply, b"+ACK"), f"ack turn {turn.id}")
-
-    async def _run(self, held: _Held, turn: Turn, delivery: int) -> None:
-        """Order, tenant room and lease, then the engine; the lease is released after,
-        and a finished turn acked with it (both round trips at once)."""
-        early = await self._order_and_lease(held, turn)
-        async with self._tenant_slot(turn.tenant):
-            lease = held.lease = early or await self.leases.acquire(
-                turn.tenant, turn.session, turn.id
-            )
-            key = session_key(turn.tenant, turn.session)
-            finished = False
-            try:
-                async with self._slots:
-                    self._running[key] = held
-                    ACTIVE.inc()
-                    try:
-                        await self._run_engine(held, turn, delivery)
-                        finished = True
-                    finally:
-                        ACTIVE.dec()
-                        self._running.pop(key, None)
-                        self.store.forget(turn.tenant, turn.session)
-            finally:
-                if held.lost is not None:
-                    lease.released = True  # someone else's now: leave the key alone
-                elif finished:  # the release and the turn's ack go out together
-                    await both(lease.release(), self._ack(held.msg, turn))
-                    held.acked = True
-                else:
-                    await lease.release()
-
-    async def _run_engine(self, held: _Held, turn: Turn, delivery: int) -> None:
-        self.events.begin(turn.msg_id, delivery=delivery)
-        self.tools.resuming(turn.msg_id, delivery > 1)
-        warm = held.lease is not None and held.lease.continued
-        control, warm = await both(
-            self.controls.open(turn), self.store.preload(turn.tenant, turn.session, warm=warm)
-        )
-        self.stats["warm"] += warm
-        if self.store.preloaded_turn(turn.tenant, turn.session) == turn.id:
-            # A run of this very turn left a checkpoint (the turn was published again
-            # after it failed, say): its calls may have run, whatever the delivery count.
-            self.tools.resuming(turn.msg_id)
-        try:
-            end = await self.engine.run(turn, control)
-            await self.store.flush(turn.tenant, turn.session)
-            if self.events.muted(turn.msg_id):
-                raise StaleSessionError(session_key(turn.tenant, turn.session))
-            if end is not None and delivery > 1:
-                self.stats["resumed"] += 1
-            self.stats["finished"] += 1
-            await self.events.flush(turn.msg_id)
-        except asyncio.CancelledError:  # handed back: store what was emitted so far
-            if held.lost is None:
-                await quietly(asyncio.wait_for(self.store.flush(turn.tenant, turn.session), 2.0))
-                await quietly(asyncio.wait_for(self.events.flush(turn.msg_id), 2.0))
-            raise
-        finally:
-            self.events.end(turn.msg_id)
-            self.tools.resuming(turn.msg_id, False)
-            await self.controls.close_turn(turn, control)
-
-    async def _order_and_lease(self, held: _Held, turn: Turn) -> Lease | None:
-        """Wait for the turn's order; with no tenant limit to wait for, the first order
-        check and a first try for the lease go out together (the lease is given back
-        if an earlier turn is still in the stream). The lease, if it was taken."""
-        if self.settings.tenant_max_active:
-            await self._wait_turn_order(held, turn)
-            return None
-        first, lease = await both(
-            self._first_turn(turn), self.leases.try_acquire(turn.tenant, turn.session, turn.id)
-        )
-        if first is None or (first or held.seq) >= held.seq:
-            return lease
-        if lease is not None:
-            await lease.release()
-        await self._wait_turn_order(held, turn)
-        return None
-
     async def _first_turn(self, turn: Turn) -> int | None:
-        subject = self.subjects.turn(turn.tenant, turn.session)
-        return await retry(
-            lambda: self.publisher.first_seq(self.subjects.turns_stream, subject),
-            f"first turn of {subject}",
-        )
+        return await first_turn(self.publisher, self.subjects, turn)
 
-    async def _wait_turn_order(self, held: _Held, turn: Turn) -> None:
+    async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream."""
         deadline = time.monotonic() + self.settings.order_wait_s
         delay = 0.02
@@ -541,14 +368,6 @@ class LoopWorker:
         held = self._running.get(key)
         if held is not None and held.turn is not None:
             self.events.mute(held.turn.msg_id)
-
-
-def _msg_id(msg: Msg) -> str | None:
-    return msg.headers.get("Nats-Msg-Id") if msg.headers else None
-
-
-def turn_id(held: _Held) -> str | None:
-    return held.turn.id if held.turn is not None else None
 
 
 async def _wait_or(event: asyncio.Event, timeout: float) -> None:

@@ -20,12 +20,10 @@ last checkpoint: the iteration is replayed with the same call ids, whose effects
 recorded, and the same event ids. A lost race surfaces at a later commit, and every
 save of the session raises :class:`~loop_worker.engine.errors.StaleSessionError` from then on.
 
-A session's last snapshot and revision are kept when its turn ends cleanly (the most
-recent, up to :data:`WARM_BYTES` of encoded snapshots). :meth:`preload` with
-``warm=True`` — the service passes :attr:`~loop_worker.lease.Lease.continued`: nobody
-held the session since — uses them instead of a read. Were they stale after all, the
-first checkpoint's revision check fails and the turn ends as lost, like any lost race,
-and the next load reads.
+:meth:`forget` keeps a session's last snapshot and revision when both are known to be
+stored (the most recent, up to :data:`WARM_BYTES` of encoded snapshots); :meth:`preload`
+with ``warm=True`` uses them instead of a read. When the caller may say ``warm`` is its
+business (the loop worker's reasoning: :func:`loop_worker.turn.warm`).
 
 The engine keeps bulky tool outputs out of the snapshot (it stores a truncated copy in
 the conversation); the full result lives in the call's effect record.
@@ -106,9 +104,9 @@ class KVSessionStore:
 
     async def preload(self, tenant: str, session: str, *, warm: bool = False) -> bool:
         """Load the snapshot now (alongside other reads); the next :meth:`load` of the
-        session returns it, or raises what this one raised. ``warm``: nobody else wrote
-        the session since this worker's last turn of it ended, so what was kept of it
-        then serves, if anything was. Whether it did (no read)."""
+        session returns it, or raises what this one raised. ``warm``: the caller vouches
+        that nobody wrote the session since :meth:`forget` kept it, so what was kept
+        serves, if anything was. Whether it did (no read)."""
         key = session_key(tenant, session)
         kept = self._warm.pop(key, None)
         if kept is not None:

@@ -1,0 +1,320 @@
+"""One turn in the durable loop worker, from delivery to ack, read top to bottom.
+
+:class:`LoopWorker <loop_worker.service.LoopWorker>` pulls a delivery, wraps it in a
+:class:`TurnRun` and runs :meth:`TurnRun.run` in its task group. Everything a turn does
+is here, in the order it happens:
+
+1. **admit** — the subject vouches for the body, else it is refused and termed;
+   a turn delivered more than ``max_deliveries`` times is given up (poison);
+2. **order** — no earlier turn of its session is left in the stream (the stream is a
+   work queue: one still there has not finished);
+3. **lease** — the session's lease, so one worker runs the session at a time (with
+   no tenant limit the first order check and a first try for the lease go out
+   together);
+4. **start** — the turn's controls open and its snapshot preloads at once, from what
+   this worker kept of the session when nobody held it since (:func:`warm`), else read;
+5. **run** the engine;
+6. **finish** — the last checkpoint, then the events, are stored;
+7. **hand over** — the store forgets the session, keeping its last snapshot warm, then
+   the lease is released and the turn acked (both round trips at once).
+
+The failure paths end in :meth:`TurnRun.run` too: a turn handed back (:class:`HandBack`,
+or cancelled at a stop) is nakked with what it emitted stored; a turn whose lease was
+lost (:meth:`TurnRun.lose`, or a checkpoint that lost its race) keeps nothing — no
+events, no checkpoint, no ack, no nak; any other failure naks it after a second.
+
+The modules below this one are mechanisms and know nothing of this story:
+:mod:`.lease` (a KV key with a TTL), :mod:`.store` (checkpoints and a cache of
+snapshots), :mod:`.sink` (events), :mod:`.controls`, :mod:`.dispatch`.
+
+Nothing here adds a round trip, task or timer per turn: the keepalive of every held
+turn and the renewal of every lease run from one loop each in the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+from prometheus_client import Counter, Gauge, Histogram
+
+from loopmesh.aio import both
+from loopmesh.jetstream import answered, quietly, retry
+from schemas import Turn, session_key
+from schemas.admit import Refused, admit_turn
+
+from .engine.errors import StaleSessionError
+from .errors import LeaseLostError
+from .lease import Lease
+
+if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
+    from typing import Protocol
+
+    from loopmesh.jetstream import Publisher
+    from schemas import Subjects
+
+    from .config import ServiceSettings
+    from .controls import Controls
+    from .dispatch import NatsToolDispatcher
+    from .engine.engine import Engine
+    from .lease import Leases
+    from .sink import JetStreamEvents
+    from .store import KVSessionStore
+
+    class Owner(Protocol):
+        """What a turn uses of the worker that runs it."""
+
+        subjects: Subjects
+        settings: ServiceSettings
+        stats: dict[str, int]
+        publisher: Publisher
+        events: JetStreamEvents
+        store: KVSessionStore
+        leases: Leases
+        controls: Controls
+        tools: NatsToolDispatcher
+        engine: Engine
+        _held: dict[str, TurnRun]
+        _by_seq: dict[int, TurnRun]
+        _running: dict[str, TurnRun]
+        _slots: asyncio.Semaphore
+        _room: asyncio.Event
+
+        async def _refuse(self, msg: Msg, refused: Refused) -> None: ...
+        async def _give_up(self, turn: Turn, deliveries: int) -> None: ...
+        async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
+        def _tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+
+log = logging.getLogger("loopmesh.loop_worker")
+
+TURNS = Counter("loopmesh_loop_turns", "Turns finished by this worker", ["outcome"])
+ACTIVE = Gauge("loopmesh_loop_turns_active", "Turns running in this worker")
+HELD = Gauge("loopmesh_loop_turns_held", "Turns delivered to this worker and not yet acked")
+DURATION = Histogram(
+    "loopmesh_loop_turn_seconds",
+    "Time from a turn's delivery to its ack",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+
+
+class HandBack(Exception):
+    """A turn this worker will not run now; it goes back to the stream."""
+
+    def __init__(self, delay: float | None = None) -> None:
+        super().__init__("handed back")
+        self.delay = delay
+
+
+def warm(lease: Lease) -> bool:
+    """Whether the turn may start from the snapshot this worker kept of its session
+    instead of reading it.
+
+    The store keeps a session's last snapshot and revision when a turn of it ends
+    cleanly (:meth:`~loop_worker.store.KVSessionStore.forget`). They are still the
+    stored ones if nobody wrote the session since, and nobody can have without holding
+    its lease: :attr:`Lease.continued` says this worker took the lease over its own
+    release (a write checked against the revision of the delete marker it left), so
+    nobody held it in between. Were the kept snapshot stale after all, the first
+    checkpoint's revision check fails and the turn ends as lost, like any lost race,
+    and the next load reads.
+    """
+    return lease.continued
+
+
+class TurnRun:
+    """One delivered turn: its state while held, and :meth:`run`, its whole story."""
+
+    __slots__ = ("_w", "acked", "done", "lease", "lost", "msg", "seq", "task", "turn")
+
+    def __init__(self, msg: Msg, owner: Owner) -> None:
+        self.msg = msg
+        self.turn: Turn | None = None
+        self.seq = 0
+        self.done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.lease: Lease | None = None
+        self.lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
+        self.acked = False
+        self._w = owner
+
+    @property
+    def turn_id(self) -> str | None:
+        return self.turn.id if self.turn is not None else None
+
+    # -- the story ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit, run and ack the turn, or hand it back; never raises but a cancel
+        that was not this worker's own (a stop past the drain deadline)."""
+        w, msg = self._w, self.msg
+        started = time.monotonic()
+        outcome = "acked"
+        try:
+            try:  # 1. admit
+                self.turn = turn = admit_turn(w.subjects, msg.subject, msg.data, _msg_id(msg))
+            except Refused as refused:
+                await w._refuse(msg, refused)
+                outcome = "refused"
+                return
+            meta = msg.metadata
+            self.seq = meta.sequence.stream
+            w._by_seq[self.seq] = self
+            if meta.num_delivered > w.settings.max_deliveries:  # poison: never runs
+                await w._give_up(turn, meta.num_delivered)
+                await self._ack(turn)
+                outcome = "gave_up"
+                return
+            await self._leased(turn, meta.num_delivered)
+            if not self.acked:
+                await self._ack(turn)
+        except HandBack as back:
+            outcome = "handed_back"
+            w.stats["handed_back"] += 1
+            await quietly(msg.nak(delay=back.delay))
+        except asyncio.CancelledError:
+            if self.lost is not None:
+                outcome = "lost"
+                w.stats["lost"] += 1
+                log.warning("another worker took over turn=%s: %s", self.turn_id, self.lost)
+                return  # the task ends here: its cancel was this worker's own
+            outcome = "handed_back"
+            w.stats["handed_back"] += 1
+            await quietly(msg.nak())
+            raise
+        except (LeaseLostError, StaleSessionError) as exc:
+            outcome = "lost"
+            w.stats["lost"] += 1
+            log.warning("another worker took over turn=%s: %s", self.turn_id, exc)
+        except Exception:
+            outcome = "failed"
+            log.exception("turn failed; handing it back turn=%s", self.turn_id)
+            await quietly(msg.nak(delay=1.0))
+        finally:
+            self.done.set()
+            w._held.pop(msg.reply, None)
+            w._by_seq.pop(self.seq, None)
+            HELD.set(len(w._held))
+            TURNS.labels(outcome).inc()
+            DURATION.observe(time.monotonic() - started)
+            w._room.set()
+
+    async def _leased(self, turn: Turn, delivery: int) -> None:
+        """Order, tenant room and lease, then the engine; the lease is released after,
+        and a finished turn acked with it (both round trips at once)."""
+        w = self._w
+        early = await self._order_and_lease(turn)  # 2. order, 3. lease
+        # with no tenant limit there is no room to wait for (and no call to make)
+        tenant_limited = bool(w.settings.tenant_max_active)
+        room = w._tenant_slot(turn.tenant) if tenant_limited else contextlib.nullcontext()
+        async with room:
+            lease = self.lease = early or await w.leases.acquire(turn.tenant, turn.session, turn.id)
+            key = session_key(turn.tenant, turn.session)
+            finished = False
+            try:
+                async with w._slots:
+                    w._running[key] = self
+                    ACTIVE.inc()
+                    try:
+                        await self._run_engine(turn, delivery, lease)
+                        finished = True
+                    finally:
+                        ACTIVE.dec()
+                        w._running.pop(key, None)
+                        # keeps the last snapshot warm when it is known to be stored
+                        w.store.forget(turn.tenant, turn.session)
+            finally:  # 7. hand over
+                if self.lost is not None:
+                    lease.released = True  # someone else's now: leave the key alone
+                elif finished:  # the release and the turn's ack go out together
+                    await both(lease.release(), self._ack(turn))
+                    self.acked = True
+                else:
+                    await lease.release()
+
+    async def _order_and_lease(self, turn: Turn) -> Lease | None:
+        """Wait for the turn's order; with no tenant limit to wait for, the first order
+        check and a first try for the lease go out together (the lease is given back
+        if an earlier turn is still in the stream). The lease, if it was taken."""
+        w = self._w
+        if w.settings.tenant_max_active:
+            await w._wait_turn_order(self, turn)
+            return None
+        first, lease = await both(
+            first_turn(w.publisher, w.subjects, turn),
+            w.leases.try_acquire(turn.tenant, turn.session, turn.id),
+        )
+        if first is None or (first or self.seq) >= self.seq:
+            return lease
+        if lease is not None:
+            await lease.release()
+        await w._wait_turn_order(self, turn)
+        return None
+
+    async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> None:
+        """Start (controls and snapshot at once), run the engine, store the last
+        checkpoint and then the events; a turn handed back stores what it emitted."""
+        w = self._w
+        # 4. start
+        w.events.begin(turn.msg_id, delivery=delivery)
+        w.tools.resuming(turn.msg_id, delivery > 1)
+        control, kept = await both(
+            w.controls.open(turn),
+            w.store.preload(turn.tenant, turn.session, warm=warm(lease)),
+        )
+        w.stats["warm"] += kept
+        if w.store.preloaded_turn(turn.tenant, turn.session) == turn.id:
+            # A run of this very turn left a checkpoint (the turn was published again
+            # after it failed, say): its calls may have run, whatever the delivery count.
+            w.tools.resuming(turn.msg_id)
+        try:
+            end = await w.engine.run(turn, control)  # 5. run
+            await w.store.flush(turn.tenant, turn.session)  # 6. finish
+            if w.events.muted(turn.msg_id):  # a checkpoint lost its race (on_stale)
+                raise StaleSessionError(session_key(turn.tenant, turn.session))
+            if end is not None and delivery > 1:
+                w.stats["resumed"] += 1
+            w.stats["finished"] += 1
+            await w.events.flush(turn.msg_id)
+        except asyncio.CancelledError:  # handed back: store what was emitted so far
+            if self.lost is None:
+                await quietly(asyncio.wait_for(w.store.flush(turn.tenant, turn.session), 2.0))
+                await quietly(asyncio.wait_for(w.events.flush(turn.msg_id), 2.0))
+            raise
+        finally:
+            w.events.end(turn.msg_id)
+            w.tools.resuming(turn.msg_id, False)
+            await w.controls.close_turn(turn, control)
+
+    async def _ack(self, turn: Turn) -> None:
+        """``msg.ack_sync()``, with the reply on the publisher's inbox."""
+        ack = functools.partial(answered, self._w.publisher, self.msg.reply, b"+ACK")
+        await retry(ack, f"ack turn {turn.id}")
+
+    # -- from outside the turn's task ---------------------------------------------------
+
+    def lose(self, exc: LeaseLostError) -> None:
+        """Another worker may run the turn now: drop its events and stop it, keeping
+        nothing (no checkpoint, no ack, no nak)."""
+        self.lost = exc
+        if self.turn is not None:
+            self._w.events.mute(self.turn.msg_id)
+        if self.task is not None:
+            self.task.cancel()
+
+
+async def first_turn(publisher: Publisher, subjects: Subjects, turn: Turn) -> int | None:
+    """The stream sequence of the oldest turn of ``turn``'s session still in the turns
+    stream, or ``None`` when none is left."""
+    subject = subjects.turn(turn.tenant, turn.session)
+    first_seq = functools.partial(publisher.first_seq, subjects.turns_stream, subject)
+    return await retry(first_seq, f"first turn of {subject}")
+
+
+def _msg_id(msg: Msg) -> str | None:
+    return msg.headers.get("Nats-Msg-Id") if msg.headers else None
