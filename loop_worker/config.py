@@ -36,8 +36,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     tenant_max_active: Count = 0
     ack_wait_s: Positive = 30.0
     lease_ttl_s: Positive = 30.0
-    order_wait_s: Positive = 30.0  # then a turn waiting on an earlier one is handed back
-    max_deliveries: AtLeastOne = 10  # a turn delivered more often ends with an error
+    order_wait_s: Positive = 30.0  # a worker full of waiting turns hands back the oldest
+    max_deliveries: AtLeastOne = 10  # the consumer's max_deliver: then it is dead-lettered
     fetch_timeout_s: Positive = 1.0
     drain_timeout_s: Positive = 20.0
     catalog_refresh_s: Positive = 5.0  # unused: the catalog is watched, not re-read

@@ -4,8 +4,9 @@ One :class:`LoopWorker` pulls turns from the turns stream's durable consumer and
 many sessions at once (``max_active_turns``). For each delivered turn it:
 
 1. waits until the turn is its session's oldest message in the stream (the stream is
-   a work queue, so earlier turns of the session still there have not finished), then
-   for room under the tenant's limit, then for the session lease;
+   a work queue, so earlier turns of the session still there have not finished), held
+   with in-progress acks so that waiting costs no delivery, then for room under the
+   tenant's limit, then for the session lease;
 2. opens the turn's controls (live messages, plus what was recorded while no worker
    ran it) and runs the engine, which resumes from the checkpoint when the turn was
    started before; one loop renews the leases of every running turn meanwhile;
@@ -21,6 +22,11 @@ their checkpoints by another worker. A worker that loses a lease (it stalled for
 longer than the TTL and someone else took over) mutes and stops its copy of the turn.
 On stop it pulls no more, lets running turns finish within ``drain_timeout_s``, and
 hands the rest back (cancelled at an await, checkpoint kept, nak).
+
+A turn that cannot run is not retried forever: one that does not decode is refused
+(dead-lettered and terminated), and one that fails ``max_deliveries`` times is left by
+the consumer's ``max_deliver`` and dead-lettered on the server's advisory
+(:mod:`.deadletter`); either way its session gets an ``error`` event and a ``loop_end``.
 """
 
 from __future__ import annotations
@@ -37,21 +43,22 @@ from nats.js.client import JetStreamContext
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, quietly, retry, worker_name
-from loopmesh.provision import ensure_bucket, ensure_consumer
+from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream
 from schemas import (
     ConsumerDef,
     KVDef,
+    StreamDef,
     Subjects,
     ToolCallRequest,
     Turn,
     session_key,
 )
 from schemas.admit import Refused
-from schemas.events import Error, LoopEnd
 
 from . import refusals
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
+from .deadletter import DeadLetters
 from .dispatch import NatsToolDispatcher
 from .engine.approvals import Approvals
 from .engine.engine import Engine
@@ -95,6 +102,7 @@ class LoopWorker:
         )
         self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
+        self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,
@@ -147,6 +155,9 @@ class LoopWorker:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
                 renewer = tg.create_task(self._renew_leases(), name="leases")
                 committer = tg.create_task(self.store.run(), name="checkpoints")
+                listening = asyncio.Event()
+                buryer = tg.create_task(self.deadletters.run(listening), name="dead letters")
+                await listening.wait()
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 self.ready.set()
                 log.info(
@@ -161,6 +172,7 @@ class LoopWorker:
                 keepalive.cancel()
                 renewer.cancel()
                 committer.cancel()
+                buryer.cancel()
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -178,7 +190,18 @@ class LoopWorker:
                     stream=subjects.turns_stream,
                     durable=subjects.turns_consumer,
                     ack_wait_s=s.ack_wait_s,
+                    max_deliver=s.max_deliveries,
                     description="loop workers share this consumer",
+                ),
+            )
+            await ensure_stream(
+                self._js,
+                StreamDef(
+                    name=subjects.deadletter_stream,
+                    subjects=(subjects.all_deadletter,),
+                    max_age_s=30 * 24 * 3600.0,
+                    replicas=self.config.nats.replicas,
+                    description="messages given up on, with the reason in their headers",
                 ),
             )
             await ensure_bucket(
@@ -304,13 +327,19 @@ class LoopWorker:
                 await quietly(msg.nak(delay=1.0))
                 return
             log.error("refusal not reported; dropping the turn error=%r", exc)
-        await quietly(msg.term())
+        await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)
 
     async def _first_turn(self, turn: Turn) -> int | None:
         return await first_turn(self.publisher, self.subjects, turn)
 
     async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
-        """Return once no earlier turn of the session is left in the stream."""
+        """Return once no earlier turn of the session is left in the stream.
+
+        The turn is held meanwhile (in-progress acks), not handed back: every hand-back
+        is a delivery, and deliveries are the poison limit (``max_deliver``), so a long
+        first turn would otherwise kill its session's next one. Only when this worker is
+        full (every place taken by held turns) and the earlier turn runs elsewhere is a
+        turn that waited ``order_wait_s`` handed back, to make room."""
         deadline = time.monotonic() + self.settings.order_wait_s
         delay = 0.02
         while True:
@@ -324,7 +353,7 @@ class LoopWorker:
             if earlier is not None:  # it runs here: wait for it
                 await earlier.done.wait()
                 continue
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and len(self._held) >= self.capacity:
                 raise HandBack(delay=1.0)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -346,22 +375,6 @@ class LoopWorker:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 self._tenant_room.notify_all()
-
-    async def _give_up(self, turn: Turn, deliveries: int) -> None:
-        message = f"the turn was delivered {deliveries} times without finishing; giving up"
-        log.error("%s turn=%s", message, turn.id)
-        t = turn
-        self.events.begin(turn.msg_id, delivery=deliveries)
-        await self.events.emit(
-            Error(tenant=t.tenant, session=t.session, turn_id=t.id, code="redelivered",
-                  message=message, fatal=True)
-        )  # fmt: skip
-        await self.events.emit(
-            LoopEnd(tenant=t.tenant, session=t.session, turn_id=t.id, reason="error",
-                    error=message)
-        )  # fmt: skip
-        await self.events.flush(turn.msg_id)
-        self.events.end(turn.msg_id)
 
     def _on_stale(self, key: str) -> None:
         """A checkpoint lost its race: someone else runs the session now."""

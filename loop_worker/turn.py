@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
 
     from .config import ServiceSettings
     from .controls import Controls
+    from .deadletter import DeadLetters
     from .dispatch import NatsToolDispatcher
     from .engine.engine import Engine
     from .lease import Leases
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         controls: Controls
         tools: NatsToolDispatcher
         engine: Engine
+        deadletters: DeadLetters
         _held: dict[str, TurnRun]
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
@@ -86,7 +88,6 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         _room: asyncio.Event
 
         async def _refuse(self, msg: Msg, refused: Refused) -> None: ...
-        async def _give_up(self, turn: Turn, deliveries: int) -> None: ...
         async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
         def _tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[None]: ...
 
@@ -165,9 +166,10 @@ class TurnRun:
             meta = msg.metadata
             self.seq = meta.sequence.stream
             w._by_seq[self.seq] = self
-            if meta.num_delivered > w.settings.max_deliveries:  # poison: never runs
-                await w._give_up(turn, meta.num_delivered)
-                await self._ack(turn)
+            if meta.num_delivered > w.settings.max_deliveries:  # poison, on a consumer
+                # without max_deliver (provisioned by hand): give up as its advisory would
+                message = f"delivered {meta.num_delivered} times without finishing"
+                await w.deadletters.refuse(msg, message)
                 outcome = "gave_up"
                 return
             await self._leased(turn, meta.num_delivered)

@@ -1,8 +1,8 @@
 """Provisioning: make the NATS server hold the streams, consumers and buckets of
 :mod:`schemas.streams`, idempotently.
 
-Each ``ensure_*`` creates what is missing, applies safe changes (max age or TTL,
-duplicate window, description, message size, replicas, ack wait, delivery limits) and
+Each ``ensure_*`` creates what is missing, applies safe changes (max age, size limit
+or TTL, duplicate window, description, message size, replicas, ack wait, delivery limits) and
 returns what it did ("" when nothing changed). A change that would lose data —
 another retention policy or storage type, dropping subjects that hold messages, a
 shorter KV history, turning a pull consumer into something else — is refused with
@@ -48,6 +48,8 @@ async def provision_all(nc: Client, settings: NatsSettings) -> list[str]:
     defs = definitions(
         Subjects(settings.prefix),
         events_max_age_s=settings.events_max_age_s,
+        events_max_bytes=settings.events_max_bytes,
+        sessions_ttl_s=settings.sessions_ttl_s,
         replicas=settings.replicas,
     )
     return await provision(nc.jetstream(), defs)
@@ -59,6 +61,8 @@ async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
     want: dict[str, Any] = {
         "subjects": list(s.subjects),
         "max_age": s.max_age_s,
+        "max_bytes": s.max_bytes,
+        "discard": js_api.DiscardPolicy.OLD,
         "duplicate_window": window,
         "max_msg_size": s.max_msg_size,
         "num_replicas": s.replicas,

@@ -52,6 +52,10 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     store_dir: str = ".loopmesh/nats"  # the embedded server's JetStream store
     events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600  # 0: forever
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
+    # Bounded storage (see docs/ARCHITECTURE.md, "Sizing"): past events_max_bytes the
+    # oldest events go; a session untouched for sessions_ttl_s loses its snapshot (0: never).
+    events_max_bytes: Annotated[int, msgspec.Meta(ge=2**20, le=2**40)] = 4 * 2**30
+    sessions_ttl_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 24 * 3600)] = 30 * 24 * 3600
 
 
 class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

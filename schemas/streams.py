@@ -15,6 +15,7 @@ class StreamDef(msgspec.Struct, frozen=True, kw_only=True):
     retention: Literal["limits", "workqueue", "interest"] = "limits"
     storage: Literal["file", "memory"] = "file"
     max_age_s: float = 0.0  # 0 means forever
+    max_bytes: int = -1  # -1 means no limit; past it the oldest messages go
     duplicate_window_s: float = 120.0
     max_msg_size: int = -1
     replicas: int = 1
@@ -50,6 +51,10 @@ def definitions(
     subjects: Subjects | None = None,
     *,
     events_max_age_s: float = 7 * 24 * 3600.0,
+    events_max_bytes: int = -1,
+    sessions_ttl_s: float = 0.0,
+    deadletter_max_age_s: float = 30 * 24 * 3600.0,
+    turn_max_deliver: int = 10,
     duplicate_window_s: float = 120.0,
     turn_ack_wait_s: float = 30.0,
     lease_ttl_s: float = 30.0,
@@ -86,9 +91,18 @@ def definitions(
                 subjects=(s.all_events,),
                 retention="limits",
                 max_age_s=events_max_age_s,
+                max_bytes=events_max_bytes,
                 duplicate_window_s=duplicate_window_s,
                 replicas=replicas,
                 description="every event of every turn",
+            ),
+            StreamDef(
+                name=s.deadletter_stream,
+                subjects=(s.all_deadletter,),
+                retention="limits",
+                max_age_s=deadletter_max_age_s,
+                replicas=replicas,
+                description="messages given up on, with the reason in their headers",
             ),
         ),
         consumers=(
@@ -96,12 +110,14 @@ def definitions(
                 stream=s.turns_stream,
                 durable=s.turns_consumer,
                 ack_wait_s=turn_ack_wait_s,
+                max_deliver=turn_max_deliver,
                 description="loop workers share this consumer",
             ),
         ),
         buckets=(
             KVDef(
                 bucket=s.sessions_bucket,
+                ttl_s=sessions_ttl_s,
                 history=1,
                 replicas=replicas,
                 description="session snapshots",

@@ -84,6 +84,14 @@ class Subjects:
     def all_control(self) -> str:
         return f"{self.prefix}.control.>"
 
+    def deadletter(self, stream: str) -> str:
+        """Where the dead-letter record of a message of ``stream`` is kept."""
+        return f"{self.prefix}.deadletter.{check_token(stream, 'stream')}"
+
+    @property
+    def all_deadletter(self) -> str:
+        return f"{self.prefix}.deadletter.>"
+
     # -- names of streams, consumers and buckets ------------------------------------
 
     def _name(self, suffix: str) -> str:
@@ -100,6 +108,10 @@ class Subjects:
     @property
     def events_stream(self) -> str:
         return self._name("EVENTS")
+
+    @property
+    def deadletter_stream(self) -> str:
+        return self._name("DEADLETTER")
 
     @property
     def turns_consumer(self) -> str:

@@ -154,21 +154,22 @@ class Mesh:
             loop_worker=ServiceSettings(**service),
         )  # fmt: skip
 
-    async def loop_worker(self, name: str = "w1", **service: Any) -> Running:
+    async def loop_worker(self, name: str = "w1", *, llm: Any = None, **service: Any) -> Running:
+        """A loop worker against the fake LLM server (or ``llm``, an engine ``LLM``)."""
         from loop_worker.engine.llm import OpenAILLM
         from loop_worker.service import LoopWorker
 
         config = self.config(name=name, **service)
         client = await connect(config.nats, name=name)
-        llm = OpenAILLM(config.llm)
-        worker = LoopWorker(client, config, llm=llm)
+        openai = OpenAILLM(config.llm)
+        worker = LoopWorker(client, config, llm=llm or openai)
         running: Running
 
         async def run() -> None:
             try:
                 await worker.run(running.stop_event)
             finally:
-                await llm.aclose()
+                await openai.aclose()
 
         running = Running(worker, client, asyncio.create_task(run()))
         self.running.append(running)
