@@ -181,6 +181,42 @@ async def test_provision_all_uses_the_configured_prefix_and_event_max_age(nc):
     assert await provision_all(nc, settings) == []
 
 
+async def test_the_events_stream_is_bounded_in_size_and_session_snapshots_expire(nc):
+    settings = NatsSettings(events_max_bytes=64 * 2**20, sessions_ttl_s=3600)
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    s = Subjects()
+    events = await js.stream_info(s.events_stream)
+    assert events.config.max_bytes == 64 * 2**20
+    assert events.config.discard == api.DiscardPolicy.OLD
+    assert (await js.stream_info(f"KV_{s.sessions_bucket}")).config.max_age == 3600
+    dead = await js.stream_info(s.deadletter_stream)
+    assert dead.config.subjects == [s.all_deadletter] and dead.config.max_age > 0
+    consumer = await js.consumer_info(s.turns_stream, s.turns_consumer)
+    assert consumer.config.max_deliver == 10
+
+
+async def test_a_changed_size_limit_or_session_ttl_is_applied_and_reported(nc):
+    await provision_all(nc, NatsSettings())
+    s = Subjects()
+    changed = NatsSettings(events_max_bytes=2**20, sessions_ttl_s=120)
+    actions = await provision_all(nc, changed)
+    assert any(a.startswith(f"updated stream {s.events_stream} (max_bytes") for a in actions)
+    assert any(f"bucket {s.sessions_bucket}" in a and "max_age" in a for a in actions)
+    js = nc.jetstream()
+    assert (await js.stream_info(s.events_stream)).config.max_bytes == 2**20
+    assert (await js.stream_info(f"KV_{s.sessions_bucket}")).config.max_age == 120
+    assert await provision_all(nc, changed) == []
+
+
+def test_storage_limits_out_of_range_are_refused():
+    import msgspec
+
+    for bad in ({"events_max_bytes": 1000}, {"events_max_bytes": -1}, {"sessions_ttl_s": -5}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, NatsSettings)
+
+
 def msgspec_replace(obj, **changes):
     import msgspec
 
