@@ -56,6 +56,8 @@ def decode(data: Data, type_: Any) -> Any:
         raise DecodeError(_name(type_), str(exc)) from None
     except msgspec.DecodeError as exc:
         raise DecodeError(_name(type_), f"malformed JSON: {exc}") from None
+    except UnicodeDecodeError as exc:  # a string with a pattern, not valid UTF-8
+        raise DecodeError(_name(type_), f"malformed JSON: invalid UTF-8 ({exc.reason})") from None
 
 
 def _name(type_: Any) -> str:

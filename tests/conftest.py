@@ -7,10 +7,19 @@ from pathlib import Path
 
 import nats
 import pytest
+from hypothesis import HealthCheck, settings
 from nats.aio.client import Client
 
 from loopmesh.server import NatsServer
 from loopmesh.testing.fake_llm import FakeLLM
+
+# Fuzz tests without their own ``@settings`` run this many examples: modest in CI;
+# ``pytest --hypothesis-profile=deep`` runs many more.
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("deep", max_examples=2_000, deadline=None)
+settings.load_profile("ci")
 
 
 @pytest.fixture

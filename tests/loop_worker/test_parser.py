@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -122,3 +124,48 @@ def test_names_that_collide_after_mapping_stay_apart() -> None:
     names = ToolNames([a, b])
     assert names.function("a", "b__c") != names.function("a__b", "c")
     assert names.resolve(names.function("a__b", "c")) is b
+
+
+# -- fuzzing: calls written among arbitrary text come back as they were -------------------
+
+_names = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() == s)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=6,
+)
+_calls = st.builds(
+    ParsedCall,
+    server=st.text(max_size=20),
+    tool=_names,
+    arguments=st.dictionaries(st.text(max_size=10), _json, max_size=4),
+)
+# The format cannot carry "</tool>" inside a block, nor "<tool>" in the text between.
+_noise = st.text(max_size=40).filter(lambda s: "<tool>" not in s and "</tool>" not in s)
+
+
+def _block(call: ParsedCall, as_string: bool, fenced: bool) -> str:
+    arguments: object = call.arguments
+    if as_string:
+        arguments = json.dumps(call.arguments)
+    body = json.dumps({"server_name": call.server, "tool_name": call.tool, "arguments": arguments})
+    if fenced:
+        body = "```json\n" + body + "\n```"
+    return f"<tool>{body}</tool>"
+
+
+@given(st.lists(st.tuples(_noise, _calls, st.booleans(), st.booleans()), max_size=4), _noise)
+def test_calls_among_arbitrary_text_are_read_back_exactly(parts, tail) -> None:
+    calls = [call for _, call, _, _ in parts]
+    blob = "".join(n + _block(c, s, f) for n, c, s, f in parts) + tail
+    if any("</tool>" in _block(c, s, f)[6:-7] for _, c, s, f in parts):
+        return  # a body holding the closing tag is outside the format
+    assert parse_text_calls(blob) == calls
+
+
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_an_unclosed_block_after_any_text_is_one_parse_error(head, body) -> None:
+    head = head.replace("<tool>", "")
+    results = parse_text_calls(f"{head}<tool>{body.replace('</tool>', '')}")
+    assert results and isinstance(results[-1], ToolParseError)
+    assert all(isinstance(r, ParsedCall | ToolParseError | ToolFieldError) for r in results)
