@@ -45,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "deny": "loop_worker.cli_approval",
     "cancel": "loop_worker.cli_cancel",
     "tools": "tool_worker.cli_catalog",
+    "exporter": "loopmesh.exporter",
 }
 
 DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."

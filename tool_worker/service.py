@@ -56,6 +56,7 @@ from schemas import (
 )
 from schemas.events import Event, ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
 
+from . import metrics
 from .catalog import Catalog
 from .effects import Effects
 from .errors import ToolError, Unavailable, UnknownTool
@@ -341,6 +342,18 @@ class ToolWorker:
 
     async def execute(self, request: ToolCallRequest) -> ToolResult:
         """Run one call and describe its outcome; never raises for a tool's failure."""
+        in_flight = metrics.IN_FLIGHT.labels(self.pool)
+        in_flight.inc()
+        try:
+            result = await self._execute(request)
+        finally:
+            in_flight.dec()
+        labels = (request.tool, request.server, self.pool)
+        metrics.CALLS.labels(*labels, result.status).inc()
+        metrics.DURATION.labels(*labels).observe(result.duration_ms / 1000)
+        return result
+
+    async def _execute(self, request: ToolCallRequest) -> ToolResult:
         started = time.perf_counter()
         timeout: float | None = None
         status: Any = "ok"

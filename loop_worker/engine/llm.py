@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import openai
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from prometheus_client import Counter
 
 from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
@@ -34,6 +35,14 @@ from schemas.events import Usage
 from .errors import LLMError
 from .protocols import Completion, OnDelta, OnRetry
 from .settings import LLMSettings
+
+#: Requests sent on to a fallback model (``settings.fallback_models``) after the model
+#: before it failed; by the fallback model. The process's registry (``/metrics``).
+FALLBACKS = Counter(
+    "loopmesh_llm_fallbacks",
+    "LLM requests sent on to a fallback model after the one before failed",
+    ["gen_ai_request_model"],
+)
 
 
 class StreamCutError(Exception):
@@ -98,7 +107,9 @@ class OpenAILLM:
         failures: list[str] = []
         attempts = 0
         last: BaseException | None = None
-        for name in models:
+        for fallback, name in enumerate(models):
+            if fallback:
+                FALLBACKS.labels(name).inc()
             for attempt in range(1, s.max_retries + 2):
                 attempts += 1
                 try:

@@ -1,0 +1,320 @@
+"""``loopmesh exporter``: the events stream as Prometheus metrics.
+
+The exporter reads every event through one DURABLE pull consumer on the events stream
+and turns it into counters and histograms (:class:`EventMetrics`). Because the consumer
+is durable, a restarted exporter resumes where it acked: no event is missed or counted
+twice by one exporter, and events of processes that died before they were scraped are
+still counted. The counters restart from zero with the process, which Prometheus'
+``rate()`` and ``increase()`` handle as a counter reset.
+
+It also polls the tool pools' consumers (``pool-<name>`` on the tools stream) and
+reports each pool's backlog as KEDA reads it: ``num_pending + num_ack_pending``.
+
+It is its own command, not part of the gateway: gateways run as several replicas
+behind a load balancer and would split one durable consumer's events between them,
+while exactly one exporter owns the consumer; a mesh without a gateway (clients on
+NATS) gets the same metrics. Metric names and labels: docs/OBSERVABILITY.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Annotated
+
+import msgspec
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from schemas.events import (
+    AnyEvent,
+    ContentDelta,
+    Error,
+    LLMRequest,
+    LLMResponse,
+    LoopEnd,
+    LoopStart,
+    MemoryPruned,
+    Resumed,
+    Retry,
+    ThinkingDelta,
+    ThinkingStart,
+    ToolCallEvent,
+    ToolErrorEvent,
+    ToolResultEvent,
+    ToolTimeout,
+)
+from schemas.subjects import Subjects
+
+from .metrics import MetricsServer
+from .settings import NatsSettings
+
+log = logging.getLogger("loopmesh.exporter")
+
+#: Latency buckets (seconds) that reach ten minutes: LLM calls and tools can be slow.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+#: Time to first chunk is shorter.
+TTFC_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+#: Tokens per call (the GenAI conventions' advice, powers of four).
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+ITERATION_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)
+_OPEN_REQUESTS = 10_000  # LLM requests awaiting their first chunk, for time to first chunk
+_DECODER = msgspec.json.Decoder(AnyEvent)
+
+
+class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9466
+    durable: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "metrics-exporter"
+    batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
+    backlog_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+
+
+class ExporterConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nats: NatsSettings = NatsSettings()
+    exporter: ExporterSettings = ExporterSettings()
+
+
+class EventMetrics:
+    """Counters and histograms fed one event at a time (:meth:`observe`)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.events = Counter("loopmesh_events", "Events stored, by type", ["type"], registry=r)
+        self.turns = Counter(
+            "loopmesh_turns", "Turns ended, by loop_end reason and tenant",
+            ["outcome", "tenant"], registry=r,
+        )  # fmt: skip
+        self.turns_started = Counter(
+            "loopmesh_turns_started", "Turns started (loop_start), by tenant", ["tenant"],
+            registry=r,
+        )  # fmt: skip
+        self.resumes = Counter(
+            "loopmesh_turn_resumes",
+            "Turns resumed from a checkpoint by another delivery (loop_start resumed)",
+            registry=r,
+        )
+        self.unpaused = Counter("loopmesh_turn_unpaused", "Paused turns resumed", registry=r)
+        self.iterations = Histogram(
+            "loopmesh_turn_iterations", "Iterations per ended turn",
+            buckets=ITERATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.llm_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "GenAI operation duration (one LLM call)",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttfc = Histogram(
+            "gen_ai_client_operation_time_to_first_chunk_seconds",
+            "Time from an LLM request to its first streamed chunk",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=TTFC_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Histogram(
+            "gen_ai_client_token_usage", "Tokens per LLM call, input and output",
+            ["gen_ai_operation_name", "gen_ai_request_model", "gen_ai_token_type"],
+            buckets=TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "loopmesh_retries", "Retries, by what was retried and the model",
+            ["what", "gen_ai_request_model"], registry=r,
+        )  # fmt: skip
+        self.tool_calls = Counter(
+            "loopmesh_tool_calls", "Tool calls requested, by tool and server",
+            ["gen_ai_tool_name", "server"], registry=r,
+        )  # fmt: skip
+        self.tool_duration = Histogram(
+            "gen_ai_execute_tool_duration_seconds", "Tool call duration (tool_result)",
+            ["gen_ai_tool_name", "server"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tool_errors = Counter(
+            "loopmesh_tool_errors", "Tool calls that failed, by tool, server and error code",
+            ["gen_ai_tool_name", "server", "code"], registry=r,
+        )  # fmt: skip
+        self.tool_timeouts = Counter(
+            "loopmesh_tool_timeouts", "Tool calls that timed out", ["gen_ai_tool_name", "server"],
+            registry=r,
+        )  # fmt: skip
+        self.errors = Counter(
+            "loopmesh_errors", "error events, by code and whether fatal", ["code", "fatal"],
+            registry=r,
+        )  # fmt: skip
+        self.pruned = Counter(
+            "loopmesh_memory_pruned_messages", "Messages pruned from turns' memory", registry=r
+        )
+        self._open: OrderedDict[tuple[str, str, str, int], tuple[float, str]] = OrderedDict()
+
+    def observe(self, event: AnyEvent) -> None:
+        self.events.labels(event.type).inc()
+        turn = (event.tenant, event.session, event.turn_id)
+        match event:
+            case LoopStart():
+                self.turns_started.labels(event.tenant).inc()
+                if event.resumed:
+                    self.resumes.inc()
+            case LoopEnd():
+                self.turns.labels(event.reason, event.tenant).inc()
+                self.iterations.observe(event.iterations)
+            case LLMRequest():
+                self._opened((*turn, event.iteration), event.ts, event.model)
+            case ContentDelta() | ThinkingStart() | ThinkingDelta():
+                self._first_chunk((*turn, event.iteration), event.ts)
+            case LLMResponse():
+                self._first_chunk((*turn, event.iteration), event.ts)
+                self.llm_duration.labels("chat", event.model).observe(event.latency_ms / 1000)
+                if event.usage is not None:
+                    tokens = self.tokens.labels
+                    tokens("chat", event.model, "input").observe(event.usage.prompt_tokens)
+                    tokens("chat", event.model, "output").observe(event.usage.completion_tokens)
+            case Retry():
+                self.retries.labels(event.what, event.model).inc()
+            case ToolCallEvent():
+                self.tool_calls.labels(event.tool, event.server).inc()
+            case ToolResultEvent():
+                self.tool_duration.labels(event.tool, event.server).observe(
+                    event.duration_ms / 1000
+                )
+            case ToolErrorEvent():
+                self.tool_errors.labels(event.tool, event.server, event.code).inc()
+            case ToolTimeout():
+                self.tool_timeouts.labels(event.tool, event.server).inc()
+            case Error():
+                self.errors.labels(event.code, str(event.fatal).lower()).inc()
+            case MemoryPruned():
+                self.pruned.inc(event.removed)
+            case Resumed():
+                self.unpaused.inc()
+            case _:
+                pass
+
+    def _opened(self, key: tuple[str, str, str, int], ts: float, model: str) -> None:
+        if len(self._open) >= _OPEN_REQUESTS:
+            self._open.popitem(last=False)
+        self._open[key] = (ts, model)
+
+    def _first_chunk(self, key: tuple[str, str, str, int], ts: float) -> None:
+        opened = self._open.pop(key, None)
+        if opened is None or not opened[0] or not ts:
+            return
+        self.ttfc.labels("chat", opened[1]).observe(max(0.0, ts - opened[0]))
+
+
+class Exporter:
+    """Consumes the events stream durably into :class:`EventMetrics` and polls the pools'
+    backlog until ``stop`` is set."""
+
+    def __init__(
+        self,
+        nc: Client,
+        nats: NatsSettings,
+        settings: ExporterSettings,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = Subjects(prefix=nats.prefix)
+        self.settings = settings
+        self.metrics = EventMetrics(registry)
+        self.backlog = Gauge(
+            "loopmesh_tool_pool_backlog",
+            "Tool calls waiting for or held by a pool's workers (num_pending + num_ack_pending)",
+            ["pool"], registry=registry,
+        )  # fmt: skip
+        self.consumed = 0
+        self.undecodable = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._consume(stop))
+            tg.create_task(self._poll_backlog(stop))
+
+    async def _consume(self, stop: asyncio.Event) -> None:
+        sub = await self.js.pull_subscribe(
+            self.subjects.all_events,
+            durable=self.settings.durable,
+            stream=self.subjects.events_stream,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.ALL,
+                deliver_policy=DeliverPolicy.ALL,
+                description="loopmesh exporter: events into metrics",
+            ),
+        )
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(self.settings.batch, timeout=1.0)
+            except (NatsTimeoutError, TimeoutError):  # nats-py raises either when idle
+                continue
+            for msg in msgs:
+                try:
+                    self.metrics.observe(_DECODER.decode(msg.data))
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    self.undecodable += 1
+                    log.warning("undecodable event subject=%s", msg.subject)
+            self.consumed += len(msgs)
+            if msgs:
+                await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
+
+    async def _poll_backlog(self, stop: asyncio.Event) -> None:
+        prefix = self.subjects.pool_consumer("x")[:-1]
+        while not stop.is_set():
+            try:
+                infos = await self.js.consumers_info(self.subjects.tools_stream)
+            except NotFoundError:
+                infos = []
+            for info in infos:
+                name = info.name or ""
+                if name.startswith(prefix):
+                    lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                    self.backlog.labels(name[len(prefix) :]).set(lag)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.backlog_interval_s)
+
+
+HELP = """Turn the events stream into Prometheus metrics at /metrics.
+
+Reads every event through a durable consumer (resuming where it stopped) and polls the
+tool pools' backlog. Run one per mesh. SIGTERM stops it."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz here")
+    parser.add_argument("--metrics-host", help="bind address (default 127.0.0.1)")
+
+
+async def main(args: argparse.Namespace) -> int:
+    from .cli import config_from_args
+    from .nats import connect
+    from .settings import replace
+    from .shutdown import shutdown_on_signals
+
+    config = config_from_args(ExporterConfig, args)
+    changes: dict[str, object] = {}
+    if getattr(args, "metrics_port", None) is not None:
+        changes["metrics_port"] = args.metrics_port
+    if getattr(args, "metrics_host", None):
+        changes["metrics_host"] = args.metrics_host
+    settings = replace(config.exporter, "the command line", **changes)
+    async with shutdown_on_signals() as stop:
+        nc = await connect(config.nats, name="exporter")
+        try:
+            registry = CollectorRegistry()
+            exporter = Exporter(nc, config.nats, settings, registry)
+            async with MetricsServer(
+                settings.metrics_host,
+                settings.metrics_port,
+                registry=registry,
+                healthy=lambda: nc.is_connected,
+            ) as server:
+                print(f"exporter  metrics at {server.url}/metrics", flush=True)
+                await exporter.run(stop)
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.drain()
+    return 0

@@ -1,0 +1,106 @@
+"""The exporter: events from the stream, through a durable consumer, into metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from loopmesh.exporter import Exporter, ExporterSettings
+from loopmesh.provision import ensure_consumer, provision_all
+from loopmesh.settings import NatsSettings
+from schemas.events import (
+    LLMRequest,
+    LLMResponse,
+    LoopEnd,
+    LoopStart,
+    ToolErrorEvent,
+    ToolResultEvent,
+    Usage,
+)
+from schemas.streams import pool_consumer
+from schemas.subjects import Subjects
+
+from .conditions import wait_until
+
+S = Subjects()
+
+
+async def publish(nc, *events) -> None:
+    js = nc.jetstream()
+    for e in events:
+        await js.publish(S.event(e.tenant, e.session, e.type), msgspec.json.encode(e))
+
+
+def turn(session: str, t0: float) -> list:
+    ids = {"tenant": "acme", "session": session, "turn_id": f"t-{session}"}
+    return [
+        LoopStart(**ids, model="m1", ts=t0),
+        LLMRequest(**ids, model="m1", iteration=1, ts=t0),
+        LLMResponse(**ids, model="m1", iteration=1, ts=t0 + 2, latency_ms=2000.0,
+                    usage=Usage(prompt_tokens=10, completion_tokens=5)),
+        ToolResultEvent(**ids, call_id=f"c-{session}", server="builtin", tool="calculator",
+                        duration_ms=30.0),
+        ToolErrorEvent(**ids, call_id=f"d-{session}", server="builtin", tool="calculator",
+                       code="bad_arguments"),
+        LoopEnd(**ids, reason="task_completion", iterations=2),
+    ]  # fmt: skip
+
+
+async def run_until(exporter: Exporter, n: int) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await wait_until(lambda: exporter.consumed >= n, 20, f"{n} events consumed")
+    finally:
+        stop.set()
+        await task
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def test_events_become_metrics_and_a_restarted_exporter_resumes_where_it_acked(nc):
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    await publish(nc, *turn("s1", 1000.0))
+    first = CollectorRegistry()
+    await run_until(Exporter(nc, settings, ExporterSettings(), first), 6)
+    assert value(first, "loopmesh_turns_total", outcome="task_completion", tenant="acme") == 1
+    assert value(first, "loopmesh_turn_iterations_sum") == 2
+    model = {"gen_ai_operation_name": "chat", "gen_ai_request_model": "m1"}
+    assert value(first, "gen_ai_client_operation_duration_seconds_sum", **model) == 2.0
+    assert value(first, "gen_ai_client_operation_time_to_first_chunk_seconds_sum", **model) == 2.0
+    assert value(first, "gen_ai_client_token_usage_sum", **model, gen_ai_token_type="output") == 5
+    tool = {"gen_ai_tool_name": "calculator", "server": "builtin"}
+    assert value(first, "gen_ai_execute_tool_duration_seconds_sum", **tool) == 0.03
+    assert value(first, "loopmesh_tool_errors_total", **tool, code="bad_arguments") == 1
+
+    # A new exporter process on the same durable consumer sees only the new turn.
+    await publish(nc, *turn("s2", 2000.0))
+    second = CollectorRegistry()
+    await run_until(Exporter(nc, settings, ExporterSettings(), second), 6)
+    assert value(second, "loopmesh_turns_total", outcome="task_completion", tenant="acme") == 1
+    assert value(second, "loopmesh_events_total", type="loop_start") == 1
+
+
+async def test_the_pool_backlog_is_pending_plus_ack_pending(nc):
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    await ensure_consumer(js, pool_consumer(S, "slow"))
+    for i in range(3):
+        await js.publish(S.tool("slow", "srv", "t"), b"{}", headers={"Nats-Msg-Id": f"c{i}"})
+    registry = CollectorRegistry()
+    exporter = Exporter(nc, settings, ExporterSettings(backlog_interval_s=0.05), registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await wait_until(
+            lambda: value(registry, "loopmesh_tool_pool_backlog", pool="slow") == 3, 20, "backlog 3"
+        )
+    finally:
+        stop.set()
+        await task
