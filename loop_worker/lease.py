@@ -32,6 +32,7 @@ import time
 import msgspec
 from nats.aio.client import Client
 from nats.js.errors import KeyWrongLastSequenceError
+from prometheus_client import Counter, Gauge
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Publisher, is_transient, retry
@@ -40,6 +41,11 @@ from schemas import Subjects, session_key
 from .errors import LeaseLostError
 
 log = logging.getLogger("loopmesh.loop_worker.lease")
+
+HELD = Gauge("loopmesh_leases_held", "Session leases this worker holds")
+CONFLICTS = Counter(
+    "loopmesh_lease_conflicts", "Lease attempts refused because another worker held the session"
+)
 
 DEFAULT_TTL_S = 30.0
 _MARKERS = 16_384  # released leases whose delete-marker revision is remembered
@@ -118,6 +124,7 @@ class Leases:
         except KeyWrongLastSequenceError:
             landed = await self._landed(key, data) if attempts > 1 else None
             if landed is None:
+                CONFLICTS.inc()
                 return None
             revision = landed
         lease = Lease(self, key, record, revision, expires=started + self.ttl_s)
@@ -174,6 +181,7 @@ class Lease:
         #: Taken over this worker's own release (a write checked against the revision
         #: of the delete marker it left): nobody held the session in between.
         self.continued = False
+        HELD.inc()
 
     async def renew(self) -> None:
         """Extend the lease by a TTL; raise :class:`LeaseLostError` if it is not ours."""
@@ -221,6 +229,7 @@ class Lease:
         if self.released:
             return
         self.released = True
+        HELD.dec()
         kv = self._leases.kv
         try:
             try:

@@ -97,6 +97,9 @@ log = logging.getLogger("loopmesh.loop_worker")
 TURNS = Counter("loopmesh_loop_turns", "Turns finished by this worker", ["outcome"])
 ACTIVE = Gauge("loopmesh_loop_turns_active", "Turns running in this worker")
 HELD = Gauge("loopmesh_loop_turns_held", "Turns delivered to this worker and not yet acked")
+REDELIVERIES = Counter(
+    "loopmesh_loop_turn_redeliveries", "Turns delivered again (num_delivered > 1)"
+)
 DURATION = Histogram(
     "loopmesh_loop_turn_seconds",
     "Time from a turn's delivery to its ack",
@@ -166,6 +169,8 @@ class TurnRun:
             meta = msg.metadata
             self.seq = meta.sequence.stream
             w._by_seq[self.seq] = self
+            if meta.num_delivered > 1:
+                REDELIVERIES.inc()
             if meta.num_delivered > w.settings.max_deliveries:  # poison, on a consumer
                 # without max_deliver (provisioned by hand): give up as its advisory would
                 message = f"delivered {meta.num_delivered} times without finishing"
