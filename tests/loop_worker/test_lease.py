@@ -132,3 +132,21 @@ async def test_a_lease_is_due_for_renewal_after_a_third_of_its_ttl(leases):
 
 async def _free(leases: Leases) -> bool:
     return await leases.holder("acme", "s1") is None
+
+
+async def test_leases_held_and_conflicts_are_counted(leases):
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    held, conflicts = sample("loopmesh_leases_held"), sample("loopmesh_lease_conflicts_total")
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "m1", "t1")
+    assert lease is not None
+    assert sample("loopmesh_leases_held") == held + 1
+    assert await b.try_acquire("acme", "m1", "t2") is None
+    assert sample("loopmesh_lease_conflicts_total") == conflicts + 1
+    await lease.release()
+    await lease.release()  # idempotent: counted once
+    assert sample("loopmesh_leases_held") == held
