@@ -212,7 +212,7 @@ def agent_overview() -> dashboard.Dashboard:
                 q("sum by (pool) (loopmesh_tool_pool_backlog)", "backlog {{pool}}", "A"),
                 q(
                     "sum by (deployment) (kube_deployment_status_replicas_available"
-                    '{deployment=~"loopmesh-tool-worker-.*"})',
+                    '{deployment=~"tool-worker-.*"})',
                     "replicas {{deployment}}",
                     "B",
                 ),
