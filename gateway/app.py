@@ -16,14 +16,13 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas import (
     ApprovalDecision,
@@ -47,8 +46,10 @@ from .errors import (
     PayloadTooLarge,
     Unprocessable,
 )
+from .fanout import Fanout
 from .openapi import CALL_ID, SESSION, Operation, Param, document
 from .settings import GatewaySettings
+from .sse import SseResponse
 from .stream import EventStream
 
 log = logging.getLogger("loopmesh.gateway")
@@ -87,6 +88,7 @@ class Gateway:
         self.keys = Keys(settings)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
         self.slots = StreamSlots(settings.max_streams_per_key)
+        self.fanout = Fanout(backend)
         self.metrics = Metrics(registry or CollectorRegistry())
 
     # -- request plumbing ---------------------------------------------------------------
@@ -222,8 +224,8 @@ class Gateway:
         await self.existing(who, session)
         self.slots.acquire(who.key)
         stream = EventStream(
-            self.backend, who.tenant, session, after=after, turn=turn,
-            buffer=self.settings.stream_buffer,
+            self.fanout, who.tenant, session, after=after, turn=turn,
+            buffer=self.settings.stream_buffer, keepalive_s=self.settings.keepalive_s,
         )  # fmt: skip
         try:
             await stream.__aenter__()
@@ -232,28 +234,14 @@ class Gateway:
             raise
         self.metrics.sse_clients.inc()
 
-        async def items() -> Any:
-            async for item in stream:
-                if item.event == "cut":
-                    self.metrics.sse_cut.inc()
-                yield ServerSentEvent(
-                    data=item.data.decode(),
-                    event=item.event,
-                    id=str(item.seq) if item.seq is not None else None,
-                )
-
         async def cleanup() -> None:
             await stream.close()
+            if stream.was_cut:
+                self.metrics.sse_cut.inc()
             self.slots.release(who.key)
             self.metrics.sse_clients.dec()
 
-        response = EventSourceResponse(
-            items(),
-            ping=self.settings.keepalive_s,
-            ping_message_factory=lambda: ServerSentEvent(comment="keepalive"),
-            send_timeout=self.settings.send_timeout_s,
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        response = SseResponse(stream, send_timeout_s=self.settings.send_timeout_s)
         return _Guarded(response, cleanup)  # type: ignore[return-value]
 
     async def latest_events(self, request: Request) -> Response:
@@ -421,7 +409,7 @@ def create_app(gateway: Gateway) -> Starlette:
 class _Guarded:
     """A response whose clean-up runs however it ends (finished, cut, disconnected)."""
 
-    def __init__(self, response: Response, cleanup: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, response: ASGIApp, cleanup: Callable[[], Awaitable[None]]) -> None:
         self.response = response
         self.cleanup = cleanup
 

@@ -124,6 +124,8 @@ class GatewayServer:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await task
+        if self.gateway is not None:
+            await self.gateway.fanout.close()
         await self._close_nats()
 
     async def _close_nats(self) -> None:

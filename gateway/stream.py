@@ -1,15 +1,18 @@
 """One SSE client's view of a session's events.
 
-An ordered consumer on the events stream, filtered to the session's subjects, starts
-just after the sequence the client last saw (``since`` or ``Last-Event-ID``) or at new
-events. Each message is a ``(sequence, type, JSON)`` item in the stream's own bounded
-buffer; the stream sequence becomes the SSE ``id``, so a client that resumes from the
+Live events come from the session's shared feed (:mod:`gateway.fanout`): the client
+joins it first, which fixes the sequence ``join`` after which the feed hands it every
+event. A client that resumes from an older sequence (``since`` or ``Last-Event-ID``)
+then replays the events after that sequence, up to ``join``, from the stream with a
+consumer of its own, and goes on with what the feed buffered for it meanwhile: no gap,
+nothing twice. The stream sequence is the SSE ``id``, so a client that resumes from the
 last id it got misses nothing and gets nothing twice.
 
-A client that reads too slowly fills its buffer: the stream then stops taking events,
+A client that reads too slowly fills its bounded buffer: the feed drops it, the stream
 sends what it holds, ends with a ``cut`` event, and the client resumes by
 ``Last-Event-ID``. Nothing it does slows the other clients or the workers. A client that
-asks for history older than the oldest event kept gets a ``trimmed`` event first.
+asks for history older than the oldest event kept gets a ``trimmed`` event first. An
+idle stream gets a ``: keepalive`` comment every ``keepalive_s``.
 """
 
 from __future__ import annotations
@@ -17,33 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
-from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from schemas import Subjects
-
-from .backend import Backend
+from .fanout import Fanout, Item, SessionFeed, item
 
 log = logging.getLogger("loopmesh.gateway.stream")
 
-
-class _TurnOf(msgspec.Struct):
-    turn_id: str = ""
-
-
-_turn_of = msgspec.json.Decoder(_TurnOf)
-
-
-class Item(msgspec.Struct, frozen=True):
-    """One SSE message: ``seq`` is None for the gateway's own notices."""
-
-    seq: int | None
-    event: str
-    data: bytes
+KEEPALIVE = b": keepalive\r\n\r\n"
+_REPLAY_BATCH = 256
 
 
 class Trimmed(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,112 +49,117 @@ class Cut(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EventStream:
-    """``async with EventStream(...) as s: async for item in s``."""
+    """``async with EventStream(...) as s: async for chunk in s.chunks()``: the SSE
+    bytes to write, several frames at a time when several are waiting."""
 
     def __init__(
         self,
-        backend: Backend,
+        fanout: Fanout,
         tenant: str,
         session: str,
         *,
         after: int | None,
         turn: str | None = None,
         buffer: int = 1_000,
+        keepalive_s: float = 15.0,
     ) -> None:
-        self._backend = backend
-        subjects: Subjects = backend.subjects
-        self._filter = f"{subjects.prefix}.events.{tenant}.{session}.*"
+        self._fanout = fanout
+        self._tenant, self._session = tenant, session
         self._after = after
-        self._turn = turn.encode() if turn else None
-        self._buffer: deque[Item] = deque()
+        self._turn = turn
         self._size = buffer
+        self._keepalive_s = keepalive_s
+        self._live: deque[Item] = deque()
         self._arrived = asyncio.Event()
         self._overflowed = False
         self._last_sent = after or 0
-        self._sub: Any = None
+        self._feed: SessionFeed | None = None
+        self._join = 0
+        self._replay_from: int | None = None
         self._notices: list[Item] = []
+        self.was_cut = False
 
     async def __aenter__(self) -> EventStream:
-        backend = self._backend
-        kwargs: dict[str, Any]
-        if self._after is None:
-            kwargs = {"deliver_policy": js_api.DeliverPolicy.NEW}
-        else:
-            first, _ = await backend.events_bounds()
-            start = self._after + 1
-            if start < first:
-                trimmed = Trimmed(
-                    requested=start,
-                    first_available=first,
-                    message=(
-                        f"events {start}..{first - 1} are no longer kept; "
-                        f"this stream continues from {first}"
-                    ),
-                )
-                self._notices.append(Item(None, "trimmed", msgspec.json.encode(trimmed)))
-                start = first
-            kwargs = {
-                "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
-                "config": js_api.ConsumerConfig(opt_start_seq=max(start, 1)),
-            }
-        self._sub = await backend._call(
-            "subscribe to events",
-            backend.js.subscribe(
-                self._filter,
-                stream=backend.subjects.events_stream,
-                ordered_consumer=True,
-                cb=self._on_msg,
-                **kwargs,
-            ),
-        )
+        feed = self._feed = await self._fanout.acquire(self._tenant, self._session)
+        try:
+            self._join = feed.join(self)
+            if self._after is not None and self._after < self._join:
+                await self._check_kept(self._after + 1)
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:
-                log.debug("event stream unsubscribe failed error=%r", exc)
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed.leave(self)
+            await self._fanout.release(feed)
 
-    async def _on_msg(self, msg: Msg) -> None:
-        if self._overflowed:
-            return
-        if self._turn is not None:
-            try:
-                if _turn_of.decode(msg.data).turn_id.encode() != self._turn:
-                    return
-            except msgspec.DecodeError:
-                return
-        seq = msg.metadata.sequence.stream
-        item = Item(seq, msg.subject.rpartition(".")[2], msg.data)
-        if len(self._buffer) >= self._size:
+    async def _check_kept(self, start: int) -> None:
+        first, _ = await self._fanout.backend.events_bounds()
+        if start < first:
+            trimmed = Trimmed(
+                requested=start,
+                first_available=first,
+                message=(
+                    f"events {start}..{first - 1} are no longer kept; "
+                    f"this stream continues from {first}"
+                ),
+            )
+            self._notices.append(item(None, "trimmed", msgspec.json.encode(trimmed)))
+            start = first
+        if start <= self._join:
+            self._replay_from = start
+
+    # -- the feed's side --------------------------------------------------------------
+
+    def offer(self, one: Item) -> bool:
+        if self._turn is not None and one.turn_id != self._turn:
+            return True
+        if self._after is not None and one.seq is not None and one.seq <= self._after:
+            return True  # resumed from past the feed's position
+        if len(self._live) >= self._size:
             self._overflowed = True  # the reader sends what it holds, then a cut
-        else:
-            self._buffer.append(item)
+            self._arrived.set()
+            return False
+        self._live.append(one)
         self._arrived.set()
+        return True
 
-    def __aiter__(self) -> AsyncIterator[Item]:
-        return self._items()
+    # -- the writer's side ------------------------------------------------------------
 
-    async def _items(self) -> AsyncIterator[Item]:
-        for notice in self._notices:
-            yield notice
-        while True:
-            if self._buffer:
-                item = self._buffer.popleft()
-                if item.seq is not None:
-                    self._last_sent = item.seq
-                yield item
+    async def chunks(self) -> AsyncGenerator[bytes]:
+        if self._notices:
+            yield b"".join(n.frame for n in self._notices)
+        replayed = True
+        if self._replay_from is not None:
+            async for batch in self._replay(self._replay_from):
+                self._last_sent = batch[-1].seq or self._last_sent
+                yield b"".join(i.frame for i in batch)
+                if self._overflowed:
+                    replayed = False  # what the feed holds is past a gap: not sent
+                    break
+        while replayed:
+            if self._live:
+                items = list(self._live)
+                self._live.clear()
+                self._last_sent = items[-1].seq or self._last_sent
+                yield b"".join(i.frame for i in items)
                 continue
             if self._overflowed:
                 break
             self._arrived.clear()
-            await self._arrived.wait()
+            try:
+                async with asyncio.timeout(self._keepalive_s):
+                    await self._arrived.wait()
+            except TimeoutError:
+                yield KEEPALIVE
         await self.close()
+        self.was_cut = True
         cut = Cut(
             last_id=self._last_sent,
             message=(
@@ -175,4 +167,52 @@ class EventStream:
                 f"Last-Event-ID: {self._last_sent} to continue"
             ),
         )
-        yield Item(None, "cut", msgspec.json.encode(cut))
+        yield item(None, "cut", msgspec.json.encode(cut)).frame
+
+    async def _replay(self, start: int) -> AsyncIterator[list[Item]]:
+        """The session's stored events from ``start`` to ``join``, in batches."""
+        backend = self._fanout.backend
+        subjects = backend.subjects
+        sub = await backend._call(
+            "open event replay",
+            backend.js.pull_subscribe(
+                f"{subjects.prefix}.events.{self._tenant}.{self._session}.*",
+                stream=subjects.events_stream,
+                config=js_api.ConsumerConfig(
+                    deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=start,
+                    ack_policy=js_api.AckPolicy.NONE,
+                    inactive_threshold=30.0,
+                    mem_storage=True,
+                ),
+            ),
+        )
+        try:
+            info = await backend._call("event replay info", sub.consumer_info())
+            pending = info.num_pending or 0
+            while pending > 0:
+                msgs = await backend._call(
+                    "fetch event replay",
+                    sub.fetch(min(pending, _REPLAY_BATCH), timeout=backend.timeout),
+                )
+                batch: list[Item] = []
+                for msg in msgs:
+                    meta = msg.metadata
+                    seq = meta.sequence.stream
+                    pending = meta.num_pending or 0
+                    if seq > self._join:
+                        pending = 0  # the feed has it
+                        break
+                    one = item(seq, msg.subject.rpartition(".")[2], msg.data)
+                    if self._turn is None or one.turn_id == self._turn:
+                        batch.append(one)
+                    if seq == self._join:
+                        pending = 0
+                        break
+                if batch:
+                    yield batch
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:
+                log.debug("event replay unsubscribe failed error=%r", exc)
