@@ -22,11 +22,27 @@ iteration), and prints:
 
 The first two turns warm up and are not counted. Same clock for all (one machine).
 
+    python bench/sse.py --floor raw|sse-starlette [--clients 500] [--turns 20]
+
+the same run, but the SSE clients read from a bare uvicorn + Starlette process (this
+file with ``--floor-server``) instead of the gateway: one core NATS subscription on the
+session, each event's frame encoded once and written to every client (``raw``), or
+each client's events sent through sse-starlette's ``EventSourceResponse`` (what the
+gateway used before). The floor of the HTTP side on this machine: what no gateway
+change below the HTTP server can beat.
+
+    python bench/sse.py --events 200 --event-rate 20 [--clients 500]
+
+publishes ``--events`` content deltas (stamped with their send time) straight to the
+session at ``--event-rate`` a second instead of running turns: a steady load at a
+chosen rate rather than a turn's bursts.
+
     python bench/sse.py --nats-fanout [--clients 500]
 
-measures only the NATS half of the gateway's fan-out: ``--clients`` ordered consumers
-(each SSE stream has one) on one session, in this process, with the gateway's own
-``EventStream``; it prints this process's CPU per event delivered to one consumer.
+measures only the NATS half of the gateway's fan-out: ``--clients`` event streams on
+one session, in this process, with the gateway's own ``Fanout`` and ``EventStream``
+(one shared ordered consumer); it prints this process's CPU per event delivered to one
+stream.
 """
 
 from __future__ import annotations
@@ -150,6 +166,7 @@ async def clients_main(args: argparse.Namespace) -> None:
         line = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
         if line.startswith("count "):
             clients.counted.add(line.split()[1])
+            print("counted", flush=True)  # the driver posts the turn only then
         elif line == "stop" or not line:
             break
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -204,9 +221,21 @@ async def driver(args: argparse.Namespace) -> None:
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             r = await http.post("/v1/sessions", json={"session": "watched"})
             assert r.status_code == 201, r.text
+            watched, floor = base, None
+            if args.floor:
+                floor = await asyncio.create_subprocess_exec(
+                    sys.executable, str(SELF), "--floor-server", args.floor,
+                    "--nats-url", mesh.server.url, "--session", "watched",
+                    stdout=asyncio.subprocess.PIPE,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )  # fmt: skip
+                assert floor.stdout is not None
+                line = (await asyncio.wait_for(floor.stdout.readline(), 60)).decode()
+                assert line.startswith("floor http://"), line
+                watched = line.split()[1]
             clients = await asyncio.create_subprocess_exec(
                 sys.executable, str(SELF), "--clients-process",
-                "--url", base, "--session", "watched", "--clients", str(args.clients),
+                "--url", watched, "--session", "watched", "--clients", str(args.clients),
                 "--nats-url", mesh.server.url,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -214,42 +243,91 @@ async def driver(args: argparse.Namespace) -> None:
             assert clients.stdin is not None and clients.stdout is not None
             line = (await asyncio.wait_for(clients.stdout.readline(), 180)).decode()
             assert line.startswith("connected"), line
-            print(f"{args.clients} SSE clients connected to one session", flush=True)
+            print(f"{args.clients} SSE clients connected to one session "
+                  f"({'floor: ' + args.floor if floor else 'gateway'})", flush=True)  # fmt: skip
 
-            meter = CpuMeter({
+            pids = {
                 "gateway": pid_of(gateway), "SSE clients": clients.pid,
                 "loop worker (instant LLM)": pid_of(worker), "tool worker": pid_of(tools),
                 "nats-server": mesh.server.pid or 0, "driver": os.getpid(),
-            })  # fmt: skip
+            }  # fmt: skip
+            if floor is not None:
+                pids[f"floor server ({args.floor})"] = floor.pid
+            meter = CpuMeter(pids)
             posted: dict[str, float] = {}
-            text = f"go\necho {args.echo}"
-            for i in range(args.turns + WARM_UP):
-                if i == WARM_UP:
-                    meter.start()
-                turn_id = f"t{i}"
-                if i >= WARM_UP:
-                    clients.stdin.write(f"count {turn_id}\n".encode())
-                    await clients.stdin.drain()
-                started = time.time()
-                r = await http.post(
-                    "/v1/sessions/watched/turns", json={"input": text},
-                    headers={"Idempotency-Key": turn_id},
-                )  # fmt: skip
-                assert r.status_code == 202, r.text
-                if i >= WARM_UP:
-                    posted[turn_id] = started
-                await asyncio.sleep(max(0.0, 1 / args.rate - (time.time() - started)))
-            # the last turn's events reach everyone: wait until its loop_end is stored
-            await wait_turns_done(http, args.turns + WARM_UP)
+            if args.events:
+                await publish_events(args, mesh, clients.stdin, clients.stdout, meter)
+            else:
+                await post_turns(args, http, clients.stdin, clients.stdout, meter, posted)
+                # the last turn's events reach everyone: wait until its loop_end is stored
+                await wait_turns_done(http, args.turns + WARM_UP)
             await asyncio.sleep(1.0)  # and for the deliveries still in flight
             meter.stop()
-            starts_ts = await loop_start_ts(http, posted)
+            starts_ts = await loop_start_ts(http, posted) if posted else {}
             clients.stdin.write(b"stop\n")
             await clients.stdin.drain()
             out = await asyncio.wait_for(clients.stdout.read(), 120)
             await clients.wait()
+            if floor is not None:
+                floor.kill()
+                await floor.wait()
     result = json.loads(out.decode().split("RESULT ", 1)[1])
     report(args, result, posted, starts_ts, meter)
+
+
+async def count(to_clients: Any, from_clients: Any, turn_id: str) -> None:
+    """Have the clients count ``turn_id``'s events, from before the first is published."""
+    to_clients.write(f"count {turn_id}\n".encode())
+    await to_clients.drain()
+    line = await asyncio.wait_for(from_clients.readline(), 60)
+    assert line.startswith(b"counted"), line
+
+
+async def post_turns(
+    args: argparse.Namespace,
+    http: Any,
+    to_clients: Any,
+    from_clients: Any,
+    meter: Any,
+    posted: dict[str, float],
+) -> None:
+    text = f"go\necho {args.echo}"
+    for i in range(args.turns + WARM_UP):
+        if i == WARM_UP:
+            meter.start()
+        turn_id = f"t{i}"
+        if i >= WARM_UP:
+            await count(to_clients, from_clients, turn_id)
+        started = time.time()
+        r = await http.post(
+            "/v1/sessions/watched/turns", json={"input": text},
+            headers={"Idempotency-Key": turn_id},
+        )  # fmt: skip
+        assert r.status_code == 202, r.text
+        if i >= WARM_UP:
+            posted[turn_id] = started
+        await asyncio.sleep(max(0.0, 1 / args.rate - (time.time() - started)))
+
+
+async def publish_events(
+    args: argparse.Namespace, mesh: Any, to_clients: Any, from_clients: Any, meter: Any
+) -> None:
+    """``--events`` content deltas at ``--event-rate``, as a worker would publish them."""
+    from schemas import Subjects, encode
+    from schemas.events import ContentDelta
+
+    await count(to_clients, from_clients, "steady")
+    js = mesh.nc.jetstream()
+    subject = Subjects().event("local", "watched", "content_delta")
+    meter.start()
+    started = time.perf_counter()
+    for i in range(args.events):
+        event = ContentDelta(
+            tenant="local", session="watched", turn_id="steady", iteration=i,
+            text="x" * 40, ts=time.time(),
+        )  # fmt: skip
+        await js.publish(subject, encode(event))
+        await asyncio.sleep(max(0.0, started + (i + 1) / args.event_rate - time.perf_counter()))
 
 
 async def wait_turns_done(http: Any, turns: int) -> None:
@@ -286,9 +364,15 @@ def report(
     to_ts = sorted((starts_ts[t] - posted[t]) * 1000 for t in posted if t in starts_ts)
     to_rx = sorted((rx - posted[t]) * 1000 for t in posted for rx in result["starts"].get(t, []))
     deliveries = len(lat)
-    print(f"\n{args.clients} SSE clients, one session, {args.turns} turns at {args.rate:g}/s, "
-          f"{args.echo} echo call(s) each; {deliveries} deliveries "
-          f"({deliveries / max(1, args.clients * args.turns):.1f} events per turn)")  # fmt: skip
+    served = f"floor server ({args.floor})" if args.floor else "gateway"
+    if args.events:
+        print(f"\n{args.clients} SSE clients ({served}), one session, {args.events} events "
+              f"at {args.event_rate:g}/s; {deliveries} deliveries")  # fmt: skip
+    else:
+        print(f"\n{args.clients} SSE clients ({served}), one session, {args.turns} turns at "
+              f"{args.rate:g}/s, {args.echo} echo call(s) each; {deliveries} deliveries "
+              f"({deliveries / max(1, args.clients * args.turns):.1f} events per turn)"
+              )  # fmt: skip
     if result["errors"]:
         print(f"client errors: {result['errors']}")
     print(f"event delivery latency (ts -> client): p50 {pct(lat, 50):.1f} ms, "
@@ -297,6 +381,8 @@ def report(
     nats_ms = result["nats_ms"]
     print(f"  the same for one plain NATS subscriber: p50 {pct(nats_ms, 50):.1f} ms, "
           f"p99 {pct(nats_ms, 99):.1f} ms (what is not the gateway's)")  # fmt: skip
+    if not posted:
+        to_ts = to_rx = []
     print(f"turn POST -> loop_start ts:          p50 {pct(to_ts, 50):.1f} ms, "
           f"p99 {pct(to_ts, 99):.1f} ms")  # fmt: skip
     print(f"turn POST -> loop_start at clients:  p50 {pct(to_rx, 50):.1f} ms, "
@@ -304,15 +390,17 @@ def report(
     print(f"\nCPU seconds over {meter.wall:.1f} s:")
     for name, seconds in sorted(meter.spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:28} {seconds:6.2f} s  ({seconds / meter.wall * 100:5.1f}% of a core)")
-    gw = meter.spent.get("gateway", 0.0)
+    server = f"floor server ({args.floor})" if args.floor else "gateway"
+    spent = meter.spent.get(server, 0.0)
     if deliveries:
-        print(f"gateway CPU per delivered SSE message: {gw / deliveries * 1e6:.0f} µs")
+        print(f"{server} CPU per delivered SSE message: {spent / deliveries * 1e6:.1f} µs")
 
 
 async def nats_fanout(args: argparse.Namespace) -> None:
     import tempfile
 
     from gateway.backend import Backend
+    from gateway.fanout import Fanout
     from gateway.stream import EventStream
     from loopmesh.nats import connect
     from loopmesh.server import NatsServer
@@ -324,8 +412,8 @@ async def nats_fanout(args: argparse.Namespace) -> None:
     async with NatsServer(Path(tempfile.mkdtemp(prefix="bench-fanout-"))) as server:
         nc = await connect(NatsSettings(url=server.url), name="fanout")
         await provision_short(nc)
-        backend = Backend(nc, Subjects())
-        streams = [EventStream(backend, "local", "s1", after=None) for _ in range(args.clients)]
+        fanout = Fanout(Backend(nc, Subjects()))
+        streams = [EventStream(fanout, "local", "s1", after=None) for _ in range(args.clients)]
         for stream in streams:
             await stream.__aenter__()
         got = 0
@@ -333,8 +421,8 @@ async def nats_fanout(args: argparse.Namespace) -> None:
 
         async def drain(stream: EventStream) -> None:
             nonlocal got
-            async for _ in stream:
-                got += 1
+            async for chunk in stream.chunks():
+                got += chunk.count(b"\r\nid: ") + chunk.startswith(b"id: ")
                 if got == events * args.clients:
                     done.set()
 
@@ -350,13 +438,100 @@ async def nats_fanout(args: argparse.Namespace) -> None:
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         for reader in readers:
             reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        for stream in streams:
+            await stream.close()
         print(
-            f"{args.clients} ordered consumers on one session, {events} events: "
+            f"{args.clients} event streams on one session (one shared ordered consumer), "
+            f"{events} events: "
             f"{got} deliveries in {wall:.1f} s; this process {cpu:.2f} CPU s = "
             f"{cpu / got * 1e6:.0f} µs per delivery (NATS side only, incl. the publisher)"
         )
         await publisher.close()
         await nc.close()
+
+
+# -- the floor: a bare uvicorn + Starlette SSE server -----------------------------------
+
+
+async def floor_main(args: argparse.Namespace) -> None:
+    """Serve ``GET /v1/sessions/{session}/events`` from one core NATS subscription."""
+    import nats
+    import uvicorn
+    from sse_starlette import EventSourceResponse, ServerSentEvent
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    class Listener:
+        def __init__(self) -> None:
+            self.queue: list[Any] = []
+            self.arrived = asyncio.Event()
+
+    listeners: set[Listener] = set()
+
+    async def on_event(msg: Any) -> None:
+        event = msg.subject.rpartition(".")[2]
+        if args.floor_server == "raw":
+            payload: Any = b"event: %s\r\ndata: %s\r\n\r\n" % (event.encode(), msg.data)
+        else:
+            payload = (event, msg.data)
+        for listener in listeners:
+            listener.queue.append(payload)
+            listener.arrived.set()
+
+    nc = await nats.connect(args.nats_url)
+    await nc.subscribe(f"loopmesh.events.local.{args.session}.*", cb=on_event)
+
+    async def raw(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        me = Listener()
+        listeners.add(me)
+        try:
+            while True:
+                await me.arrived.wait()
+                me.arrived.clear()
+                body = b"".join(me.queue)
+                me.queue.clear()
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            listeners.discard(me)
+
+    async def starlette_sse(request: Any) -> Any:
+        me = Listener()
+        listeners.add(me)
+
+        async def items() -> Any:
+            try:
+                while True:
+                    await me.arrived.wait()
+                    me.arrived.clear()
+                    batch = list(me.queue)
+                    me.queue.clear()
+                    for event, data in batch:
+                        yield ServerSentEvent(data=data.decode(), event=event)
+            finally:
+                listeners.discard(me)
+
+        return EventSourceResponse(items())
+
+    if args.floor_server == "raw":
+        app: Any = raw
+    else:
+        path = "/v1/sessions/{session}/events"
+        app = Starlette(routes=[Route(path, starlette_sse, methods=["GET"])])
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"floor http://127.0.0.1:{port}", flush=True)
+    await serving
 
 
 def main() -> None:
@@ -368,6 +543,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1.0, help="turns posted per second")
     parser.add_argument("--echo", type=int, default=2, help="tool calls per turn")
     parser.add_argument("--nats-fanout", action="store_true", help="the NATS half alone")
+    parser.add_argument(
+        "--floor", choices=("raw", "sse-starlette"), help="clients read a bare uvicorn server"
+    )
+    parser.add_argument("--events", type=int, default=0, help="publish events, not turns")
+    parser.add_argument("--event-rate", type=float, default=20.0, help="events per second")
+    parser.add_argument("--floor-server", help=argparse.SUPPRESS)
     parser.add_argument("--clients-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
@@ -380,6 +561,10 @@ def main() -> None:
             uvloop.run(clients_main(args))
         except ImportError:
             asyncio.run(clients_main(args))
+    elif args.floor_server:
+        from loopmesh.aio import run
+
+        run(floor_main(args))
     elif args.nats_fanout:
         asyncio.run(nats_fanout(args))
     else:

@@ -225,7 +225,7 @@ class Gateway:
         self.slots.acquire(who.key)
         stream = EventStream(
             self.fanout, who.tenant, session, after=after, turn=turn,
-            buffer=self.settings.stream_buffer, keepalive_s=self.settings.keepalive_s,
+            buffer=self.settings.stream_buffer,
         )  # fmt: skip
         try:
             await stream.__aenter__()
@@ -241,7 +241,11 @@ class Gateway:
             self.slots.release(who.key)
             self.metrics.sse_clients.dec()
 
-        response = SseResponse(stream, send_timeout_s=self.settings.send_timeout_s)
+        response = SseResponse(
+            stream,
+            keepalive_s=self.settings.keepalive_s,
+            send_timeout_s=self.settings.send_timeout_s,
+        )
         return _Guarded(response, cleanup)  # type: ignore[return-value]
 
     async def latest_events(self, request: Request) -> Response:

@@ -3,7 +3,10 @@
 No per-event encoding here (each frame was encoded once, for every client of the
 session, by :mod:`gateway.fanout`); frames waiting together go out in one send. The
 response ends when the stream ends (a cut), when a send blocks longer than
-``send_timeout_s``, or when the client disconnects.
+``send_timeout_s``, or when the client disconnects. One watchdog task per response
+asks for a keep-alive comment on an idle stream and ends a stuck send: no timer is
+armed per event (measured: a timeout around each send and each wait cost about as
+much CPU as the rest of the per-client path).
 """
 
 from __future__ import annotations
@@ -26,28 +29,48 @@ _HEADERS = [
 
 
 class SseResponse:
-    def __init__(self, stream: EventStream, *, send_timeout_s: float) -> None:
+    def __init__(self, stream: EventStream, *, keepalive_s: float, send_timeout_s: float) -> None:
         self.stream = stream
+        self.keepalive_s = keepalive_s
         self.send_timeout_s = send_timeout_s
+        self._wrote_at = 0.0  # loop time of the last completed send
+        self._sending_since: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        self._wrote_at = asyncio.get_running_loop().time()
         async with asyncio.TaskGroup() as tg:
             writer = tg.create_task(self._write(send))
             watcher = tg.create_task(_disconnected(receive))
-            writer.add_done_callback(lambda _: watcher.cancel())
-            watcher.add_done_callback(lambda _: writer.cancel())
+            watchdog = tg.create_task(self._watchdog(writer))
+            for task in (writer, watcher):
+                task.add_done_callback(lambda _: (writer.cancel(), watcher.cancel()))
+            writer.add_done_callback(lambda _: watchdog.cancel())
+            watcher.add_done_callback(lambda _: watchdog.cancel())
 
     async def _write(self, send: Send) -> None:
+        loop = asyncio.get_running_loop()
         async with contextlib.aclosing(self.stream.chunks()) as chunks:
             async for chunk in chunks:
-                try:
-                    async with asyncio.timeout(self.send_timeout_s):
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                except TimeoutError:
-                    log.info("SSE client did not read for %.0f s; closing", self.send_timeout_s)
-                    return
+                self._sending_since = loop.time()
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                self._sending_since = None
+                self._wrote_at = loop.time()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watchdog(self, writer: asyncio.Task[None]) -> None:
+        loop = asyncio.get_running_loop()
+        tick = min(self.keepalive_s, self.send_timeout_s) / 2
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            since = self._sending_since
+            if since is not None and now - since >= self.send_timeout_s:
+                log.info("SSE client did not read for %.0f s; closing", self.send_timeout_s)
+                writer.cancel()
+                return
+            if since is None and now - self._wrote_at >= self.keepalive_s:
+                self.stream.keepalive()
 
 
 async def _disconnected(receive: Receive) -> None:

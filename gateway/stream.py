@@ -12,7 +12,7 @@ A client that reads too slowly fills its bounded buffer: the feed drops it, the 
 sends what it holds, ends with a ``cut`` event, and the client resumes by
 ``Last-Event-ID``. Nothing it does slows the other clients or the workers. A client that
 asks for history older than the oldest event kept gets a ``trimmed`` event first. An
-idle stream gets a ``: keepalive`` comment every ``keepalive_s``.
+idle stream gets a ``: keepalive`` comment when its writer asks (:meth:`keepalive`).
 """
 
 from __future__ import annotations
@@ -61,14 +61,12 @@ class EventStream:
         after: int | None,
         turn: str | None = None,
         buffer: int = 1_000,
-        keepalive_s: float = 15.0,
     ) -> None:
         self._fanout = fanout
         self._tenant, self._session = tenant, session
         self._after = after
         self._turn = turn
         self._size = buffer
-        self._keepalive_s = keepalive_s
         self._live: deque[Item] = deque()
         self._arrived = asyncio.Event()
         self._overflowed = False
@@ -77,6 +75,7 @@ class EventStream:
         self._join = 0
         self._replay_from: int | None = None
         self._notices: list[Item] = []
+        self._keepalive_due = False
         self.was_cut = False
 
     async def __aenter__(self) -> EventStream:
@@ -132,6 +131,11 @@ class EventStream:
 
     # -- the writer's side ------------------------------------------------------------
 
+    def keepalive(self) -> None:
+        """Send a ``: keepalive`` comment next if nothing else is waiting."""
+        self._keepalive_due = True
+        self._arrived.set()
+
     async def chunks(self) -> AsyncGenerator[bytes]:
         if self._notices:
             yield b"".join(n.frame for n in self._notices)
@@ -152,12 +156,12 @@ class EventStream:
                 continue
             if self._overflowed:
                 break
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout(self._keepalive_s):
-                    await self._arrived.wait()
-            except TimeoutError:
+            if self._keepalive_due:
+                self._keepalive_due = False
                 yield KEEPALIVE
+                continue
+            self._arrived.clear()
+            await self._arrived.wait()
         await self.close()
         self.was_cut = True
         cut = Cut(
