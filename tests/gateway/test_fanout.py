@@ -176,3 +176,26 @@ async def test_two_tenants_sessions_of_the_same_name_have_separate_feeds(
             g2 = await publish(nc, 1, tenant="globex")
             assert await ids(mine, 3) == a
             assert await ids(theirs, 4) == g1 + g2
+
+
+async def test_a_client_that_stops_reading_is_closed_after_the_send_timeout(gateway_at, nc: Client):
+    big = "z" * 64 * 1024
+    async with (
+        gateway_at(max_streams_per_key=1, send_timeout_s=0.5, stream_buffer=4) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY), timeout=30) as c,
+    ):
+        await c.post("/v1/sessions", json={"session": "s1"})
+        async with c.stream("GET", "/v1/sessions/s1/events") as stalled:
+            assert stalled.status_code == 200
+            await publish(nc, 200, text=big)  # far more than the socket buffers hold
+            # the stalled stream keeps the key's only slot until the gateway gives up on
+            # its blocked send; then a new stream is let in
+            deadline = time.monotonic() + 30
+            while True:
+                async with c.stream("GET", "/v1/sessions/s1/events") as r:
+                    status = r.status_code
+                if status == 200:
+                    break
+                assert status == 429, status
+                assert time.monotonic() < deadline, "the stalled stream was never closed"
+                await asyncio.sleep(0.05)
