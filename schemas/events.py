@@ -2,6 +2,13 @@
 
 Every event carries the schema version, tenant, session, turn id, iteration and a
 timestamp. The stream sequence is an event's id for readers that resume.
+
+Evolution: new event types, new fields (with defaults) and new ``loop_end`` reasons
+are added without a version bump, so readers must tolerate what they do not know.
+Read with :func:`decode_event`, not ``decode(data, AnyEvent)``: an event of a type
+this reader does not know becomes an :class:`UnknownEvent` (its type and fields kept),
+and a ``loop_end`` with a reason it does not know stays a :class:`LoopEnd` with reason
+``error`` (the original reason named in ``error``), so a turn still ends for it.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .codec import DecodeError, decode
 from .messages import PlanStep
 from .types import SCHEMA_VERSION, Timestamp, Token
 
@@ -167,6 +175,26 @@ class Retry(Event, tag="retry", frozen=True, kw_only=True):
     model: str = ""
 
 
+class Retract(Event, tag="retract", frozen=True, kw_only=True):
+    """Take back text already streamed: the reply it belonged to was discarded.
+
+    A reader drops every ``content_delta`` and ``thinking_delta`` of this event's
+    ``iteration`` that it received *before* this event (they all belong to the discarded
+    reply), and keeps the deltas that come after it (a new attempt, streamed from the
+    start). Nothing else is taken back: ``tool_call``, ``message`` and ``loop_end``
+    events are never retracted, and the turn's answer is only ever a ``message`` or
+    ``loop_end.content``, never the deltas.
+
+    ``reason``: ``retry`` (the LLM call failed mid-stream and is made again),
+    ``nudge`` (the reply called no tool and the loop asked the model again, so the
+    reply is not the answer). ``chars``: how many characters of content the dropped
+    deltas held, for a reader to check it dropped what the loop meant.
+    """
+
+    reason: str = ""
+    chars: int = 0
+
+
 class Paused(Event, tag="paused", frozen=True, kw_only=True):
     pass
 
@@ -186,6 +214,9 @@ EndReason = Literal[
     "llm_failed",
     "budget_exceeded",
     "error",
+    "deadline",
+    "max_tool_calls",
+    "tool_failed",
 ]
 
 
@@ -227,9 +258,77 @@ AnyEvent = (
     | Retry
     | Paused
     | Resumed
+    | Retract
     | LoopEnd
     | Error
 )
+
+
+class UnknownEvent(Event, tag="unknown", frozen=True, kw_only=True):
+    """The generic form of an event of a type this reader does not know (a newer
+    writer's): the common fields, and everything else in ``fields``. Not published;
+    :func:`decode_event` makes it. Its :attr:`type` is the event's own type."""
+
+    kind: str
+    fields: dict[str, Any] = {}
+
+    @property
+    def type(self) -> str:
+        return self.kind
+
+
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """What every event has, read without knowing its type (unknown fields ignored)."""
+
+    type: str
+    v: int = SCHEMA_VERSION
+    tenant: str = ""
+    session: str = ""
+    turn_id: str = ""
+    iteration: int = 0
+    ts: float = 0.0
+
+
+_REASONS = frozenset(typing.get_args(EndReason))
+_COMMON = frozenset(f for f in _Envelope.__struct_fields__)
+
+
+def decode_event(data: bytes | bytearray | memoryview | str, union: Any = None) -> Event:
+    """Decode one event, tolerating what a newer writer may send (see the module
+    docstring). ``union`` is the set of types this reader knows (:data:`AnyEvent`).
+    Raises :class:`~schemas.codec.DecodeError` for bytes that are no event at all."""
+    union = AnyEvent if union is None else union
+    try:
+        return decode(data, union)
+    except DecodeError as exc:
+        first = exc
+    raw = decode(data, dict[str, Any])
+    try:
+        env = msgspec.convert(raw, _Envelope)
+    except msgspec.ValidationError:
+        raise first from None
+    known = {t.__struct_config__.tag: t for t in typing.get_args(union)}
+    if env.type == "loop_end" and "loop_end" in known and raw.get("reason") not in _REASONS:
+        reason = str(raw.get("reason"))
+        detail = raw.get("error") or ""
+        note = f"this reader does not know the end reason {reason!r}; upgrade it"
+        fixed = {**raw, "reason": "error", "error": f"{note}: {detail}" if detail else note}
+        try:
+            return msgspec.convert(fixed, known["loop_end"])
+        except msgspec.ValidationError:
+            pass
+    if env.type in known:
+        raise first  # a type it knows, with values that are wrong
+    return UnknownEvent(
+        v=env.v,
+        tenant=env.tenant or "unknown",
+        session=env.session or "unknown",
+        turn_id=env.turn_id or "unknown",
+        iteration=env.iteration,
+        ts=env.ts,
+        kind=env.type,
+        fields={k: v for k, v in raw.items() if k not in _COMMON},
+    )
 
 
 def tool_event_msg_id(call_id: str, type: str) -> str:

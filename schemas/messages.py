@@ -77,3 +77,7 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     turns: int = 0
     updated_at: Timestamp = 0.0
     pending: tuple[PendingCall, ...] = ()
+    #: The turn in progress: when it started (its deadline counts from here) and the
+    #: tool calls it has made, so a resumed turn keeps counting against its limits.
+    turn_started_at: Timestamp = 0.0
+    turn_tool_calls: int = 0

@@ -3,7 +3,7 @@ tool specs for the catalog, and control messages."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -21,6 +21,9 @@ class WireError(msgspec.Struct, frozen=True, kw_only=True):
 
     code: str
     message: str
+
+
+ToolFailureMode = Literal["continue", "fail"]
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +49,16 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: The tools this turn may call, as ``server.tool`` or a bare tool name (any
     #: server); ``None`` allows every tool in the catalog.
     tools: tuple[str, ...] | None = None
+    #: Limits of this turn; ``None`` takes the deployment's ``[loop]`` default.
+    #: Wall-clock seconds from the turn's start to its end (reason ``deadline``).
+    deadline_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    #: Tool calls (run by tool workers) the whole turn may make (reason ``max_tool_calls``).
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: Tool calls of one iteration that run at once; the rest queue.
+    max_parallel_tools: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: ``continue``: a failed tool call's error goes to the model; ``fail``: the turn
+    #: ends with reason ``tool_failed``.
+    tool_failure: ToolFailureMode | None = None
 
     @property
     def msg_id(self) -> str:

@@ -31,10 +31,11 @@ from schemas.events import EndReason, Error, LoopEnd, LoopStart, Message, PlanUp
 from .control import TurnControl
 from .hooks import Hooks
 from .inference import Conversation, Inference
+from .limits import Limits
 from .parser import ToolNames, has_text_call
 from .prompt import BUILTIN_SERVER, builtin_specs, load_prompts, loop_message
 from .protocols import LLM, EventSink, SessionStore, ToolDispatcher
-from .scope import End, TurnCancelled, TurnScope
+from .scope import End, TurnCancelled, TurnDeadline, TurnScope
 from .settings import LLMSettings, LoopSettings
 from .tokens import TokenCounter
 from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
@@ -118,8 +119,17 @@ class _Run:
             self._close_pending("interrupted", "the turn was interrupted before it finished")
             self.messages.append(ChatMessage(role="user", content=self.turn.input))
             self.snapshot = msgspec.structs.replace(
-                self.snapshot, status="running", turn_id=self.turn.id, iteration=0
+                self.snapshot,
+                status="running",
+                turn_id=self.turn.id,
+                iteration=0,
+                turn_started_at=scope.clock(),
+                turn_tool_calls=0,
             )
+        self.limits = Limits.of(self.turn, self.settings)
+        if self.limits.deadline_s is not None:  # a resumed turn keeps its first start
+            started = self.snapshot.turn_started_at or scope.clock()
+            scope.deadline = started + self.limits.deadline_s
         self.model = self.turn.model or engine.model
         self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
         self.end: End | None = None
@@ -147,6 +157,11 @@ class _Run:
         except TurnCancelled as exc:
             self.end = End("cancelled", error=str(exc) or "cancelled")
             self._close_pending("cancelled", "the turn was cancelled")
+        except TurnDeadline:
+            text = self.limits.deadline_message()
+            await scope.emit(Error, code="deadline", message=text, fatal=True)
+            self.end = End("deadline", content=text, error=text)
+            self._close_pending("deadline", text)
         except Exception as exc:
             await scope.emit(Error, code="internal", message=_describe(exc), fatal=True)
             self.end = End("error", error=_describe(exc))
@@ -191,9 +206,15 @@ class _Run:
             names=names,
             context=context,
             counter=self._counter(),
+            offered=self.limits.allows,
         )
         runner = ToolRunner(
-            scope=scope, settings=self.settings, tools=e.tools, hooks=e.hooks, builtin=self._builtin
+            scope=scope,
+            settings=self.settings,
+            tools=e.tools,
+            hooks=e.hooks,
+            builtin=self._builtin,
+            parallel=self.limits.max_parallel_tools,
         )
         if self.snapshot.pending:  # the model answered before the last worker stopped
             scope.check()
@@ -235,6 +256,7 @@ class _Run:
             calls = text_calls(content, names, self.turn, iteration, e.prompts)
         else:
             return await inference.without_tools(self.conversation, content)
+        used = self.limits.police(calls, self.snapshot.turn_tool_calls)
         self.messages.append(
             ChatMessage(
                 role="assistant",
@@ -243,7 +265,9 @@ class _Run:
             )
         )
         pending = tuple(c.pending() for c in calls)
-        self.snapshot = msgspec.structs.replace(self.snapshot, pending=pending)
+        self.snapshot = msgspec.structs.replace(
+            self.snapshot, pending=pending, turn_tool_calls=used
+        )
         await self._checkpoint(iteration=iteration - 1)  # before the calls: see the docstring
         return await self._run_calls(calls, runner)
 
@@ -251,6 +275,15 @@ class _Run:
         """Run the pending calls (the last message asked for them) and add their results."""
         outcomes = await self.scope.race(runner.run(calls))
         self._add_results(outcomes)
+        if self.end is None:
+            ends: tuple[tuple[EndReason, str | None], ...] = (
+                ("tool_failed", self.limits.failed(outcomes)),
+                ("max_tool_calls", self.limits.over_cap(calls)),
+            )
+            for code, text in ends:
+                if text is not None:
+                    await self.scope.emit(Error, code=code, message=text, fatal=True)
+                    return End(code, content=text, error=text)
         for outcome in outcomes:
             count = self.breaker.record(outcome)
             if self.breaker.tripped(count):

@@ -15,13 +15,13 @@ knows nothing of the engine that calls it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from schemas import ChatMessage, SessionSnapshot
+from schemas import ChatMessage, SessionSnapshot, ToolSpec
 from schemas.events import (
     ContentDelta,
     ContextBudget,
@@ -34,6 +34,7 @@ from schemas.events import (
     NoToolCall,
     Paused,
     Resumed,
+    Retract,
     Retry,
     ThinkingDelta,
     ThinkingEnd,
@@ -78,6 +79,7 @@ class _Stream:
     def __init__(self) -> None:
         self.splitter = ThinkingSplitter()
         self.streamed = False
+        self.chars = 0  # content characters streamed by this attempt
 
 
 #: Room left for the summary when pruning (the summary is at most ~2,000 characters).
@@ -98,6 +100,7 @@ class Inference:
         names: ToolNames,
         context: Sequence[str],
         counter: TokenCounter,
+        offered: Callable[[ToolSpec], bool] | None = None,
     ) -> None:
         self.llm = llm
         self.hooks = hooks
@@ -110,7 +113,8 @@ class Inference:
         self.model = scope.turn.model or model
         self.nudger = Nudger(self.settings, self.prompts)
         text_format = self.settings.tool_format == "text"
-        self.tools_text = tools_section(self.prompts, names.items(), text_format=text_format)
+        items = [(n, spec) for n, spec in names.items() if offered is None or offered(spec)]
+        self.tools_text = tools_section(self.prompts, items, text_format=text_format)
         self.tools_param: list[dict[str, Any]] = (
             []
             if text_format
@@ -123,13 +127,14 @@ class Inference:
                         "parameters": spec.input_schema,
                     },
                 }
-                for name, spec in names.items()
+                for name, spec in items
             ]
         )
         tools_json = msgspec.json.encode(self.tools_param).decode()
         self.tools_tokens = counter.count_text_cached(tools_json)
         self.prompt: list[ChatMessage] = []
         self.tokens = 0
+        self.streamed_chars = 0  # content streamed in this iteration, for ``retract``
 
     async def pause(self) -> None:
         await self.scope.emit(Paused)
@@ -174,6 +179,7 @@ class Inference:
         """Emit ``loop_iteration``, build the prompt and keep it within the budget."""
         scope, budget = self.scope, self.settings.context_budget_tokens
         await scope.emit(LoopIteration, max_iterations=run.limit)
+        self.streamed_chars = 0
         self.prompt = self.build(run)
         self.tokens = await self._count(self.prompt)
         await scope.emit(
@@ -221,13 +227,17 @@ class Inference:
 
         async def on_delta(text: str) -> None:
             stream.streamed = True
-            await self._pieces(stream.splitter.feed(text))
+            stream.chars += await self._pieces(stream.splitter.feed(text))
 
         async def on_retry(attempt: int, reason: str, delay_s: float, model: str) -> None:
+            if stream.streamed:  # what the failed attempt streamed is not the reply
+                self.streamed_chars += stream.chars
+                await self.retract("retry")
             await scope.emit(
                 Retry, what="llm", attempt=attempt, reason=reason, delay_s=delay_s, model=model
             )
             stream.splitter = ThinkingSplitter()  # the next attempt streams from the start
+            stream.streamed, stream.chars = False, 0
 
         messages = await self.hooks.before_llm(list(messages))
         await scope.emit(
@@ -248,8 +258,9 @@ class Inference:
         )
         splitter = stream.splitter
         if not stream.streamed:  # a model that did not stream: report the whole text
-            await self._pieces(splitter.feed(completion.content))
-        await self._pieces(splitter.close())
+            stream.chars += await self._pieces(splitter.feed(completion.content))
+        stream.chars += await self._pieces(splitter.close())
+        self.streamed_chars += stream.chars
         completion = await self.hooks.after_llm(completion)
         content, _ = split_thinking(completion.content)
         await scope.emit(
@@ -263,10 +274,18 @@ class Inference:
         )
         return completion, content
 
-    async def _pieces(self, pieces: list[Piece]) -> None:
+    async def retract(self, reason: str) -> None:
+        """Take back the deltas this iteration streamed so far (see ``Retract``)."""
+        await self.scope.emit(Retract, reason=reason, chars=self.streamed_chars)
+        self.streamed_chars = 0
+
+    async def _pieces(self, pieces: list[Piece]) -> int:
+        """Emit the pieces; return the characters of content among them."""
+        chars = 0
         for piece in pieces:
             match piece.kind:
                 case "content":
+                    chars += len(piece.text)
                     await self.scope.emit_text(ContentDelta, piece.text)
                 case "thinking":
                     await self.scope.emit_text(ThinkingDelta, piece.text)
@@ -275,6 +294,7 @@ class Inference:
                 case "thinking_end":
                     limit = self.settings.message_max_chars
                     await self.scope.emit(ThinkingEnd, text=piece.text[:limit])
+        return chars
 
     async def reply(self, run: Conversation) -> tuple[Completion, str] | End:
         """The model's reply to :attr:`prompt`; an :class:`End` when there is none."""
@@ -282,6 +302,8 @@ class Inference:
         try:
             for attempt in range(retries + 1):
                 if attempt:
+                    if self.streamed_chars:  # whitespace the empty reply streamed
+                        await self.retract("retry")
                     await self.scope.emit(
                         Retry, what="empty_response", attempt=attempt, reason="empty response"
                     )
@@ -313,6 +335,7 @@ class Inference:
         _, nudge = self.nudger.nudge(content)
         if nudge is not None:
             run.messages.append(loop_message(nudge))
+            await self.retract("nudge")  # the streamed reply is not the answer
             return None
         await self.scope.emit(Message, content=content)
         return End("converse", content=content)

@@ -33,6 +33,10 @@ class TurnCancelled(Exception):
     """Raised inside the engine when the turn's control is cancelled."""
 
 
+class TurnDeadline(Exception):
+    """Raised inside the engine when the turn's wall-clock deadline passes."""
+
+
 class TurnScope:
     def __init__(
         self, turn: Turn, control: TurnControl, sink: EventSink, clock: Callable[[], float]
@@ -42,6 +46,10 @@ class TurnScope:
         self.sink = sink
         self.clock = clock
         self.iteration = 0
+        self.deadline: float | None = None  # on ``clock``'s scale; None: none
+
+    def _remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - self.clock()
 
     async def emit(self, cls: type[E], **fields: Any) -> E:
         """Emit a ``cls`` event stamped with the turn, the iteration and the time."""
@@ -64,41 +72,57 @@ class TurnScope:
     def check(self) -> None:
         if self.control.cancelled.is_set():
             raise TurnCancelled(self.control.cancel_reason)
+        remaining = self._remaining()
+        if remaining is not None and remaining <= 0:
+            raise TurnDeadline()
 
     async def race(self, aw: Awaitable[T]) -> T:
         """Await ``aw`` unless the turn is cancelled first; then cancel it and raise
-        :class:`TurnCancelled`.
+        :class:`TurnCancelled` (or :class:`TurnDeadline` when the deadline passes first).
 
         ``aw`` runs in the calling task, as under ``asyncio.timeout``: a cancel of the
         turn cancels the task where it waits, and the cancellation is taken back here
         (``uncancel``) and becomes :class:`TurnCancelled`. A cancel of the task from
         elsewhere still propagates. No task is made per call."""
         control = self.control
-        if control.cancelled.is_set():
+        try:
+            self.check()
+        except (TurnCancelled, TurnDeadline):
             _discard(aw)
-            raise TurnCancelled(control.cancel_reason)
+            raise
         task = asyncio.current_task()
         assert task is not None, "race() runs inside a task"
-        fired = False
+        fired: Exception | None = None
 
-        def interrupt() -> None:
+        def interrupt(why: Exception) -> None:
             nonlocal fired
-            if not fired:
-                fired = True
+            if fired is None:
+                fired = why
                 task.cancel()
 
-        control.watch(interrupt)
+        def on_cancel() -> None:
+            interrupt(TurnCancelled(control.cancel_reason))
+
+        remaining = self._remaining()
+        timer = (
+            None
+            if remaining is None
+            else asyncio.get_running_loop().call_later(remaining, interrupt, TurnDeadline())
+        )
+        control.watch(on_cancel)
         try:
             result = await aw
         except asyncio.CancelledError:
-            if fired and task.uncancel() == 0:
-                raise TurnCancelled(control.cancel_reason) from None
+            if fired is not None and task.uncancel() == 0:
+                raise fired from None
             raise
         finally:
-            control.unwatch(interrupt)
-        if fired:  # the cancel reached ``aw``, which swallowed it
+            control.unwatch(on_cancel)
+            if timer is not None:
+                timer.cancel()
+        if fired is not None:  # the cancel reached ``aw``, which swallowed it
             task.uncancel()
-            raise TurnCancelled(control.cancel_reason)
+            raise fired
         return result
 
 

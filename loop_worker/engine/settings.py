@@ -49,3 +49,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     prune_target_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75  # prune down to this
     hooks: tuple[str, ...] = ()  # import paths: "package.module:object"
     approval_tools: tuple[str, ...] = ()  # "server.tool" names that need a person's approval
+    # Per-turn limits: the defaults of the Turn fields of the same names (a turn may
+    # set its own). ``tools``: the tools turns may call ("server.tool" or a bare name),
+    # None for all; a turn's own list narrows it further, never widens it.
+    tools: tuple[str, ...] | None = None
+    deadline_s: Positive | None = None  # wall-clock seconds per turn; None: none
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None  # per turn; None: no cap
+    max_parallel_tools: Annotated[int, msgspec.Meta(ge=1)] = 8  # per iteration; the rest queue
+    tool_failure: Literal["continue", "fail"] = "continue"  # fail: end the turn (tool_failed)

@@ -166,6 +166,7 @@ class ToolRunner:
         tools: ToolDispatcher,
         hooks: Hooks,
         builtin: Callable[[Call], Awaitable[ToolResult]],
+        parallel: int | None = None,
     ) -> None:
         self.scope = scope
         self.settings = settings
@@ -173,6 +174,7 @@ class ToolRunner:
         self.hooks = hooks
         self.builtin = builtin
         self.approvals = Approvals(settings.approval_tools)
+        self.parallel = parallel or settings.max_parallel_tools  # calls at once; the rest queue
 
     async def run(self, calls: Sequence[Call]) -> list[Outcome]:
         for call in calls:
@@ -188,9 +190,15 @@ class ToolRunner:
         if len(remote) == 1:  # the usual case: no task needed
             await self._one(remote[0], results)
         elif remote:
+            slots = asyncio.Semaphore(self.parallel)
+
+            async def queued(call: Call) -> None:
+                async with slots:
+                    await self._one(call, results)
+
             async with asyncio.TaskGroup() as group:
                 for call in remote:
-                    group.create_task(self._one(call, results))
+                    group.create_task(queued(call))
         for call in calls:
             if call.builtin:
                 results[call.index] = await self.builtin(call)

@@ -46,8 +46,13 @@ def _from_info(info: mi.Type) -> st.SearchStrategy[Any]:
         case mi.IntType(ge=ge, gt=gt):
             low = ge if ge is not None else (gt + 1 if gt is not None else -_INT64)
             return st.integers(low, _INT64)
-        case mi.FloatType(ge=ge):
-            return st.floats(min_value=ge, allow_nan=False, allow_infinity=False)
+        case mi.FloatType(ge=ge, gt=gt):
+            return st.floats(
+                min_value=ge if gt is None else gt,
+                exclude_min=gt is not None,
+                allow_nan=False,
+                allow_infinity=False,
+            )
         case mi.NoneType():
             return st.none()
         case mi.AnyType():
