@@ -25,9 +25,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
-from schemas import DecodeError, Subjects, Turn, decode, encode, new_id
+from schemas import DecodeError, Subjects, Turn, encode, new_id
 from schemas.events import (
-    AnyEvent,
     ApprovalDecided,
     ApprovalRequired,
     ContentDelta,
@@ -43,11 +42,13 @@ from schemas.events import (
     PlanUpdate,
     Question,
     Resumed,
+    Retract,
     Retry,
     ToolCallEvent,
     ToolErrorEvent,
     ToolResultEvent,
     ToolTimeout,
+    decode_event,
 )
 
 from .remote import Item, add_remote_options, client_config, open_remote, token
@@ -129,9 +130,9 @@ class Follower:
         while True:
             msg = await self._sub.next_msg(timeout=None)
             try:
-                yield decode(msg.data, AnyEvent)
+                yield decode_event(msg.data)
             except DecodeError:
-                continue  # a newer event type: skip it
+                continue  # not an event at all (newer ones decode to a generic form)
 
 
 async def run_turn(
@@ -208,16 +209,27 @@ class Printer:
         self._in_delta = False
         self._streamed: list[str] = []  # content deltas since the last line
         self._said: set[str] = set()  # answers and questions printed in full
+        self._retractable = False  # deltas shown since the last retract
 
     def show(self, event: Event) -> None:
         if self.as_json:
             self._line(encode(event).decode())
             return
+        if isinstance(event, Retract):
+            self._streamed.clear()  # not the answer: a message equal to it still prints
+            if self._retractable:  # text streamed above was discarded: say so
+                self._retractable = False
+                if self._in_delta:
+                    self.out.write("\n")
+                    self._in_delta = False
+                why = event.reason or "discarded"
+                self._line(f"  ↶ the text above was taken back ({why}); it is not the answer")
+            return
         if isinstance(event, ContentDelta) and self.deltas:
             self.out.write(event.text)
             self.out.flush()
             self._streamed.append(event.text)
-            self._in_delta = True
+            self._in_delta = self._retractable = True
             return
         line = self.describe(event)
         if self._in_delta:

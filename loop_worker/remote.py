@@ -41,10 +41,9 @@ from schemas import (
     Subjects,
     Turn,
     check_token,
-    decode,
     encode,
 )
-from schemas.events import AnyEvent, Event
+from schemas.events import Event, decode_event
 from schemas.ids import TOKEN_PATTERN
 
 from .controls import send_control
@@ -79,11 +78,12 @@ class Item(msgspec.Struct, frozen=True):
     data: bytes
 
     def event(self) -> Event | None:
-        """The decoded event; None for a notice or a type this client does not know."""
+        """The decoded event (``UnknownEvent`` for a type this client does not know, see
+        :func:`~schemas.events.decode_event`); None for a notice or bytes that are no event."""
         if self.seq is None:
             return None
         try:
-            return decode(self.data, AnyEvent)
+            return decode_event(self.data)
         except DecodeError:
             return None
 
