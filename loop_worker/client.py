@@ -32,6 +32,7 @@ from schemas.events import (
     ContentDelta,
     Error,
     Event,
+    HookErrorEvent,
     LLMResponse,
     LoopEnd,
     LoopIteration,
@@ -288,6 +289,8 @@ class Printer:
                 return "  ⏸ paused"
             case Resumed():
                 return "  ▶ resumed"
+            case HookErrorEvent(hook=hook, message=message, fatal=fatal):
+                return f"  ! {'fatal ' if fatal else ''}hook {hook}: {_short(message, 300)}"
             case Error(code=code, message=message, fatal=fatal):
                 return f"  ! {'fatal ' if fatal else ''}{code}: {_short(message, 300)}"
             case LLMResponse():

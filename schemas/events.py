@@ -137,9 +137,13 @@ class PlanUpdate(Event, tag="plan_update", frozen=True, kw_only=True):
 
 
 class ContextBudget(Event, tag="context_budget", frozen=True, kw_only=True):
+    """``budget``: the tokens the prompt may use, the context budget less
+    ``reply_reserve`` (kept for the model's reply)."""
+
     tokens: int = 0
     budget: int = 0
     messages: int = 0
+    reply_reserve: int = 0
 
 
 class MemoryPruned(Event, tag="memory_pruned", frozen=True, kw_only=True):
@@ -193,6 +197,15 @@ class Retract(Event, tag="retract", frozen=True, kw_only=True):
 
     reason: str = ""
     chars: int = 0
+
+
+class HookErrorEvent(Event, tag="hook_error", frozen=True, kw_only=True):
+    """An operator's hook raised. ``hook``: which (object and method); ``message``:
+    what it raised; ``fatal``: the turn ends because of it (a ``before_turn`` hook)."""
+
+    hook: str = ""
+    message: str = ""
+    fatal: bool = False
 
 
 class Paused(Event, tag="paused", frozen=True, kw_only=True):
@@ -259,6 +272,7 @@ AnyEvent = (
     | Paused
     | Resumed
     | Retract
+    | HookErrorEvent
     | LoopEnd
     | Error
 )

@@ -26,7 +26,16 @@ from collections.abc import Callable
 import msgspec
 
 from schemas import ChatMessage, PlanStep, SessionSnapshot, ToolResult, Turn, WireError
-from schemas.events import EndReason, Error, LoopEnd, LoopStart, Message, PlanUpdate, Question
+from schemas.events import (
+    EndReason,
+    Error,
+    HookErrorEvent,
+    LoopEnd,
+    LoopStart,
+    Message,
+    PlanUpdate,
+    Question,
+)
 
 from .control import TurnControl
 from .hooks import Hooks
@@ -172,13 +181,18 @@ class _Run:
         except Exception as exc:
             await scope.emit(Error, code="checkpoint", message=_describe(exc), fatal=True)
             end.error = end.error or _describe(exc)
-        return await scope.emit(
+        event = scope.make(
             LoopEnd,
             reason=end.reason,
             content=end.content,
             iterations=scope.iteration,
             error=end.error,
         )
+        failed = await self.e.hooks.around_turn("after_turn", self.turn, event)
+        if failed is not None:
+            await scope.emit(HookErrorEvent, hook=failed[0], message=failed[1])
+        await scope.sink.emit(event)
+        return event
 
     async def _loop(self) -> End:
         scope, e = self.scope, self.e
@@ -192,6 +206,12 @@ class _Run:
             worker=e.worker,
         )
         await self._checkpoint()
+        if not self.resumed:
+            failed = await e.hooks.around_turn("before_turn", self.turn)
+            if failed is not None:
+                hook, message = failed
+                await scope.emit(HookErrorEvent, hook=hook, message=message, fatal=True)
+                return End("error", error=f"the before_turn hook {hook} failed: {message}")
         specs = [*builtin_specs(e.prompts), *(await scope.race(e.tools.tools()))]
         names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
         context = [self.turn.metadata.get("context", ""), *(await e.hooks.retrieve(self.turn))]

@@ -11,8 +11,13 @@ sync or async; hooks run in the order given, each seeing the previous one's outp
 - ``after_tool(request, result) -> ToolResult | None``   change a result
 - ``approve_tool(request) -> bool | (bool, reason) | None``  reject a call
 - ``retrieve(turn) -> str | None``                       retrieved context for the prompt
+- ``before_turn(turn) -> None``                          once, when a turn first starts
+- ``after_turn(turn, end: LoopEnd) -> None``             once, just before its ``loop_end``
 
-``None`` means "no change" everywhere.
+``None`` means "no change" everywhere. An exception in ``before_turn`` or
+``after_turn`` becomes a ``hook_error`` event: one in ``before_turn`` ends the turn
+(reason ``error``, failing closed, since such a hook may be a policy check); one in
+``after_turn`` does not change how the turn ended.
 """
 
 from __future__ import annotations
@@ -127,6 +132,18 @@ class Hooks:
             if not approved:
                 return False, reason or "rejected by a hook"
         return True, ""
+
+    async def around_turn(self, name: str, *args: Any) -> tuple[str, str] | None:
+        """Run every ``name`` hook (``before_turn`` / ``after_turn``); the first one that
+        raises stops the rest and is returned as (which hook, what it raised)."""
+        for fn in self._each(name):
+            try:
+                await _call(fn, *args)
+            except Exception as exc:
+                owner = getattr(fn, "__self__", fn)
+                where = getattr(owner, "__qualname__", None) or type(owner).__qualname__
+                return f"{where}.{name}", f"{type(exc).__name__}: {exc}"
+        return None
 
     async def retrieve(self, turn: Turn) -> list[str]:
         texts = []

@@ -177,13 +177,18 @@ class Inference:
 
     async def begin(self, run: Conversation) -> End | None:
         """Emit ``loop_iteration``, build the prompt and keep it within the budget."""
-        scope, budget = self.scope, self.settings.context_budget_tokens
+        scope, s = self.scope, self.settings
+        budget = s.context_budget_tokens - s.reply_reserve_tokens  # room kept for the reply
         await scope.emit(LoopIteration, max_iterations=run.limit)
         self.streamed_chars = 0
         self.prompt = self.build(run)
         self.tokens = await self._count(self.prompt)
         await scope.emit(
-            ContextBudget, tokens=self.tokens, budget=budget, messages=len(self.prompt)
+            ContextBudget,
+            tokens=self.tokens,
+            budget=budget,
+            messages=len(self.prompt),
+            reply_reserve=s.reply_reserve_tokens,
         )
         if self.tokens <= budget:
             return None

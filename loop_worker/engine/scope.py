@@ -51,9 +51,9 @@ class TurnScope:
     def _remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
 
-    async def emit(self, cls: type[E], **fields: Any) -> E:
-        """Emit a ``cls`` event stamped with the turn, the iteration and the time."""
-        event = cls(
+    def make(self, cls: type[E], **fields: Any) -> E:
+        """A ``cls`` event stamped with the turn, the iteration and the time."""
+        return cls(
             tenant=self.turn.tenant,
             session=self.turn.session,
             turn_id=self.turn.id,
@@ -61,6 +61,10 @@ class TurnScope:
             ts=self.clock(),
             **fields,
         )
+
+    async def emit(self, cls: type[E], **fields: Any) -> E:
+        """Emit a :meth:`make` event."""
+        event = self.make(cls, **fields)
         await self.sink.emit(event)
         return event
 

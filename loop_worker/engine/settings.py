@@ -36,6 +36,8 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tool_format: Literal["native", "text"] = "native"
     instructions: str = ""  # the operator's instructions, first in the system prompt
     context_budget_tokens: Annotated[int, msgspec.Meta(ge=256)] = 16_000
+    # kept free in the budget for the model's reply: the prompt gets the rest
+    reply_reserve_tokens: Count = 0
     tool_result_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 6_000
     tool_timeout_s: Positive = 60.0
     approval_timeout_s: Positive = 300.0
@@ -57,3 +59,11 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None  # per turn; None: no cap
     max_parallel_tools: Annotated[int, msgspec.Meta(ge=1)] = 8  # per iteration; the rest queue
     tool_failure: Literal["continue", "fail"] = "continue"  # fail: end the turn (tool_failed)
+
+    def __post_init__(self) -> None:
+        if self.context_budget_tokens - self.reply_reserve_tokens < 128:
+            raise ValueError(
+                f"reply_reserve_tokens ({self.reply_reserve_tokens}) leaves less than 128 of "
+                f"context_budget_tokens ({self.context_budget_tokens}) for the prompt; "
+                "lower it or raise context_budget_tokens"
+            )

@@ -11,8 +11,9 @@ import msgspec
 import pytest
 
 from loop_worker.engine.inmemory import LocalTools
+from loop_worker.engine.settings import LoopSettings
 from loopmesh.testing.fake_llm import FakeLLM, tool_calls
-from schemas.events import Error, LoopEnd, ToolErrorEvent, ToolResultEvent
+from schemas.events import ContextBudget, Error, LoopEnd, ToolErrorEvent, ToolResultEvent
 from tests.loop_worker.scripted import HANG, Rig, ScriptedLLM, call, done
 
 
@@ -282,3 +283,25 @@ async def test_limits_through_the_openai_client_against_the_fake_server(
     assert [e.content for e in rig.of(ToolResultEvent)] == ["one", "TWO"]
     assert rig.one(ToolErrorEvent).code == "max_tool_calls"
     assert rig.of(LoopEnd)[-1].reason == "max_tool_calls"
+
+
+# -- room kept for the reply ------------------------------------------------------------
+
+
+async def test_the_reply_reserve_is_kept_out_of_the_prompts_budget() -> None:
+    llm = ScriptedLLM()
+    llm.script(done())
+    async with Rig(llm) as rig:
+        await rig.run()
+    needed = rig.one(ContextBudget).tokens
+    reserve = 16_000 - needed + 1  # the prompt no longer fits beside the reply
+    async with Rig(ScriptedLLM(), reply_reserve_tokens=reserve) as rig:
+        end = await rig.run()
+    assert end.reason == "budget_exceeded"
+    budget = rig.of(ContextBudget)[0]
+    assert (budget.budget, budget.reply_reserve) == (needed - 1, reserve)
+
+
+def test_a_reply_reserve_that_leaves_no_room_for_the_prompt_is_refused() -> None:
+    with pytest.raises(msgspec.ValidationError, match="reply_reserve_tokens"):
+        msgspec.convert({"context_budget_tokens": 1000, "reply_reserve_tokens": 900}, LoopSettings)
