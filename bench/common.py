@@ -1,0 +1,216 @@
+"""What every system of ``python -m bench`` shares: the fake LLM's process, the CPU meter
+over the bench's whole process tree, and the load driver."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def need_binary(name: str, hint: str, *extra_dirs: str) -> str:
+    """The path of ``name``, or ``SystemExit`` with how to install it."""
+    for d in extra_dirs:
+        p = Path(d) / name
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        raise Missing(f"{name} not found: {hint}")
+    return found
+
+
+class Missing(Exception):
+    """A server or package a system needs is not installed (the message says how)."""
+
+
+# -- CPU of the process tree -----------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def tree_cpu(exclude: set[int]) -> float:
+    """utime + stime of this process and every descendant, but ``exclude``'s trees."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(_stat(int(entry.name))[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        if pid in exclude:
+            continue
+        try:
+            f = _stat(pid)
+        except OSError:
+            continue
+        total += (int(f[11]) + int(f[12])) * TICK_S
+        todo += children.get(pid, [])
+    return total
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+# -- the fake LLM ----------------------------------------------------------------------
+
+
+class LLMServer:
+    """``python -m bench.llm_server`` in its own process (its CPU counts for no system)."""
+
+    async def __aenter__(self) -> LLMServer:
+        self.port = free_port()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.llm_server", "--port", str(self.port),
+            cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        await asyncio.wait_for(self.proc.stdout.readline(), 30)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.http = httpx.AsyncClient()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+        self.proc.terminate()
+        await self.proc.wait()
+
+    async def gaps(self) -> list[float]:
+        r = await self.http.get(f"http://127.0.0.1:{self.port}/bench/gaps")
+        return list(r.json()["gaps_ms"])
+
+
+# -- the systems and the driver --------------------------------------------------------
+
+
+class System(Protocol):
+    name: str
+    durability: str
+
+    async def session(self, sid: str, k: int) -> None:
+        """One session: ``k`` echo iterations then the finish, to its end."""
+
+
+@dataclass
+class Figures:
+    name: str
+    durability: str
+    gaps: list[float] = field(default_factory=list)
+    throughput: dict[int, float] = field(default_factory=dict)
+    cpu_ms_per_turn: float = 0.0
+    error: str = ""
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.gaps)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.gaps) if self.gaps else 0.0
+
+
+async def drive(run: Callable[[str], Awaitable[Any]], clients: int, total: int, tag: str) -> float:
+    """Sessions/s with ``clients`` concurrent clients running ``total`` sessions."""
+    each = max(1, total // clients)
+
+    async def client(i: int) -> None:
+        for n in range(each):
+            await run(f"{tag}c{i}n{n}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return clients * each / (time.perf_counter() - started)
+
+
+async def measure(
+    system: System, llm: LLMServer, k: int, concurrency: list[int], turns: int, overhead_runs: int
+) -> Figures:
+    fig = Figures(system.name, system.durability)
+    await drive(lambda s: system.session(s, 1), 8, 16, "warm")
+    await llm.gaps()
+    for i in range(overhead_runs):
+        await system.session(f"over{i}", k)
+    fig.gaps = await llm.gaps()
+    top = max(concurrency)
+    for c in concurrency:
+        if c == top:
+            before = tree_cpu({llm.proc.pid})
+        n = max(turns, c)
+        fig.throughput[c] = await drive(lambda s: system.session(s, 1), c, n, f"t{c}")
+        if c == top:
+            spent = tree_cpu({llm.proc.pid}) - before
+            fig.cpu_ms_per_turn = spent / (c * max(1, n // c)) * 1000
+    return fig
+
+
+ECHO_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "echo",
+        "description": "Return the text.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+        },
+    },
+}
+
+
+async def chat(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One streamed completion (as loopmesh's engine makes it: the same bytes from the
+    fake server for every system), assembled into an assistant message."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    stream = await client.chat.completions.create(
+        model="fake-model", messages=messages, tools=[ECHO_TOOL], stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    async with stream:
+        async for chunk in stream:
+            for choice in chunk.choices:
+                delta = choice.delta
+                if delta.content:
+                    content.append(delta.content)
+                for tc in delta.tool_calls or ():
+                    call = calls.setdefault(
+                        tc.index, {"id": "", "type": "function",
+                                   "function": {"name": "", "arguments": ""}}
+                    )  # fmt: skip
+                    if tc.id:
+                        call["id"] = tc.id
+                    if tc.function and tc.function.name:
+                        call["function"]["name"] += tc.function.name
+                    if tc.function and tc.function.arguments:
+                        call["function"]["arguments"] += tc.function.arguments
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message

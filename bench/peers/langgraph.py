@@ -1,0 +1,137 @@
+"""LangGraph with a durable checkpointer: a ReAct graph (an agent node calling the fake
+LLM with the openai client, a tools node running the echo tool in this process) whose
+every step is checkpointed by ``AsyncPostgresSaver`` (``durability="sync"``: a step's
+checkpoint is written before the next step starts) on a PostgreSQL 15 the bench starts
+itself (``initdb`` into a temporary directory, ``postgres`` on a free port, defaults:
+``fsync=on``, ``synchronous_commit=on``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+import os
+import pwd
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from bench.common import Missing, chat, free_port, need_binary
+
+HINT = "apt-get install postgresql (Debian's PostgreSQL 15)"
+PG_BIN = ("/usr/lib/postgresql/15/bin",)
+
+
+class State(TypedDict):
+    messages: Annotated[list[dict[str, Any]], operator.add]
+
+
+def _as_postgres() -> dict[str, Any]:
+    """postgres refuses to run as root: drop to the ``postgres`` user when root."""
+    if os.getuid() != 0:
+        return {}
+    user = pwd.getpwnam("postgres")
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+class Postgres:
+    def __init__(self, data: Path) -> None:
+        self.data = data
+
+    async def __aenter__(self) -> Postgres:
+        initdb = need_binary("initdb", HINT, *PG_BIN)
+        postgres = need_binary("postgres", HINT, *PG_BIN)
+        self.data.mkdir(parents=True, exist_ok=True)
+        drop = _as_postgres()
+        if drop:
+            os.chown(self.data, drop["user"], drop["group"])
+        init = await asyncio.create_subprocess_exec(
+            initdb, "-D", str(self.data / "pg"), "-A", "trust", "-U", "bench", "--no-sync",
+            stdout=asyncio.subprocess.DEVNULL, **drop,
+        )  # fmt: skip
+        if await init.wait():
+            raise RuntimeError("initdb failed")
+        self.port = free_port()
+        self.proc = await asyncio.create_subprocess_exec(
+            postgres, "-D", str(self.data / "pg"), "-p", str(self.port), "-k", str(self.data),
+            "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=300",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, **drop,
+        )  # fmt: skip
+        self.url = f"postgresql://bench@127.0.0.1:{self.port}/postgres"
+        import psycopg
+
+        for _ in range(300):
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url)
+                await conn.close()
+                return self
+            except psycopg.OperationalError:
+                await asyncio.sleep(0.1)
+        raise RuntimeError("postgres did not start")
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        await self.proc.wait()
+
+
+class LangGraph:
+    name = "LangGraph + Postgres"
+    durability = "Postgres fsync=on, synchronous_commit=on; checkpoint per step (sync)"
+
+    def __init__(self, llm_url: str, store: Path) -> None:
+        self.llm_url = llm_url
+        self.pg = Postgres(store)
+
+    async def __aenter__(self) -> LangGraph:
+        try:
+            import openai
+            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+            from langgraph.graph import END, START, StateGraph
+            from psycopg.rows import dict_row
+            from psycopg_pool import AsyncConnectionPool
+        except ImportError as e:
+            raise Missing("langgraph not installed: make bench (the bench extra)") from e
+        await self.pg.__aenter__()
+        self.pool = AsyncConnectionPool(
+            self.pg.url, min_size=4, max_size=64, open=False,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        )  # fmt: skip
+        await self.pool.open()
+        saver = AsyncPostgresSaver(self.pool)  # type: ignore[arg-type]
+        await saver.setup()
+        client = openai.AsyncOpenAI(base_url=self.llm_url, api_key="bench", max_retries=0)
+
+        async def agent(state: State) -> dict[str, Any]:
+            return {"messages": [await chat(client, state["messages"])]}
+
+        async def run_tools(state: State) -> dict[str, Any]:
+            out = []
+            for call in state["messages"][-1].get("tool_calls") or []:
+                text = json.loads(call["function"]["arguments"])["text"]
+                out.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+            return {"messages": out}
+
+        def route(state: State) -> str:
+            return "tools" if state["messages"][-1].get("tool_calls") else END
+
+        graph = StateGraph(State)
+        graph.add_node("agent", agent)
+        graph.add_node("tools", run_tools)
+        graph.add_edge(START, "agent")
+        graph.add_conditional_edges("agent", route, ["tools", END])
+        graph.add_edge("tools", "agent")
+        self.graph = graph.compile(checkpointer=saver)
+        self.client = client
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        await self.pool.close()
+        await self.pg.__aexit__(*exc)
+
+    async def session(self, sid: str, k: int) -> None:
+        message = {"role": "user", "content": f"{sid} echo {k}"}
+        await self.graph.ainvoke(
+            {"messages": [message]},
+            {"configurable": {"thread_id": sid}, "recursion_limit": 4 * k + 10},
+            durability="sync",
+        )
