@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+NOTES = "<!-- notes: kept across runs -->"
 SETUP = (Path(__file__).parent / "setup.md").read_text()
 
 
@@ -45,4 +46,7 @@ def write(
     if tools:
         parts += ["## Tool round trip\n", tools, ""]
     parts += [SETUP, "## Versions\n", "| component | version |\n| --- | --- |", vers, ""]
-    path.write_text("\n".join(parts))
+    notes = ""
+    if path.exists() and NOTES in (old := path.read_text()):
+        notes = old[old.index(NOTES) :]  # the hand-written reading of the figures stays
+    path.write_text("\n".join(parts) + ("\n" + notes if notes else ""))

@@ -1,0 +1,55 @@
+"""The fake LLM every system of ``python -m bench`` shares: ``echo k`` scripts k calls of
+the offered echo tool, then the finish, and the request gaps it measures come back once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+
+from bench.common import ECHO_TOOL, chat
+from bench.llm_server import BenchLLM
+
+FINISH = {
+    "type": "function",
+    "function": {"name": "task_completion", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+async def _session(client: openai.AsyncOpenAI, k: int, tools: list[Any]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"s1 echo {k}"}]
+    for _ in range(k + 2):
+        r = await client.chat.completions.create(model="fake-model", messages=messages, tools=tools)
+        reply = r.choices[0].message.model_dump(exclude_none=True)
+        messages.append(reply)
+        calls = reply.get("tool_calls") or []
+        if not calls or calls[0]["function"]["name"] != "echo":
+            return messages
+        messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": "hi"})
+    raise AssertionError("the session did not end")
+
+
+async def test_echo_k_then_finish_with_the_offered_tool() -> None:
+    async with BenchLLM() as llm:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        messages = await _session(client, 3, [ECHO_TOOL, FINISH])
+        await client.close()
+    names = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+    assert names == ["echo", "echo", "echo", "task_completion"]
+
+
+async def test_text_when_no_finish_tool_and_gaps_once() -> None:
+    async with BenchLLM() as llm:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        messages = await _session(client, 2, [ECHO_TOOL])
+        streamed = await chat(client, [{"role": "user", "content": "s2 echo 1"}])
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            first = (await http.get(f"http://{llm.host}:{llm.port}/bench/gaps")).json()
+            second = (await http.get(f"http://{llm.host}:{llm.port}/bench/gaps")).json()
+    assert messages[-1] == {"role": "assistant", "content": "done"}
+    assert streamed["tool_calls"][0]["function"]["name"] == "echo"
+    assert len(first["gaps_ms"]) == 2  # three requests of session s1; s2 made one
+    assert all(g >= 0 for g in first["gaps_ms"])
+    assert second == {"gaps_ms": []}
