@@ -114,9 +114,10 @@ def ratios(figs: list[Figures], sessions: list[int]) -> str:
             if peer.name.startswith("loopmesh"):
                 continue
             po, mo = peer.p50 - base.p50, m.p50 - base.p50
+            share = f"{mo / po:.2f}x of it" if mo > 0 and po > 0 else "no ratio: an overhead <= 0"
             lines.append(
                 f"- {mine} vs {peer.name}: overhead p50 {mo:.1f} vs {po:.1f} ms "
-                f"({mo / po:.2f}x of it); throughput @{top} "
+                f"({share}); throughput @{top} "
                 f"{m.throughput[top] / peer.throughput[top]:.1f}x; CPU per session "
                 f"{m.cpu_ms_per_turn / peer.cpu_ms_per_turn:.2f}x of it"
                 if po > 0 and peer.throughput[top] and peer.cpu_ms_per_turn
