@@ -122,7 +122,7 @@ def ratios(figs: list[Figures], sessions: list[int]) -> str:
                 f"{m.throughput[top] / peer.throughput[top]:.1f}x; CPU per session "
                 f"{m.cpu_ms_per_turn / peer.cpu_ms_per_turn:.2f}x of it"
                 if po > 0 and peer.throughput[top] and peer.cpu_ms_per_turn
-                else f"- {mine} vs {peer.name}: no ratio (zero reference)"
+                else f"- {mine} vs {peer.name}: no ratio (an overhead, rate or CPU <= 0)"
             )
     return "\n".join(lines)
 
