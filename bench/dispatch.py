@@ -124,7 +124,10 @@ async def measure_all(calls: int) -> dict[str, dict[int, dict[str, float]]]:
                 finally:
                     responder.stop()
             await nc.close()
-            out["FastStream NATS RPC (not durable)"] = await _faststream(server.url, calls)
+            try:
+                out["FastStream NATS RPC (not durable)"] = await _faststream(server.url, calls)
+            except Missing as e:
+                out[f"FastStream: {e}"] = {}
         try:
             out["Celery + Redis"] = await _celery(Path(tmp), calls)
         except Missing as e:
