@@ -150,7 +150,7 @@ class Catalog:
                 kv = await self._js.key_value(self.bucket)
                 status = await kv.status()
                 self.watches += 1
-                await self._watch(kv, status.ttl or 0.0)
+                await self._watch(kv, status.ttl or 0.0, status.stream_info.state.last_seq)
                 delay = 0.05
             except Exception as exc:
                 self._last_error = exc
@@ -159,15 +159,24 @@ class Catalog:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._retry_max_s)
 
-    async def _watch(self, kv: KeyValue, ttl: float) -> None:
+    async def _watch(self, kv: KeyValue, ttl: float, last_seq: int) -> None:
         """Follow one watch until it ends. Entries are collected in ``fresh`` and
-        published whole once the initial values are in, then one change at a time."""
+        published whole once the initial values are in, then one change at a time.
+
+        The initial values are in once the watch has delivered the bucket's last
+        message as of before it opened (``last_seq``), or that message is gone. The
+        watch's own end-of-initial-values marker is not enough: nats-py sends it when
+        the consumer has nothing pending and its callback has seen nothing yet, which
+        is also true when the server has already pushed every value to a busy client.
+        """
         loop = asyncio.get_running_loop()
         reconnects = self._nc.stats["reconnects"]
         watcher = await kv.watchall()
         fresh: dict[str, ToolSpec] = {}
         lapses: dict[str, float] = {}  # key -> loop time at which it expires
         initial = True
+        reached = last_seq == 0  # the watch delivered the last message there was
+        marked = False  # nats-py said the initial values were in
         try:
             while True:
                 raise_if_cancelled()  # nats-py may have swallowed a cancel
@@ -184,17 +193,23 @@ class Catalog:
                         del lapses[key]
                         fresh.pop(key, None)
                         log.info("catalog entry expired key=%s", key)
+                    if initial and marked and await _gone(kv, last_seq):
+                        initial = False
+                        self._last_error = None
                     if not initial:
                         await self._publish(fresh)
                     continue
                 except StopAsyncIteration:
                     log.info("catalog watch ended; watching again bucket=%s", self.bucket)
                     return
-                if entry is None:  # the initial values are in
-                    initial = False
-                    self._last_error = None
-                    await self._publish(fresh)
+                if entry is None:
+                    marked = True
+                    if initial and (reached or await _gone(kv, last_seq)):
+                        initial = False
+                        self._last_error = None
+                        await self._publish(fresh)
                     continue
+                reached = reached or entry.revision >= last_seq
                 key = entry.key
                 spec = _spec(key, entry.operation, entry.value)
                 if spec is None:
@@ -205,6 +220,9 @@ class Catalog:
                     if ttl > 0:
                         age = _age(entry.created) if initial else 0.0
                         lapses[key] = loop.time() + ttl - min(max(age, 0.0), ttl)
+                if initial and reached:  # everything the bucket held is in
+                    initial = False
+                    self._last_error = None
                 if not initial:
                     await self._publish(fresh)
         finally:
@@ -228,6 +246,13 @@ class Catalog:
 
 
 _FIRST = asyncio.FIRST_COMPLETED
+
+
+async def _gone(kv: KeyValue, seq: int) -> bool:
+    """Whether the bucket no longer holds its message ``seq`` (it expired or was replaced
+    together with every older one), so a watch will never deliver it."""
+    state = (await kv.status()).stream_info.state
+    return state.messages == 0 or state.first_seq > seq
 
 
 def _spec(key: str, operation: str | None, value: bytes | None) -> ToolSpec | None:

@@ -46,6 +46,22 @@ async def test_a_tool_put_after_the_first_load_is_offered_at_once(nc):
         assert catalog.watches == 1  # a watch, not re-reads
 
 
+async def test_the_first_load_holds_every_tool_though_the_client_is_slow_to_read(nc):
+    """nats-py marks a watch's initial values as in when the consumer has nothing
+    pending and its callback has seen nothing: also true when the server has pushed
+    every value to a client that has not read them yet. The first load waits for the
+    last value there was instead."""
+    await provision_catalog(nc)
+    kv = await nc.jetstream().key_value(BUCKET)
+    names = [f"t{i}" for i in range(300)]
+    for name in names:
+        await kv.put(catalog_key("local", name), encode(spec(name)))
+    for _ in range(5):
+        async with Catalog(nc, BUCKET) as catalog:
+            await catalog.loaded()
+            assert len(catalog.specs()) == len(names)
+
+
 async def test_a_deleted_or_purged_tool_is_withdrawn(nc):
     await provision_catalog(nc)
     for name in ("a", "b", "c"):
