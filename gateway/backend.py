@@ -18,6 +18,7 @@ from nats.js import api as js_api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from loopmesh.jetstream import kv_values
 from schemas import (
     ApprovalDecision,
     Control,
@@ -101,25 +102,19 @@ class Backend:
 
     async def sessions(self, tenant: str) -> list[SessionSnapshot]:
         """The tenant's sessions (at most :data:`MAX_LISTED_SESSIONS`), newest first."""
-        kv = await self._bucket(self.subjects.sessions_bucket)
+        bucket = self.subjects.sessions_bucket
+        await self._bucket(bucket)
+        values = await self._call(
+            "list sessions", kv_values(self.js, bucket, f"{tenant}.*", timeout=self.timeout)
+        )
         found: list[SessionSnapshot] = []
-        watcher = await self._call("list sessions", kv.watch(f"{tenant}.*", ignore_deletes=True))
-        try:
-            async with asyncio.timeout(self.timeout):
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if entry.value and len(found) < MAX_LISTED_SESSIONS:
-                        try:
-                            found.append(decode(entry.value, SessionSnapshot))
-                        except DecodeError:
-                            continue
-        except TimeoutError:
-            raise Unavailable("NATS did not answer in time (list sessions)") from None
-        finally:
-            await watcher.stop()
+        for value in values.values():
+            try:
+                found.append(decode(value, SessionSnapshot))
+            except DecodeError:
+                continue
         found.sort(key=lambda s: s.updated_at, reverse=True)
-        return found
+        return found[:MAX_LISTED_SESSIONS]
 
     # -- turns and controls -----------------------------------------------------------
 
@@ -156,23 +151,15 @@ class Backend:
     # -- catalog ----------------------------------------------------------------------
 
     async def tools(self) -> list[ToolSpec]:
-        kv = await self._bucket(self.subjects.catalog_bucket)
+        bucket = self.subjects.catalog_bucket
+        await self._bucket(bucket)
+        values = await self._call("list tools", kv_values(self.js, bucket, timeout=self.timeout))
         specs: list[ToolSpec] = []
-        watcher = await self._call("list tools", kv.watchall(ignore_deletes=True))
-        try:
-            async with asyncio.timeout(self.timeout):
-                async for entry in watcher:
-                    if entry is None:
-                        break
-                    if entry.value:
-                        try:
-                            specs.append(decode(entry.value, ToolSpec))
-                        except DecodeError:
-                            continue
-        except TimeoutError:
-            raise Unavailable("NATS did not answer in time (list tools)") from None
-        finally:
-            await watcher.stop()
+        for value in values.values():
+            try:
+                specs.append(decode(value, ToolSpec))
+            except DecodeError:
+                continue
         specs.sort(key=lambda s: (s.server, s.name))
         return specs
 

@@ -26,7 +26,8 @@ once. Operations retried this way must be idempotent: publishes carry a
 ``Nats-Msg-Id``, KV writes check revisions.
 
 **Small helpers.** :func:`worker_name` names a worker process (its consumer name, its
-lease holder); :func:`quietly` awaits an ack, nak or flush whose failure changes nothing.
+lease holder); :func:`kv_values` reads a KV bucket whole; :func:`quietly` awaits an
+ack, nak or flush whose failure changes nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import asyncio
 import logging
 import os
 import random
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +48,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 
 log = logging.getLogger("loopmesh.jetstream")
 
@@ -356,6 +360,51 @@ class KV:
                 raise wrong from None
             raise
         return ack.seq
+
+
+async def kv_values(
+    js: JetStreamContext, bucket: str, keys: str = ">", *, timeout: float = 5.0
+) -> dict[str, bytes]:
+    """Every live key matching ``keys`` in ``bucket`` with its value, as of the call.
+
+    A consumer that starts at each key's last revision, whose creation says how many
+    messages it has to deliver, fetched until that many are in. (A KV watch cannot say
+    when its initial values are in: nats-py marks them done early when the server has
+    already pushed every value to a busy client.) Keys whose last revision lapses while
+    being read are left out."""
+    stream, prefix = f"KV_{bucket}", f"$KV.{bucket}."
+    config = ConsumerConfig(
+        name=f"snapshot-{secrets.token_hex(8)}",
+        filter_subject=prefix + keys,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+        mem_storage=True,
+        inactive_threshold=max(timeout, 5.0),
+    )
+    info = await js.add_consumer(stream, config)
+    values: dict[str, bytes] = {}
+    try:
+        pending = info.num_pending or 0
+        sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+        try:
+            while pending > 0:
+                try:
+                    msgs = await sub.fetch(min(pending, 256), timeout=timeout)
+                except nats.errors.TimeoutError:
+                    break  # the rest lapsed
+                for msg in msgs:
+                    pending = min(pending - 1, msg.metadata.num_pending)
+                    key = msg.subject[len(prefix) :]
+                    headers = msg.headers or {}
+                    if headers.get("KV-Operation") or headers.get("Nats-Marker-Reason"):
+                        values.pop(key, None)
+                    else:
+                        values[key] = msg.data
+        finally:
+            await quietly(sub.unsubscribe())
+    finally:
+        await quietly(js.delete_consumer(stream, info.name))
+    return values
 
 
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.

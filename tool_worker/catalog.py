@@ -13,10 +13,11 @@ import logging
 import time
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import kv_values
 from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
 
 from .registry import Registry
@@ -97,20 +98,10 @@ class Catalog:
 
 async def read_catalog(js: JetStreamContext, subjects: Subjects) -> list[ToolSpec]:
     """Every spec in the catalog, sorted by pool, server and name."""
-    kv = await js.key_value(subjects.catalog_bucket)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
     specs = []
-    for key in keys:
+    for key, value in (await kv_values(js, subjects.catalog_bucket)).items():
         try:
-            entry = await kv.get(key)
-        except (KeyNotFoundError, KeyDeletedError):
-            continue  # expired between listing and reading
-        if entry.value:
-            try:
-                specs.append(decode(entry.value, ToolSpec))
-            except DecodeError as exc:
-                log.warning("skipping unreadable catalog entry %s: %s", key, exc)
+            specs.append(decode(value, ToolSpec))
+        except DecodeError as exc:
+            log.warning("skipping unreadable catalog entry %s: %s", key, exc)
     return sorted(specs, key=lambda s: (s.pool, s.server, s.name))
