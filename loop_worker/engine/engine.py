@@ -35,6 +35,7 @@ from schemas.events import (
     Message,
     PlanUpdate,
     Question,
+    TurnAccepted,
 )
 
 from .control import TurnControl
@@ -198,6 +199,8 @@ class _Run:
         scope, e = self.scope, self.e
         start = self.snapshot.iteration + 1 if self.resumed else 1
         scope.iteration = start - 1
+        if not self.resumed:  # what was asked, for whoever watches only the events
+            await scope.emit(TurnAccepted, input=self.turn.input)
         await scope.emit(
             LoopStart,
             max_iterations=self.limit,

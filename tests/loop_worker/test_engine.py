@@ -41,6 +41,7 @@ async def test_task_completion_ends_the_turn_with_its_result_and_the_events_in_o
         end = await rig.run()
     assert (end.reason, end.content, end.iterations) == ("task_completion", "The answer is 42.", 1)
     assert rig.types == [
+        "turn_accepted",
         "loop_start",
         "loop_iteration",
         "context_budget",

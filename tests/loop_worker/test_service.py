@@ -75,7 +75,7 @@ async def test_a_turn_runs_to_its_end_and_is_acked_once_its_events_are_stored(me
     assert (tmp_path / "n").read_text() == "a\n"
     await _until(lambda: turns_left(mesh.nc), 0, timeout=5)
     stored = [e.type for e, _ in await stream_events(mesh.nc, "acme", "s1")]
-    assert stored.count("loop_end") == 1 and stored[0] == "loop_start"
+    assert stored.count("loop_end") == 1 and stored[:2] == ["turn_accepted", "loop_start"]
     assert stored.count("tool_result") == 2  # count, then task_completion
     kv = await mesh.nc.jetstream().key_value(SUBJECTS.sessions_bucket)
     snapshot = decode((await kv.get("acme.s1")).value, SessionSnapshot)
@@ -236,6 +236,7 @@ async def test_an_approval_sent_while_no_worker_runs_is_seen_after_the_restart(m
     assert end.reason == "task_completion"
     assert (tmp_path / "g").read_text() == "a\n"
     assert [e.resumed for e in watch.of("loop_start")] == [False, True]
+    assert len(watch.of("turn_accepted")) == 1  # said once, not again on resume
 
 
 async def test_a_cancel_sent_while_no_worker_runs_ends_the_turn_when_it_is_picked_up(
