@@ -434,6 +434,24 @@ class View {
       case "content_delta":
         this.stream(turn, e.iteration, "text").append(e.text);
         break;
+      case "retract": {
+        // The reply streamed so far in this iteration was discarded: drop its text.
+        let dropped = false;
+        for (const kind of ["text", "thinking"]) {
+          const key = `${kind}:${e.iteration}`;
+          const node = turn.parts.get(key);
+          if (node) {
+            node.remove();
+            turn.parts.delete(key);
+            dropped = true;
+          }
+        }
+        if (dropped) {
+          const why = e.reason === "retry" ? "the model call is made again" : "it was not the answer";
+          this.line(turn, "retracted", `A reply was taken back: ${why}.`);
+        }
+        break;
+      }
       case "tool_call": {
         if (e.server === "loop" && HIDDEN_BUILTINS.has(e.tool)) break;
         const card = this.card(e);

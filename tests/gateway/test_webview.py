@@ -20,7 +20,7 @@ import pytest
 
 from gateway.server import GatewayServer
 from loopmesh.testing.durable import connect_fast, stream_events, wait_for
-from loopmesh.testing.fake_llm import FakeLLM, error, tool_calls
+from loopmesh.testing.fake_llm import FakeLLM, error, text, tool_calls
 from loopmesh.testing.fake_replies import auto
 from tests.gateway.conftest import ACME_KEY, GatewayFactory
 from tests.gateway.proxy import Proxy
@@ -299,6 +299,31 @@ async def test_model_output_is_shown_as_text_never_as_markup(
         async with httpx.AsyncClient(base_url=gw.url) as client:
             r = await client.get("/")
         assert "script-src 'self'" in r.headers["content-security-policy"]
+
+
+async def test_text_taken_back_is_dropped_and_a_reloaded_page_shows_what_was_asked(
+    mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any
+):
+    llm.script(
+        text("Here is a draft that calls no tool"),  # nudged: the loop asks again
+        tool_calls(("task_completion", {"result": "the real answer"})),
+    )
+    async with gateway_at(no_auth=True) as gw:
+        await page.goto(gw.url)
+        await page.locator("#new-session").click()
+        await _selected_session(page)
+        await page.locator("#input").fill("draft something")
+        await page.locator("#input").press("Control+Enter")
+        await page.locator(".final").wait_for()
+        await page.locator(".line.retracted").wait_for()
+        assert "draft that calls no tool" not in await page.locator("#timeline").inner_text()
+
+        # a fresh page knows the input only from the events (turn_accepted)
+        await page.reload()
+        await page.locator(".final").wait_for()
+        assert await page.locator(".user").text_content() == "draft something"
+        assert await page.locator(".line.retracted").count() == 1
+        assert "draft that calls no tool" not in await page.locator("#timeline").inner_text()
 
 
 async def test_the_page_and_its_assets_are_served_with_a_strict_policy(
