@@ -11,8 +11,9 @@ last id it got misses nothing and gets nothing twice.
 A client that reads too slowly fills its bounded buffer: the feed drops it, the stream
 sends what it holds, ends with a ``cut`` event, and the client resumes by
 ``Last-Event-ID``. Nothing it does slows the other clients or the workers. A client that
-asks for history older than the oldest event kept gets a ``trimmed`` event first. An
-idle stream gets a ``: keepalive`` comment when its writer asks (:meth:`keepalive`).
+asks for history older than the oldest event kept gets a ``trimmed`` event first, and
+one that asked for history a ``caught_up`` event once all of it is sent. An idle
+stream gets a ``: keepalive`` comment when its writer asks (:meth:`keepalive`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ class Trimmed(msgspec.Struct, frozen=True, kw_only=True):
 
     requested: int
     first_available: int
+    message: str
+
+
+class CaughtUp(msgspec.Struct, frozen=True, kw_only=True):
+    """Every stored event the client asked for has been sent; live ones follow."""
+
+    last_id: int
     message: str
 
 
@@ -147,6 +155,12 @@ class EventStream:
                 if self._overflowed:
                     replayed = False  # what the feed holds is past a gap: not sent
                     break
+        if replayed and self._after is not None:
+            last = max(self._join, self._after)
+            caught_up = CaughtUp(
+                last_id=last, message=f"history up to {last} sent; live events follow"
+            )
+            yield item(None, "caught_up", msgspec.json.encode(caught_up)).frame
         while replayed:
             if self._live:
                 items = list(self._live)

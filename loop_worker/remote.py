@@ -288,8 +288,6 @@ class GatewayRemote:
     """The gateway's HTTP API (docs/GATEWAY.md). A dropped or cut event stream is
     resumed with ``Last-Event-ID``, so nothing is missed or repeated."""
 
-    #: Without --follow, the stored events are read until none came for this long.
-    IDLE_S = 1.0
     #: Reconnects of an event stream in a row that bring nothing new, before giving up.
     RETRIES = 5
 
@@ -319,7 +317,7 @@ class GatewayRemote:
         events_url = httpx.URL(posted["events_url"])
         since = events_url.params.get("since")
         async for item in self._stream(
-            turn.session, after=int(since) if since else None, turn=posted["turn_id"], idle=None
+            turn.session, after=int(since) if since else None, turn=posted["turn_id"]
         ):
             yield item
 
@@ -328,7 +326,7 @@ class GatewayRemote:
     ) -> AsyncIterator[Item]:
         return self._stream(
             session, after=0 if after is None else after, turn=turn,
-            idle=None if follow else self.IDLE_S,
+            until_caught_up=not follow,
         )  # fmt: skip
 
     async def send(self, control: Control) -> None:
@@ -358,8 +356,10 @@ class GatewayRemote:
         return r.json()
 
     async def _stream(
-        self, session: str, *, after: int | None, turn: str | None, idle: float | None
+        self, session: str, *, after: int | None, turn: str | None, until_caught_up: bool = False
     ) -> AsyncIterator[Item]:
+        """The session's events after ``after``, resumed across cuts and dropped
+        connections; with ``until_caught_up``, only those stored when it was called."""
         last, fruitless = after, 0
         params = {"turn": turn} if turn else {}
         while True:
@@ -371,9 +371,9 @@ class GatewayRemote:
                 ) as r:
                     if r.status_code >= 400:
                         raise _refused(r, await r.aread())
-                    async for item in _sse(r, idle):
-                        if item is None:
-                            return  # quiet for `idle`: all that is stored has come
+                    async for item in _sse(r):
+                        if item.type == "caught_up" and until_caught_up:
+                            return  # all that was stored has come
                         if item.type == "cut":
                             break  # fell behind: resume after the last id
                         got = True
@@ -402,21 +402,12 @@ def _refused(r: httpx.Response, body: bytes) -> RemoteError:
     )
 
 
-async def _sse(r: httpx.Response, idle: float | None) -> AsyncIterator[Item | None]:
-    """The messages of an SSE response as items; None once ``idle`` passed without one."""
-    lines = r.aiter_lines()
+async def _sse(r: httpx.Response) -> AsyncIterator[Item]:
+    """The messages of an SSE response as items."""
     kind: str = "message"
     seq: int | None = None
     data: list[str] = []
-    while True:
-        try:
-            async with asyncio.timeout(idle):
-                line = await anext(lines)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            yield None
-            return
+    async for line in r.aiter_lines():
         if line == "":
             if data:
                 yield Item(seq, kind, "\n".join(data).encode())

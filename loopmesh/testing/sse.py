@@ -21,15 +21,18 @@ class Message:
         return json.loads(self.data)
 
 
-async def messages(response: httpx.Response, *, comments: bool = False) -> AsyncIterator[Message]:
-    """The SSE messages of ``response``; with ``comments``, comment-only blocks too."""
+async def messages(
+    response: httpx.Response, *, comments: bool = False, caught_up: bool = False
+) -> AsyncIterator[Message]:
+    """The SSE messages of ``response``; with ``comments``, comment-only blocks too; with
+    ``caught_up``, the gateway's ``caught_up`` notice too (most tests read events only)."""
     current = Message()
     data: list[str] = []
     async for line in response.aiter_lines():
         if line == "":
             if data or (current.comments and comments):
                 current.data = "\n".join(data)
-                if data or comments:
+                if (data or comments) and (caught_up or current.event != "caught_up"):
                     yield current
             current, data = Message(), []
             continue

@@ -66,6 +66,23 @@ async def test_history_streams_with_the_stream_sequence_as_id_and_the_type_as_ev
     assert [m.json()["iteration"] for m in got] == [0, 1, 2]
 
 
+async def test_a_stream_that_asked_for_history_says_when_it_has_all_of_it(
+    client: httpx.AsyncClient, nc: Client
+):
+    await client.post("/v1/sessions", json={"session": "s1"})
+    seqs = await publish(nc, 300)  # more than one replay batch
+    async with client.stream("GET", "/v1/sessions/s1/events", params={"since": 0}) as r:
+        reader = messages(r, caught_up=True)
+        async with asyncio.timeout(30):
+            got = [await anext(reader) for _ in range(301)]
+            assert [m.id for m in got[:300]] == [str(s) for s in seqs]
+            assert got[300].event == "caught_up" and got[300].id is None
+            assert got[300].json()["last_id"] == seqs[-1]
+            live = await publish(nc, 1)
+            after = await anext(reader)
+    assert (after.event, after.id) == ("content_delta", str(live[0]))
+
+
 async def test_new_events_arrive_live_and_since_skips_what_was_seen(
     client: httpx.AsyncClient, nc: Client
 ):
