@@ -208,6 +208,22 @@ class HookErrorEvent(Event, tag="hook_error", frozen=True, kw_only=True):
     fatal: bool = False
 
 
+class OrchestratorFallback(Event, tag="orchestrator_fallback", frozen=True, kw_only=True):
+    """An orchestrated turn (``mode = "orchestrator"``) goes on in the ordinary
+    single-model loop, with the finished steps' results in its prompt.
+
+    ``reason``: ``plan_unparseable`` (the planner's reply is no valid plan),
+    ``plan_failed`` (the planner could not be reached), ``step_failed`` (a step failed
+    past its retries; ``step`` names it) or ``synthesis_failed``. ``message`` says why
+    in words; ``finished``: how many steps had finished.
+    """
+
+    reason: str = ""
+    message: str = ""
+    step: str = ""
+    finished: int = 0
+
+
 class Paused(Event, tag="paused", frozen=True, kw_only=True):
     pass
 
@@ -273,6 +289,7 @@ AnyEvent = (
     | Resumed
     | Retract
     | HookErrorEvent
+    | OrchestratorFallback
     | LoopEnd
     | Error
 )

@@ -34,8 +34,34 @@ PlanStatus = Literal["pending", "in_progress", "done", "skipped"]
 
 
 class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a plan. ``id`` and ``result`` are set by the orchestrator (``mode =
+    "orchestrator"``): the step's id in the planner's plan and what its executor found,
+    which the synthesis reads."""
+
     title: str
     status: PlanStatus = "pending"
+    id: str = ""
+    result: str = ""
+
+
+OrchestratorPhase = Literal["execute", "synthesize", "fallback"]
+
+
+class OrchestratorState(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where an orchestrated turn is (``SessionSnapshot.orchestrator``), checkpointed
+    with every step: the plan itself is ``SessionSnapshot.plan``.
+
+    ``step``: the index of the step in progress; ``messages``: its executor's
+    conversation so far (the step's pending calls are ``SessionSnapshot.pending``);
+    ``attempt``: its failed attempts. ``fallback``: the turn went on in the ordinary
+    loop after ``offset`` iterations of the orchestrator.
+    """
+
+    phase: OrchestratorPhase = "execute"
+    step: int = 0
+    messages: tuple[ChatMessage, ...] = ()
+    attempt: int = 0
+    offset: int = 0
 
 
 class PendingCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -81,3 +107,5 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: tool calls it has made, so a resumed turn keeps counting against its limits.
     turn_started_at: Timestamp = 0.0
     turn_tool_calls: int = 0
+    #: An orchestrated turn in progress (``None`` for the ordinary loop).
+    orchestrator: OrchestratorState | None = None

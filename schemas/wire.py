@@ -24,6 +24,9 @@ class WireError(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ToolFailureMode = Literal["continue", "fail"]
+LoopMode = Literal["loop", "orchestrator"]
+#: A model name as an OpenAI-compatible server takes it (``org/model:tag`` and the like).
+ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S+$")]
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +62,13 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: ``continue``: a failed tool call's error goes to the model; ``fail``: the turn
     #: ends with reason ``tool_failed``.
     tool_failure: ToolFailureMode | None = None
+    #: ``orchestrator``: a planner model plans, an executor model runs each step, the
+    #: planner writes the answer; ``loop``: the single-model loop. ``None``: ``[loop] mode``.
+    mode: LoopMode | None = None
+    #: The orchestrator's models for this turn; ``None``: ``[loop] planner_model`` /
+    #: ``executor_model``, then the turn's ``model``.
+    planner_model: ModelName | None = None
+    executor_model: ModelName | None = None
 
     @property
     def msg_id(self) -> str:

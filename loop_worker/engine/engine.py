@@ -42,9 +42,10 @@ from .control import TurnControl
 from .hooks import Hooks
 from .inference import Conversation, Inference
 from .limits import Limits
+from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
 from .prompt import BUILTIN_SERVER, builtin_specs, load_prompts, loop_message
-from .protocols import LLM, EventSink, SessionStore, ToolDispatcher
+from .protocols import LLM, EventSink, SessionStore, ToolDispatcher, ToolSelector, all_tools
 from .scope import End, TurnCancelled, TurnDeadline, TurnScope
 from .settings import LLMSettings, LoopSettings
 from .tokens import TokenCounter
@@ -73,6 +74,7 @@ class Engine:
         clock: Callable[[], float] = time.time,
         fallback_message: str | None = None,
         worker: str = "",
+        select_tools: ToolSelector | None = None,
     ) -> None:
         self.settings = settings
         self.llm = llm
@@ -87,6 +89,7 @@ class Engine:
         self.prompts = load_prompts()
         self.fallback_message = fallback_message or LLMSettings().fallback_message
         self.worker = worker
+        self.select_tools = select_tools or all_tools  # the orchestrator's per-step tools
 
     def counter_for(self, model: str | None) -> TokenCounter:
         """A token counter for one turn of ``model``. Its per-message cache is shared
@@ -135,8 +138,12 @@ class _Run:
                 iteration=0,
                 turn_started_at=scope.clock(),
                 turn_tool_calls=0,
+                orchestrator=None,
             )
         self.limits = Limits.of(self.turn, self.settings)
+        state = self.snapshot.orchestrator
+        if state is not None and state.phase == "fallback":  # its iterations came first
+            self.limit = self.conversation.limit = self.limit + state.offset
         if self.limits.deadline_s is not None:  # a resumed turn keeps its first start
             started = self.snapshot.turn_started_at or scope.clock()
             scope.deadline = started + self.limits.deadline_s
@@ -239,6 +246,13 @@ class _Run:
             builtin=self._builtin,
             parallel=self.limits.max_parallel_tools,
         )
+        if self._orchestrated():
+            end = await self._orchestrate(inference, runner, names)
+            if end is not None:
+                return end
+            # fell back: the ordinary loop goes on after the orchestrator's iterations
+            self.limit = self.conversation.limit = self.limit + self.snapshot.iteration
+            start = self.snapshot.iteration + 1
         if self.snapshot.pending:  # the model answered before the last worker stopped
             scope.check()
             scope.iteration = start
@@ -260,6 +274,40 @@ class _Run:
         text = e.prompts.nudges.max_iterations.strip().format(iterations=self.limit)
         await scope.emit(Error, code="max_iterations", message=text, fatal=False)
         return End("max_iterations", content=text)
+
+    def _orchestrated(self) -> bool:
+        """A turn in ``orchestrator`` mode that has not fallen back to this loop."""
+        if (self.turn.mode or self.settings.mode) != "orchestrator":
+            return False
+        state = self.snapshot.orchestrator
+        return state is None or state.phase != "fallback"
+
+    async def _orchestrate(
+        self, inference: Inference, runner: ToolRunner, names: ToolNames
+    ) -> End | None:
+        """Plan, execute, synthesize (see ``orchestrator.py``); ``None``: fell back."""
+        e, s, turn = self.e, self.settings, self.turn
+        model = turn.model or e.model
+
+        async def save(iteration: int) -> None:
+            await self._checkpoint(iteration=iteration)
+
+        return await Orchestrator(
+            llm=e.llm,
+            hooks=e.hooks,
+            settings=s,
+            prompts=e.prompts,
+            scope=self.scope,
+            names=names,
+            runner=runner,
+            limits=self.limits,
+            run=self.conversation,
+            inference=inference,
+            select_tools=e.select_tools,
+            planner=turn.planner_model or s.planner_model or model,
+            executor=turn.executor_model or s.executor_model or model,
+            save=save,
+        ).run()
 
     async def _iteration(
         self, iteration: int, inference: Inference, runner: ToolRunner, names: ToolNames

@@ -2,6 +2,7 @@
 
 LoopWorkerError
 ├── LLMError               every attempt of every model failed (``.attempts``, ``.last``)
+├── PlanError              the planner's reply is no valid plan (orchestrator mode)
 ├── StaleSessionError      a checkpoint lost a revision race (``.key``)
 └── ToolFormatError        model output in the text tool format could not be read
     ├── ToolParseError     the ``<tool>`` body is not JSON (``.text``)
@@ -20,6 +21,10 @@ class LLMError(LoopWorkerError):
         super().__init__(message)
         self.attempts = attempts
         self.last = last
+
+
+class PlanError(LoopWorkerError):
+    """The planner's reply holds no valid plan; the message says what was wrong."""
 
 
 class StaleSessionError(LoopWorkerError):

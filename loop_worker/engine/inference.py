@@ -224,10 +224,16 @@ class Inference:
     # -- the LLM call -----------------------------------------------------------------
 
     async def complete(
-        self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]]
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[dict[str, Any]],
+        *,
+        model: str | None = None,
     ) -> tuple[Completion, str]:
-        """One streamed call; returns the completion and its content without thinking."""
+        """One streamed call (to ``model``, else the turn's); returns the completion
+        and its content without thinking."""
         scope = self.scope
+        model = model or self.model
         stream = _Stream()
 
         async def on_delta(text: str) -> None:
@@ -247,7 +253,7 @@ class Inference:
         messages = await self.hooks.before_llm(list(messages))
         await scope.emit(
             LLMRequest,
-            model=self.model or "",
+            model=model or "",
             messages=len(messages),
             tokens=self.tokens,
             tools=len(tools),
@@ -256,7 +262,7 @@ class Inference:
             self.llm.complete(
                 messages,
                 tools=tools,
-                model=self.model or None,
+                model=model or None,
                 on_delta=on_delta,
                 on_retry=on_retry,
             )
@@ -270,7 +276,7 @@ class Inference:
         content, _ = split_thinking(completion.content)
         await scope.emit(
             LLMResponse,
-            model=completion.model or self.model or "",
+            model=completion.model or model or "",
             content=content[: self.settings.message_max_chars],
             tool_calls=len(completion.tool_calls),
             finish_reason=completion.finish_reason,

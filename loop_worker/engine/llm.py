@@ -70,7 +70,14 @@ def _to_openai(m: ChatMessage) -> dict[str, Any]:
 
 
 class OpenAILLM:
-    """``async with OpenAILLM(settings) as llm: await llm.complete(messages)``."""
+    """``async with OpenAILLM(settings) as llm: await llm.complete(messages)``.
+
+    It also takes ``response_format`` (``{"type": "json_schema", ...}``), passed on to
+    servers that constrain their output (the orchestrator's planner asks for its plan
+    this way): :attr:`accepts_response_format` says so to the engine.
+    """
+
+    accepts_response_format = True
 
     def __init__(
         self,
@@ -100,6 +107,7 @@ class OpenAILLM:
         model: str | None = None,
         on_delta: OnDelta | None = None,
         on_retry: OnRetry | None = None,
+        response_format: dict[str, Any] | None = None,
     ) -> Completion:
         s = self.settings
         models = list(dict.fromkeys([model or s.model, *s.fallback_models]))
@@ -113,7 +121,7 @@ class OpenAILLM:
             for attempt in range(1, s.max_retries + 2):
                 attempts += 1
                 try:
-                    return await self._attempt(name, payload, tools, on_delta)
+                    return await self._attempt(name, payload, tools, on_delta, response_format)
                 except (openai.APIError, StreamCutError) as exc:
                     last = exc
                     if not _retryable(exc) or attempt > s.max_retries:
@@ -135,6 +143,7 @@ class OpenAILLM:
         messages: list[dict[str, Any]],
         tools: Sequence[dict[str, Any]],
         on_delta: OnDelta | None,
+        response_format: dict[str, Any] | None = None,
     ) -> Completion:
         s = self.settings
         started = time.perf_counter()
@@ -146,6 +155,7 @@ class OpenAILLM:
             tools=cast(Any, list(tools)) if tools else openai.omit,
             temperature=openai.omit if s.temperature is None else s.temperature,
             max_tokens=openai.omit if s.max_tokens is None else s.max_tokens,
+            response_format=cast(Any, response_format) if response_format else openai.omit,
         )
         content: list[str] = []
         calls = ToolCallAssembler()

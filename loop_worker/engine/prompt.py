@@ -77,12 +77,24 @@ class Builtin(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     parameters: dict[str, Any]
 
 
+class OrchestratorPrompts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    planner: str
+    executor: str
+    step: str
+    no_results: str
+    result_line: str
+    synthesis: str
+    results: str
+    fallback: str
+
+
 class Prompts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     system: SystemSections
     turn: TurnSections
     nudges: Nudges
     patterns: Patterns
     builtin: tuple[Builtin, ...]
+    orchestrator: OrchestratorPrompts
 
 
 @cache

@@ -51,6 +51,20 @@ class LLM(Protocol):
         ...
 
 
+class ToolSelector(Protocol):
+    """Narrows the tools offered for one piece of work (an orchestrator step): returns
+    those of ``tools`` that suit ``text``. The default offers them all; a pre-filter
+    (embedding similarity, say) plugs in here. Tools it returns that were not among
+    ``tools`` are ignored."""
+
+    async def __call__(self, text: str, tools: Sequence[ToolSpec]) -> Sequence[ToolSpec]: ...
+
+
+async def all_tools(text: str, tools: Sequence[ToolSpec]) -> Sequence[ToolSpec]:
+    """The default :class:`ToolSelector`: every tool."""
+    return tools
+
+
 class ToolDispatcher(Protocol):
     async def tools(self) -> Sequence[ToolSpec]:
         """The tools the model may call (local and MCP, from every pool)."""

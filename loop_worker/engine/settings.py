@@ -59,6 +59,14 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None  # per turn; None: no cap
     max_parallel_tools: Annotated[int, msgspec.Meta(ge=1)] = 8  # per iteration; the rest queue
     tool_failure: Literal["continue", "fail"] = "continue"  # fail: end the turn (tool_failed)
+    # The dual-model orchestrator (see orchestrator.py), the default of Turn.mode and
+    # its models. A model left None is the turn's model, then [llm] model.
+    mode: Literal["loop", "orchestrator"] = "loop"
+    planner_model: str | None = None
+    executor_model: str | None = None
+    plan_max_steps: Annotated[int, msgspec.Meta(ge=1, le=50)] = 8
+    step_max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 6  # executor calls per step
+    step_retries: Count = 1  # a failed step is tried again this often, then: fallback
 
     def __post_init__(self) -> None:
         if self.context_budget_tokens - self.reply_reserve_tokens < 128:

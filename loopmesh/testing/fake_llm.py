@@ -2,9 +2,10 @@
 
 ``POST /v1/chat/completions`` answers each request with the next scripted reply (SSE
 chunks shaped like OpenAI's when ``stream`` is true, one JSON object otherwise);
-``GET /v1/models`` lists ``models``. Replies are built with :func:`text`,
-:func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty` and
-:func:`auto`. ``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
+:meth:`FakeLLM.script_for` scripts the replies to one model (a planner and an executor,
+say) apart from the rest. ``GET /v1/models`` lists ``models``. Replies are built with
+:func:`text`, :func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty`
+and :func:`auto`. ``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
 same app in its own process, answering in ``auto`` mode once the script is spent.
 """
 
@@ -122,6 +123,7 @@ class FakeLLM:
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0  # requests whose client went away before the reply ended
         self._script: list[Reply] = list(replies)
+        self._by_model: dict[str, list[Reply]] = {}
         self._changed = asyncio.Condition()
         self._closing = asyncio.Event()
         self._ids = itertools.count(1)
@@ -144,6 +146,13 @@ class FakeLLM:
     def script(self, *replies: Reply) -> None:
         """Queue replies; each request takes the next one."""
         self._script.extend(replies)
+
+    def script_for(self, model: str, *replies: Reply) -> None:
+        """Queue replies for requests naming ``model``; they go before the shared script."""
+        self._by_model.setdefault(model, []).extend(replies)
+
+    def requests_for(self, model: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r.get("model") == model]
 
     async def wait_requests(self, n: int, timeout: float = 5) -> None:
         """Return once ``n`` requests have arrived; ``TimeoutError`` after ``timeout``."""
@@ -199,7 +208,11 @@ class FakeLLM:
         async with self._changed:
             self.requests.append(body)
             self._changed.notify_all()
-        reply = self._script.pop(0) if self._script else self.default
+        own = self._by_model.get(str(body.get("model")))
+        if own:
+            reply: Reply | None = own.pop(0)
+        else:
+            reply = self._script.pop(0) if self._script else self.default
         if reply is None:
             return JSONResponse(_error_body("script exhausted", 500), status_code=500)
         if isinstance(reply, Auto):
