@@ -8,7 +8,7 @@ a 400 with the path of the bad field), not by the types, so the two answers diff
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -34,13 +34,18 @@ class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A user turn. ``tools`` limits the turn to these tools (default: every tool)."""
+    """A user turn. ``tools`` limits the turn to these tools (default: every tool).
+    ``mode``, ``planner_model`` and ``executor_model`` choose the dual-model
+    orchestrator for this turn (default: the deployment's ``[loop]`` settings)."""
 
     input: str
     instructions: str | None = None
     model: str | None = None
     max_iterations: int | None = None
     tools: list[ToolName] | None = None
+    mode: Literal["loop", "orchestrator"] | None = None
+    planner_model: str | None = None
+    executor_model: str | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

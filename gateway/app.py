@@ -182,10 +182,17 @@ class Gateway:
         check_length(body.input, s.max_input_chars, "input")
         if body.instructions is not None:
             check_length(body.instructions, s.max_instructions_chars, "instructions")
-        if body.model is not None:
-            check_length(body.model, _MAX_MODEL_CHARS, "model")
-            if not body.model.strip():
-                raise Unprocessable("`model` must not be empty", field="model")
+        for field, model in (
+            ("model", body.model),
+            ("planner_model", body.planner_model),
+            ("executor_model", body.executor_model),
+        ):
+            if model is not None:
+                check_length(model, _MAX_MODEL_CHARS, field)
+                if not model.strip():
+                    raise Unprocessable(f"`{field}` must not be empty", field=field)
+                if field != "model" and model != "".join(model.split()):
+                    raise Unprocessable(f"`{field}` must not contain spaces", field=field)
         if body.max_iterations is not None and not 1 <= body.max_iterations <= s.max_iterations:
             raise Unprocessable(
                 f"`max_iterations` must be between 1 and {s.max_iterations}",
@@ -206,7 +213,8 @@ class Gateway:
         return Turn(
             id=turn_id, tenant=who.tenant, session=session, input=body.input,
             created_at=time.time(), instructions=body.instructions, model=body.model,
-            max_iterations=body.max_iterations, tools=tools,
+            max_iterations=body.max_iterations, tools=tools, mode=body.mode,
+            planner_model=body.planner_model, executor_model=body.executor_model,
         )  # fmt: skip
 
     # -- events -----------------------------------------------------------------------

@@ -39,6 +39,7 @@ from schemas.events import (
     LoopStart,
     Message,
     NoToolCall,
+    OrchestratorFallback,
     Paused,
     PlanUpdate,
     Question,
@@ -274,6 +275,11 @@ class Printer:
                 return f"  ☰ plan: {steps}"
             case NoToolCall():
                 return "  · the model answered without a tool call"
+            case OrchestratorFallback(reason=reason, message=message):
+                return (
+                    f"  ↪ the plan was given up ({reason}); the single-model loop goes on: "
+                    + _short(message, 300)
+                )
             case Message(content=content) if content.strip():
                 text = content.strip()
                 self._said.add(text)

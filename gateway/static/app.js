@@ -502,6 +502,9 @@ class View {
       case "plan_update":
         this.showPlan(e.plan);
         break;
+      case "orchestrator_fallback":
+        this.line(turn, "note", `The plan was given up (${e.reason}): ${e.message}. The single-model loop goes on.`);
+        break;
       case "context_budget":
         $("context").textContent = `${e.tokens} of ${e.budget} tokens`;
         break;
@@ -556,6 +559,7 @@ class View {
       const item = el("li", `step ${step.status}`);
       item.append(el("span", "step-mark", { done: "✓", in_progress: "▸", skipped: "–" }[step.status] || "○"),
         el("span", "step-title", step.title));
+      if (step.result) item.title = step.result;  // what the orchestrator's executor found
       item.dataset.status = step.status;
       list.append(item);
     }

@@ -60,7 +60,8 @@ async def test_a_posted_turn_is_published_with_jetstream_and_its_id_from_idempot
 ):
     body = {
         "input": "hello", "instructions": "be brief", "model": "m1", "max_iterations": 3,
-        "tools": ["local.echo", "count"],
+        "tools": ["local.echo", "count"], "mode": "orchestrator", "planner_model": "big/p:1",
+        "executor_model": "small-e",
     }  # fmt: skip
     r = await client.post("/v1/sessions/s1/turns", json=body, headers={"Idempotency-Key": "k-1"})
     assert r.status_code == 202, r.text
@@ -80,6 +81,9 @@ async def test_a_posted_turn_is_published_with_jetstream_and_its_id_from_idempot
     assert (turn.id, turn.tenant, turn.session, turn.input) == ("k-1", "acme", "s1", "hello")
     assert turn.instructions == "be brief" and turn.model == "m1" and turn.max_iterations == 3
     assert turn.tools == ("local.echo", "count")
+    assert (turn.mode, turn.planner_model, turn.executor_model) == (
+        "orchestrator", "big/p:1", "small-e",
+    )  # fmt: skip
     assert headers["Nats-Msg-Id"] == "acme.s1.k-1"
     # posting a turn created the session
     assert (await client.get("/v1/sessions/s1")).status_code == 200

@@ -147,6 +147,12 @@ async def test_input_over_its_length_limit_is_422_naming_the_field(gateway_at):
         assert (r.status_code, error(r)["message"]) == (422, "`input` must not be empty")
         r = await c.post("/v1/sessions/s1/turns", json={"input": "x", "max_iterations": 0})
         assert (r.status_code, error(r)["field"]) == (422, "max_iterations")
+        r = await c.post("/v1/sessions/s1/turns", json={"input": "x", "planner_model": "a b"})
+        assert (r.status_code, error(r)["field"]) == (422, "planner_model")
+        r = await c.post("/v1/sessions/s1/turns", json={"input": "x", "executor_model": " "})
+        assert (r.status_code, error(r)["field"]) == (422, "executor_model")
+        r = await c.post("/v1/sessions/s1/turns", json={"input": "x", "mode": "swarm"})
+        assert r.status_code == 400
         r = await c.post("/v1/sessions/s1/turns", json={"input": "x", "tools": ["ok", "a.b.c"]})
         assert (r.status_code, error(r)["field"]) == (422, "tools[1]")
 

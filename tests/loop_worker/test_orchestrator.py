@@ -4,6 +4,7 @@ against the fake server, scripted per model (a planner and an executor)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from loop_worker.client import Printer
 from loop_worker.engine.inmemory import LocalTools
 from loopmesh.testing.fake_llm import FakeLLM, error, text, tool_calls
 from schemas import DecodeError, ToolSpec, Turn, decode, encode
@@ -292,3 +294,29 @@ async def test_an_ordinary_turn_ends_with_the_same_events_as_before() -> None:
             end = await rig.run()
     assert isinstance(end, LoopEnd) and end.content == "ok"
     assert "orchestrator_fallback" not in rig.types and "plan_update" not in rig.types
+
+
+async def test_a_planner_that_refuses_response_format_is_asked_again_without_it() -> None:
+    async with FakeLLM() as fake:
+        fake.script_for(
+            "planner",
+            error(400, "response_format is not supported"),
+            text(plan("say hi")),
+            text("Hi."),
+        )
+        fake.script_for("executor", text("hi"))
+        async with Rig.openai(fake, **ORCH) as rig:
+            end = await rig.run("greet me")
+    assert end.content == "Hi."
+    first, second, _ = fake.requests_for("planner")
+    assert "response_format" in first and "response_format" not in second
+
+
+def test_the_cli_says_when_the_orchestrator_falls_back() -> None:
+    out = io.StringIO()
+    fell = OrchestratorFallback(
+        tenant="t", session="s", turn_id="u", reason="plan_unparseable", message="no JSON plan"
+    )
+    Printer(out).show(fell)
+    assert "plan was given up (plan_unparseable)" in out.getvalue()
+    assert "no JSON plan" in out.getvalue()
