@@ -320,3 +320,14 @@ def test_the_cli_says_when_the_orchestrator_falls_back() -> None:
     Printer(out).show(fell)
     assert "plan was given up (plan_unparseable)" in out.getvalue()
     assert "no JSON plan" in out.getvalue()
+
+
+async def test_the_turn_s_limits_hold_inside_a_step() -> None:
+    async with FakeLLM() as fake:
+        fake.script_for("planner", text(plan("count the apples")))
+        fake.script_for("executor", tool_calls(("local__count", {"wrong": "argument"})))
+        async with Rig.openai(fake, tools=Tools(), **ORCH) as rig:
+            end = await rig.run("Count", tool_failure="fail")
+    assert end.reason == "tool_failed" and "local.count" in end.content
+    assert "orchestrator_fallback" not in rig.types
+    assert rig.types[-1] == "loop_end"
