@@ -239,8 +239,7 @@ class Orchestrator:
             if not completion.tool_calls:
                 if content.strip():
                     return content
-                messages.append(ChatMessage(role="assistant", content=""))
-                continue
+                continue  # an empty reply: ask again, within the step's calls
             calls = native_calls(
                 completion.tool_calls, self._with_done(names), self.turn, self.scope.iteration
             )

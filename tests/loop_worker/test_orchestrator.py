@@ -15,7 +15,7 @@ import pytest
 
 from loop_worker.client import Printer
 from loop_worker.engine.inmemory import LocalTools
-from loopmesh.testing.fake_llm import FakeLLM, error, text, tool_calls
+from loopmesh.testing.fake_llm import FakeLLM, empty, error, text, tool_calls
 from schemas import DecodeError, ToolSpec, Turn, decode, encode
 from schemas.events import (
     ContentDelta,
@@ -331,3 +331,15 @@ async def test_the_turn_s_limits_hold_inside_a_step() -> None:
     assert end.reason == "tool_failed" and "local.count" in end.content
     assert "orchestrator_fallback" not in rig.types
     assert rig.types[-1] == "loop_end"
+
+
+async def test_an_empty_executor_reply_is_asked_again_within_the_step() -> None:
+    async with FakeLLM() as fake:
+        fake.script_for("planner", text(plan("say hi")), text("Hi."))
+        fake.script_for("executor", empty(), text("hi"))
+        async with Rig.openai(fake, **ORCH) as rig:
+            end = await rig.run("greet me")
+    assert end.content == "Hi."
+    assert rig.of(PlanUpdate)[-1].plan[0].result == "hi"
+    second = fake.requests_for("executor")[1]
+    assert [m["role"] for m in second["messages"]] == ["system", "user"]

@@ -45,7 +45,7 @@ async def test_kill_9_mid_step_resumes_at_that_step_and_runs_each_tool_once(nats
                 "executor",
                 tool_calls(count(path, "1")),
                 text("one is counted"),
-                tool_calls(count(path, "2", seconds=3.0)),  # the worker dies while this runs
+                tool_calls(count(path, "2", seconds=5.0)),  # the worker dies while this runs
                 text("two is counted"),
                 tool_calls(count(path, "3")),
                 text("three is counted"),
