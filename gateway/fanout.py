@@ -28,6 +28,8 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from loopmesh.jetstream import ordered_subscribe
+
 from .backend import Backend
 
 log = logging.getLogger("loopmesh.gateway.fanout")
@@ -95,10 +97,11 @@ class SessionFeed:
         self.last_seq = last
         self._sub = await self.backend._call(
             "subscribe to events",
-            self.backend.js.subscribe(
+            ordered_subscribe(
+                self.backend.nc,
                 self.filter,
+                js=self.backend.js,
                 stream=self.backend.subjects.events_stream,
-                ordered_consumer=True,
                 cb=self._on_msg,
                 deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                 config=js_api.ConsumerConfig(opt_start_seq=last + 1),

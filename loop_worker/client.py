@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from loopmesh.jetstream import ordered_subscribe
 from schemas import DecodeError, Subjects, Turn, encode, new_id
 from schemas.events import (
     ApprovalDecided,
@@ -101,7 +102,7 @@ class Follower:
     def __init__(
         self, nc: Client, subjects: Subjects, tenant: str, session: str, *, start_seq: int = 0
     ) -> None:
-        self._js = nc.jetstream()
+        self._nc = nc
         self._subject = subjects.session_events(tenant, session)
         self._start_seq = start_seq
         self._sub: JetStreamContext.PushSubscription | None = None
@@ -113,7 +114,7 @@ class Follower:
                 "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
                 "config": js_api.ConsumerConfig(opt_start_seq=self._start_seq),
             }
-        self._sub = await self._js.subscribe(self._subject, ordered_consumer=True, **kwargs)
+        self._sub = await ordered_subscribe(self._nc, self._subject, **kwargs)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -29,6 +29,7 @@ from nats.js import api as js_api
 
 from loopmesh.cli import config_from_args
 from loopmesh.errors import LoopmeshError, NatsConnectError
+from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import connect
 from loopmesh.settings import NatsSettings, replace
 from schemas import (
@@ -249,10 +250,10 @@ class NatsRemote:
 
     async def _subscribe(self, session: str, policy: js_api.DeliverPolicy, start: int = 0) -> Any:
         config = js_api.ConsumerConfig(opt_start_seq=start) if start else None
-        return await self.nc.jetstream().subscribe(
+        return await ordered_subscribe(
+            self.nc,
             self.subjects.session_events(self.tenant, session),
             stream=self.subjects.events_stream,
-            ordered_consumer=True,
             deliver_policy=policy,
             config=config,
         )

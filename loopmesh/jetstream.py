@@ -407,6 +407,21 @@ async def kv_values(
     return values
 
 
+async def ordered_subscribe(
+    nc: Client, subject: str, *, js: JetStreamContext | None = None, **kwargs: Any
+) -> JetStreamContext.PushSubscription:
+    """``js.subscribe(subject, ordered_consumer=True, **kwargs)``, returned once the
+    server holds the subscription to the consumer's deliver subject.
+
+    nats-py creates the ephemeral consumer first and then only queues the SUB. When the
+    process does not get to write it for five seconds (a loaded machine, a slow import
+    right after), the server deletes the consumer as having no interest, and nothing is
+    ever delivered to the subscription. The flush closes that window."""
+    sub = await (js or nc.jetstream()).subscribe(subject, ordered_consumer=True, **kwargs)
+    await nc.flush()
+    return sub
+
+
 #: JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check.
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
