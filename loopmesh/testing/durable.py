@@ -99,7 +99,7 @@ class Proc:
         self.proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
 
-    async def start(self, ready: str | None = None, timeout: float = 30.0) -> Proc:
+    async def start(self, ready: str | None = None, timeout: float = 90.0) -> Proc:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, *self.args, cwd=str(ROOT), env=env,

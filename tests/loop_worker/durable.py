@@ -201,13 +201,13 @@ class Mesh:
 
 async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
     waiter = asyncio.ensure_future(ready.wait())
-    done, _ = await asyncio.wait({waiter, task}, timeout=15, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
     if task in done:
         task.result()
         raise AssertionError("service ended before it was ready")
     if not ready.is_set():
-        raise AssertionError("service not ready within 15s")
+        raise AssertionError("service not ready within 60s")
 
 
 async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int:

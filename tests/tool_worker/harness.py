@@ -181,8 +181,10 @@ class WorkerProcess:
                 self._line.clear()
                 await self._line.wait()
 
-    async def ready(self) -> WorkerProcess:
-        await self.wait_for_line("serving pool=")
+    async def ready(self, timeout: float = 120.0) -> WorkerProcess:
+        """Its start-up line; a Python process importing the tool worker takes its time on
+        a loaded machine, several started at once longer still (over 30 s seen)."""
+        await self.wait_for_line("serving pool=", timeout)
         return self
 
     @property
