@@ -86,6 +86,11 @@ async def wait_for(
 
 # -- services as real processes -------------------------------------------------------
 
+#: How long a process gets to print a line it prints on its way up: starting Python and
+#: importing loopmesh, several processes at once (``loopmesh up``), takes over 30 s on a
+#: loaded 2-core machine.
+START_S = 120.0
+
 
 class Proc:
     """A service in its own process (``python -m ...``), its log lines collected, so a
@@ -99,7 +104,7 @@ class Proc:
         self.proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
 
-    async def start(self, ready: str | None = None, timeout: float = 90.0) -> Proc:
+    async def start(self, ready: str | None = None, timeout: float = START_S) -> Proc:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, *self.args, cwd=str(ROOT), env=env,
@@ -120,7 +125,7 @@ class Proc:
         async with self._changed:
             self._changed.notify_all()
 
-    async def wait_line(self, text: str, timeout: float = 30.0) -> str:
+    async def wait_line(self, text: str, timeout: float = START_S) -> str:
         def found() -> str | None:
             return next((line for line in self.lines if text in line), None)
 
