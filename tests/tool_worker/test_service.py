@@ -179,9 +179,11 @@ async def test_calls_longer_than_ack_wait_are_kept_with_in_progress_acks(
     nc: Client, js: JetStreamContext, requester: Requester, tmp_path: Path
 ) -> None:
     log = tmp_path / "runs.txt"
-    async with running(nc, sample_registry(), ack_wait_s=1.0):
+    # an in-progress ack goes out every ack_wait/3, the first up to 2/3 of AckWait after
+    # the delivery: 3 s leaves a loaded machine a second of room (1 s left a third)
+    async with running(nc, sample_registry(), ack_wait_s=3.0):
         result = await requester.call(
-            "local", "record", {"path": str(log), "tag": "long", "seconds": 2.5}
+            "local", "record", {"path": str(log), "tag": "long", "seconds": 7.5}, timeout=30
         )
     assert result.status == "ok"
     info = await js.consumer_info(SUBJECTS.tools_stream, SUBJECTS.pool_consumer("default"))
