@@ -54,12 +54,18 @@ async def test_a_turn_waiting_behind_a_long_turn_of_its_session_is_not_given_up(
     """w1 runs t1 for 3 s; w2 holds t2 meanwhile. Before, t2 was handed back every
     ``order_wait_s`` (0.1 s) and each hand-back was a delivery: with two allowed, t2
     was given up after about two seconds."""
+    # AckWait and leases far longer than t1: a loaded machine's stalls must not cost w1
+    # its lease of the session (with 2 s, w2 then ran t1 and no hand-back was counted)
+    await provision_short(mesh.nc, ack_wait_s=10, lease_ttl_s=10)
+    long = {"ack_wait_s": 10.0, "lease_ttl_s": 10.0}
     await mesh.tool_worker()
-    w1 = await mesh.loop_worker("w1", max_active_turns=1, max_waiting_turns=0, max_deliveries=2)
+    w1 = await mesh.loop_worker(
+        "w1", max_active_turns=1, max_waiting_turns=0, max_deliveries=2, **long
+    )
     async with Watch(mesh.nc) as watch:
         await send_turn(mesh.nc, turn("t1", slow_count(tmp_path / "n", "first", seconds=3.0)))
         await watch.wait("loop_start", "t1")
-        w2 = await mesh.loop_worker("w2", order_wait_s=0.1, max_deliveries=2)
+        w2 = await mesh.loop_worker("w2", order_wait_s=0.1, max_deliveries=2, **long)
         await send_turn(mesh.nc, turn("t2", slow_count(tmp_path / "n", "second")))
         end = await watch.wait("loop_end", "t2", timeout=30)
     assert end.reason == "task_completion"
