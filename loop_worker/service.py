@@ -54,14 +54,17 @@ from schemas import (
     session_key,
 )
 from schemas.admit import Refused
+from schemas.streams import embeddings_bucket
 
 from . import refusals
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .deadletter import DeadLetters
 from .dispatch import NatsToolDispatcher
+from .embeddings import KVEmbeddingCache
 from .engine.approvals import Approvals
 from .engine.engine import Engine
+from .engine.prefilter import Prefilter
 from .engine.protocols import LLM
 from .errors import LeaseLostError
 from .lease import Leases
@@ -115,6 +118,15 @@ class LoopWorker:
             before_publish=lambda r: self.store.commit(r.tenant, r.session),
             unlapsed=self._unlapsed,
         )
+        prefilter = config.loop.prefilter
+        self.prefilter = (
+            Prefilter.from_settings(
+                prefilter,
+                cache=KVEmbeddingCache(publisher, self.subjects.embeddings_bucket),
+            )
+            if prefilter.enabled
+            else None
+        )
         self.engine = Engine(
             settings=config.loop,
             llm=llm,
@@ -124,6 +136,7 @@ class LoopWorker:
             model=config.llm.model,
             fallback_message=config.llm.fallback_message,
             worker=self.name,
+            prefilter=self.prefilter,
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}
@@ -179,6 +192,8 @@ class LoopWorker:
             await self.tools.close()
             await self.controls.close()
             await self.publisher.close()
+            if self.prefilter is not None:
+                await self.prefilter.aclose()
             log.info("loop worker stopped name=%s stats=%s", self.name, self.stats)
 
     async def _prepare(self) -> None:
@@ -213,6 +228,10 @@ class LoopWorker:
                     description="one loop worker per session",
                 ),
             )
+            if self.prefilter is not None and self.prefilter.embedder is not None:
+                await ensure_bucket(
+                    self._js, embeddings_bucket(self.subjects, replicas=self.config.nats.replicas)
+                )
         info = await retry(
             lambda: self._js.consumer_info(subjects.turns_stream, subjects.turns_consumer),
             "turns consumer info",

@@ -57,12 +57,31 @@ class LoopIteration(Event, tag="loop_iteration", frozen=True, kw_only=True):
     max_iterations: int = 0
 
 
+class ToolSelection(msgspec.Struct, frozen=True, kw_only=True):
+    """Why these tools were offered (the tool pre-filter, ``[loop.prefilter]``):
+    ``method`` ``embeddings`` (cosine similarity), ``bm25`` (lexical) or ``all`` (the
+    catalog fits in ``top_k``); ``candidates``: the tools ranked (the loop's own are
+    never ranked); ``scores``: each offered tool's, by ``server.tool``; ``note``: why
+    it fell back to BM25, if it did."""
+
+    method: str = ""
+    top_k: int = 0
+    candidates: int = 0
+    scores: dict[str, float] = {}
+    note: str = ""
+
+
 class LLMRequest(Event, tag="llm_request", frozen=True, kw_only=True):
+    """``offered``: the function names of the tools offered, when the pre-filter
+    chose them (empty: all ``tools`` of the catalog); ``selection``: how it chose."""
+
     model: str = ""
     attempt: int = 1
     messages: int = 0
     tokens: int = 0
     tools: int = 0
+    offered: tuple[str, ...] = ()
+    selection: ToolSelection | None = None
 
 
 class LLMResponse(Event, tag="llm_response", frozen=True, kw_only=True):

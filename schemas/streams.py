@@ -60,6 +60,7 @@ def definitions(
     lease_ttl_s: float = 30.0,
     effects_ttl_s: float = 24 * 3600.0,
     catalog_ttl_s: float = 30.0,
+    embeddings_ttl_s: float = 30 * 24 * 3600.0,
     replicas: int = 1,
 ) -> Definitions:
     """Everything loopmesh needs on a NATS server, for one prefix.
@@ -146,7 +147,20 @@ def definitions(
                 replicas=replicas,
                 description="cancel/pause/approval state by session",
             ),
+            embeddings_bucket(s, ttl_s=embeddings_ttl_s, replicas=replicas),
         ),
+    )
+
+
+def embeddings_bucket(
+    subjects: Subjects, *, ttl_s: float = 30 * 24 * 3600.0, replicas: int = 1
+) -> KVDef:
+    """The tool pre-filter's embedding cache, shared by the loop workers."""
+    return KVDef(
+        bucket=subjects.embeddings_bucket,
+        ttl_s=ttl_s,
+        replicas=replicas,
+        description="tool-text embeddings by <model hash>.<text hash> (the tool pre-filter)",
     )
 
 

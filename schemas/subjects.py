@@ -140,6 +140,10 @@ class Subjects:
     def control_bucket(self) -> str:
         return f"{self.prefix}-control"
 
+    @property
+    def embeddings_bucket(self) -> str:
+        return f"{self.prefix}-embeddings"
+
 
 @functools.lru_cache(maxsize=16_384)
 def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times

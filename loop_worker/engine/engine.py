@@ -44,6 +44,7 @@ from .inference import Conversation, Inference
 from .limits import Limits
 from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
+from .prefilter import Prefilter
 from .prompt import BUILTIN_SERVER, builtin_specs, load_prompts, loop_message
 from .protocols import LLM, EventSink, SessionStore, ToolDispatcher, ToolSelector, all_tools
 from .scope import End, TurnCancelled, TurnDeadline, TurnScope
@@ -75,6 +76,7 @@ class Engine:
         fallback_message: str | None = None,
         worker: str = "",
         select_tools: ToolSelector | None = None,
+        prefilter: Prefilter | None = None,
     ) -> None:
         self.settings = settings
         self.llm = llm
@@ -89,7 +91,15 @@ class Engine:
         self.prompts = load_prompts()
         self.fallback_message = fallback_message or LLMSettings().fallback_message
         self.worker = worker
-        self.select_tools = select_tools or all_tools  # the orchestrator's per-step tools
+        #: The tool pre-filter (``[loop.prefilter]``); ``None`` when it is off. Its
+        #: ``select_tools(query, tools)`` narrows any list of tools, one plan step's say.
+        self.prefilter = prefilter
+        if prefilter is None and settings.prefilter.enabled:
+            self.prefilter = Prefilter.from_settings(settings.prefilter)
+        # the orchestrator's per-step tools: the pre-filter's choice when it is on
+        if select_tools is None and self.prefilter is not None:
+            select_tools = self.prefilter.select_tools
+        self.select_tools = select_tools or all_tools
 
     def counter_for(self, model: str | None) -> TokenCounter:
         """A token counter for one turn of ``model``. Its per-message cache is shared
@@ -237,6 +247,7 @@ class _Run:
             context=context,
             counter=self._counter(),
             offered=self.limits.allows,
+            prefilter=e.prefilter,
         )
         runner = ToolRunner(
             scope=scope,

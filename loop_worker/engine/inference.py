@@ -39,6 +39,7 @@ from schemas.events import (
     ThinkingDelta,
     ThinkingEnd,
     ThinkingStart,
+    ToolSelection,
 )
 
 from .errors import LLMError
@@ -46,6 +47,7 @@ from .hooks import Hooks
 from .memory import prune, summarize
 from .nudges import Nudger
 from .parser import ToolNames
+from .prefilter import Prefilter, Selection
 from .prompt import (
     Prompts,
     assemble,
@@ -101,6 +103,7 @@ class Inference:
         context: Sequence[str],
         counter: TokenCounter,
         offered: Callable[[ToolSpec], bool] | None = None,
+        prefilter: Prefilter | None = None,
     ) -> None:
         self.llm = llm
         self.hooks = hooks
@@ -112,8 +115,21 @@ class Inference:
         self.counter = counter
         self.model = scope.turn.model or model
         self.nudger = Nudger(self.settings, self.prompts)
+        self.candidates = [
+            (n, spec) for n, spec in names.items() if offered is None or offered(spec)
+        ]
+        self.prefilter = prefilter
+        self.selection: Selection | None = None
+        self._ranked_for: str | None = None  # the query of :attr:`selection`
+        self._offer(self.candidates)
+        self.prompt: list[ChatMessage] = []
+        self.tokens = 0
+        self.streamed_chars = 0  # content streamed in this iteration, for ``retract``
+
+    def _offer(self, items: Sequence[tuple[str, ToolSpec]]) -> None:
+        """Offer ``items`` ((function name, spec) pairs) to the model from now on."""
         text_format = self.settings.tool_format == "text"
-        items = [(n, spec) for n, spec in names.items() if offered is None or offered(spec)]
+        self.offered = tuple(name for name, _ in items)
         self.tools_text = tools_section(self.prompts, items, text_format=text_format)
         self.tools_param: list[dict[str, Any]] = (
             []
@@ -131,10 +147,26 @@ class Inference:
             ]
         )
         tools_json = msgspec.json.encode(self.tools_param).decode()
-        self.tools_tokens = counter.count_text_cached(tools_json)
-        self.prompt: list[ChatMessage] = []
-        self.tokens = 0
-        self.streamed_chars = 0  # content streamed in this iteration, for ``retract``
+        self.tools_tokens = self.counter.count_text_cached(tools_json)
+
+    def query(self, run: Conversation) -> str:
+        """What the pre-filter ranks tools against: the request and the plan's step in
+        progress (if any)."""
+        steps = [s.title for s in run.snapshot.plan if s.status == "in_progress"]
+        return "\n".join([self.scope.turn.input, *steps])
+
+    async def narrow(self, run: Conversation) -> None:
+        """Re-rank the tools when the query changed (see :mod:`.prefilter`)."""
+        if self.prefilter is None:
+            return
+        query = self.query(run)
+        if query == self._ranked_for:
+            return
+        specs = [spec for _, spec in self.candidates]
+        selection = await self.scope.race(self.prefilter.select(query, specs))
+        by_key = {(spec.server, spec.name): (n, spec) for n, spec in self.candidates}
+        self._offer([by_key[(t.server, t.name)] for t in selection.tools])
+        self.selection, self._ranked_for = selection, query
 
     async def pause(self) -> None:
         await self.scope.emit(Paused)
@@ -181,6 +213,7 @@ class Inference:
         budget = s.context_budget_tokens - s.reply_reserve_tokens  # room kept for the reply
         await scope.emit(LoopIteration, max_iterations=run.limit)
         self.streamed_chars = 0
+        await self.narrow(run)
         self.prompt = self.build(run)
         self.tokens = await self._count(self.prompt)
         await scope.emit(
@@ -257,6 +290,7 @@ class Inference:
             messages=len(messages),
             tokens=self.tokens,
             tools=len(tools),
+            **self._offered_fields(tools),
         )
         completion = await scope.race(
             self.llm.complete(
@@ -284,6 +318,21 @@ class Inference:
             latency_ms=completion.latency_ms,
         )
         return completion, content
+
+    def _offered_fields(self, tools: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        sel = self.selection
+        if sel is None or (not tools and self.tools_param):  # no pre-filter, or tools withheld
+            return {}
+        return {
+            "offered": self.offered,
+            "selection": ToolSelection(
+                method=sel.method,
+                top_k=sel.top_k,
+                candidates=sel.candidates,
+                scores=sel.scores,
+                note=sel.note,
+            ),
+        }
 
     async def retract(self, reason: str) -> None:
         """Take back the deltas this iteration streamed so far (see ``Retract``)."""

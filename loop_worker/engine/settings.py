@@ -30,6 +30,21 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     )
 
 
+class PrefilterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[loop.prefilter]``: offer the model only the ``top_k`` tools most relevant to the
+    request (the loop's own tools always), ranked by embedding similarity from
+    ``embeddings_base_url`` (an OpenAI-compatible ``/v1/embeddings``), or by BM25 when
+    no endpoint is set or it fails. Off by default."""
+
+    enabled: bool = False
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=128)] = 8
+    embeddings_base_url: str | None = None  # None: lexical ranking (BM25)
+    embeddings_model: str = "text-embedding-3-small"
+    embeddings_api_key: str | None = None
+    timeout_s: Positive = 10.0  # one embeddings request; past it, BM25 for this call
+    query_max_chars: Annotated[int, msgspec.Meta(ge=16)] = 2_000  # of the text ranked against
+
+
 class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 20
     iteration_warning_at: Count = 3  # warn when this many iterations remain
@@ -67,6 +82,7 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     plan_max_steps: Annotated[int, msgspec.Meta(ge=1, le=50)] = 8
     step_max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 6  # executor calls per step
     step_retries: Count = 1  # a failed step is tried again this often, then: fallback
+    prefilter: PrefilterSettings = PrefilterSettings()
 
     def __post_init__(self) -> None:
         if self.context_budget_tokens - self.reply_reserve_tokens < 128:

@@ -3,9 +3,12 @@
 ``POST /v1/chat/completions`` answers each request with the next scripted reply (SSE
 chunks shaped like OpenAI's when ``stream`` is true, one JSON object otherwise);
 :meth:`FakeLLM.script_for` scripts the replies to one model (a planner and an executor,
-say) apart from the rest. ``GET /v1/models`` lists ``models``. Replies are built with
-:func:`text`, :func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty`
-and :func:`auto`. ``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
+say) apart from the rest. ``GET /v1/models`` lists ``models``; ``POST /v1/embeddings``
+embeds with ``embedder`` (by default :func:`hashed_embeddings`, words hashed into 64
+dimensions: texts that share words are near) and keeps each request's inputs in
+``embeddings``. Replies are built with :func:`text`, :func:`tool_calls`, :func:`error`,
+:func:`hang`, :func:`cut`, :func:`empty` and :func:`auto`.
+``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
 same app in its own process, answering in ``auto`` mode once the script is spent.
 """
 
@@ -14,13 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
+import math
+import re
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -117,8 +123,11 @@ class FakeLLM:
         host: str = "127.0.0.1",
         port: int = 0,
         models: tuple[str, ...] = ("fake-model",),
+        embedder: Callable[[Sequence[str]], list[list[float]]] | None = None,
     ) -> None:
         self.default = default
+        self.embedder = embedder or hashed_embeddings
+        self.embeddings: list[list[str]] = []  # the inputs of each embeddings request
         self.models = models
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0  # requests whose client went away before the reply ended
@@ -140,6 +149,7 @@ class FakeLLM:
             routes=[
                 Route("/v1/chat/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             ]
         )
 
@@ -236,6 +246,39 @@ class FakeLLM:
             {"id": m, "object": "model", "created": now, "owned_by": "fake"} for m in self.models
         ]
         return JSONResponse({"object": "list", "data": data})
+
+    async def _embeddings(self, request: Request) -> Response:
+        body = await request.json()
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+            return JSONResponse(_error_body("input: a string or strings", 400), status_code=400)
+        async with self._changed:
+            self.embeddings.append(inputs)
+            self._changed.notify_all()
+        vectors = await asyncio.to_thread(self.embedder, inputs)  # a real model is slow
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        tokens = sum(len(i.split()) for i in inputs)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", ""),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+
+def hashed_embeddings(texts: Sequence[str], dims: int = 64) -> list[list[float]]:
+    """Unit vectors of hashed lower-case words: a fast, deterministic stand-in."""
+    out = []
+    for item in texts:
+        v = [0.0] * dims
+        for word in re.findall(r"[a-z0-9]+", item.lower()):
+            v[int.from_bytes(hashlib.blake2s(word.encode(), digest_size=4).digest()) % dims] += 1
+        norm = math.sqrt(sum(x * x for x in v)) or 1.0
+        out.append([x / norm for x in v])
+    return out
 
 
 def _error_body(message: str, status: int) -> dict[str, Any]:
