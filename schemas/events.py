@@ -85,12 +85,16 @@ class LLMRequest(Event, tag="llm_request", frozen=True, kw_only=True):
 
 
 class LLMResponse(Event, tag="llm_response", frozen=True, kw_only=True):
+    """``by_hook``: a ``before_llm`` hook gave this reply and the model was not asked
+    (no ``llm_request`` precedes it)."""
+
     model: str = ""
     content: str = ""
     tool_calls: int = 0
     finish_reason: str | None = None
     usage: Usage | None = None
     latency_ms: float = 0.0
+    by_hook: bool = False
 
 
 class ThinkingStart(Event, tag="thinking_start", frozen=True, kw_only=True):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import msgspec
 
 from .types import Timestamp, Token
-from .wire import WireError
+from .wire import ContentPart, WireError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -28,6 +28,8 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    #: Images and files after ``content`` (a user message), as OpenAI content parts.
+    parts: tuple[ContentPart, ...] = ()
 
 
 PlanStatus = Literal["pending", "in_progress", "done", "skipped"]

@@ -28,6 +28,65 @@ LoopMode = Literal["loop", "orchestrator"]
 #: A model name as an OpenAI-compatible server takes it (``org/model:tag`` and the like).
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S+$")]
 
+#: Bounds of what a turn may carry besides its input.
+MAX_PASSAGES = 32
+MAX_PASSAGE_CHARS = 16_000
+MAX_PARTS = 16
+MAX_PART_CHARS = 8 * 2**20  # a data: URL; the NATS max payload is the real bound
+
+
+class Passage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A piece of retrieved context: its text and where it came from (a URL, a
+    document id), shown to the model in the prompt's retrieved-context section."""
+
+    text: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_PASSAGE_CHARS)]
+    source: Annotated[str, msgspec.Meta(max_length=2_000)] | None = None
+
+
+class ImageURL(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    #: an http(s) URL the model's provider fetches, or a ``data:image/...`` URL
+    url: Annotated[
+        str, msgspec.Meta(pattern=r"^(https?://|data:image/)", max_length=MAX_PART_CHARS)
+    ]
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(msgspec.Struct, frozen=True, kw_only=True, tag="image_url", tag_field="type"):
+    """An image, as OpenAI's ``image_url`` content part."""
+
+    image_url: ImageURL
+
+
+DataURL = Annotated[
+    str, msgspec.Meta(pattern=r"^data:[^,]{0,200};base64,", max_length=MAX_PART_CHARS)
+]
+
+
+class FileRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    file_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    #: a ``data:<media type>;base64,...`` URL
+    file_data: (
+        Annotated[
+            str, msgspec.Meta(pattern=r"^data:[^,]{0,200};base64,", max_length=MAX_PART_CHARS)
+        ]
+        | None
+    ) = None
+    filename: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.file_id is None) == (self.file_data is None):
+            raise ValueError("a file part needs exactly one of file.file_id and file.file_data")
+
+
+class FilePart(msgspec.Struct, frozen=True, kw_only=True, tag="file", tag_field="type"):
+    """A file (a PDF, say), as OpenAI's ``file`` content part."""
+
+    file: FileRef
+
+
+#: Content parts beside a turn's text input, passed to models that take them.
+ContentPart = ImagePart | FilePart
+
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
     """A user turn, published to ``<prefix>.turns.<tenant>.<session>``.
@@ -69,6 +128,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: ``executor_model``, then the turn's ``model``.
     planner_model: ModelName | None = None
     executor_model: ModelName | None = None
+    #: Passages the client already retrieved, shown in the prompt's retrieved-context
+    #: section (a deployment's retriever may add more: ``[loop] retriever``).
+    context: Annotated[tuple[Passage, ...], msgspec.Meta(max_length=MAX_PASSAGES)] = ()
+    #: Images and files that go with ``input`` (OpenAI content parts), passed to the model.
+    parts: Annotated[tuple[ContentPart, ...], msgspec.Meta(max_length=MAX_PARTS)] = ()
 
     @property
     def msg_id(self) -> str:

@@ -25,7 +25,15 @@ from collections.abc import Callable
 
 import msgspec
 
-from schemas import ChatMessage, PlanStep, SessionSnapshot, ToolResult, Turn, WireError
+from schemas import (
+    ChatMessage,
+    Passage,
+    PlanStep,
+    SessionSnapshot,
+    ToolResult,
+    Turn,
+    WireError,
+)
 from schemas.events import (
     EndReason,
     Error,
@@ -38,8 +46,9 @@ from schemas.events import (
     TurnAccepted,
 )
 
+from .context import bound, passage_text
 from .control import TurnControl
-from .hooks import Hooks
+from .hooks import Hooks, Retriever
 from .inference import Conversation, Inference
 from .limits import Limits
 from .orchestrator import Orchestrator
@@ -84,6 +93,8 @@ class Engine:
         self.events = events
         self.store = store
         self.hooks = hooks if hooks is not None else Hooks.from_paths(settings.hooks)
+        if settings.retriever:
+            self.hooks = Hooks([*self.hooks.hooks, Retriever(settings.retriever)])
         self.counter = counter
         self._counters: dict[str | None, TokenCounter] = {}  # one per model, shared by turns
         self.model = model
@@ -140,7 +151,9 @@ class _Run:
         if not self.resumed:
             # a turn that never finished may have left calls without results
             self._close_pending("interrupted", "the turn was interrupted before it finished")
-            self.messages.append(ChatMessage(role="user", content=self.turn.input))
+            self.messages.append(
+                ChatMessage(role="user", content=self.turn.input, parts=self.turn.parts)
+            )
             self.snapshot = msgspec.structs.replace(
                 self.snapshot,
                 status="running",
@@ -234,7 +247,7 @@ class _Run:
                 return End("error", error=f"the before_turn hook {hook} failed: {message}")
         specs = [*builtin_specs(e.prompts), *(await scope.race(e.tools.tools()))]
         names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
-        context = [self.turn.metadata.get("context", ""), *(await e.hooks.retrieve(self.turn))]
+        context = await self._context()
         inference = Inference(
             llm=e.llm,
             hooks=e.hooks,
@@ -266,6 +279,8 @@ class _Run:
             start = self.snapshot.iteration + 1
         if self.snapshot.pending:  # the model answered before the last worker stopped
             scope.check()
+            if scope.control.paused:
+                await inference.pause()
             scope.iteration = start
             calls = [Call.restore(i, c, names) for i, c in enumerate(self.snapshot.pending)]
             end = await self._run_calls(calls, runner)
@@ -442,6 +457,24 @@ class _Run:
         return ToolResult(
             call_id=call.call_id, server=call.server, tool=call.tool, content="delivered"
         )
+
+    async def _context(self) -> list[str]:
+        """The retrieved-context section: the turn's passages, then the retrievers'
+        (bounded in tokens). A retriever that fails is reported, and the turn goes on."""
+        turn, scope = self.turn, self.scope
+        own = list(turn.context)
+        if legacy := turn.metadata.get("context"):
+            own.insert(0, Passage(text=legacy))
+        try:
+            found = await scope.race(self.e.hooks.retrieve(turn))
+        except (TurnCancelled, TurnDeadline):
+            raise
+        except Exception as exc:
+            await scope.emit(HookErrorEvent, hook="retrieve", message=_describe(exc))
+            found = []
+        counter = self._counter()
+        kept = bound(found, self.settings.retrieved_max_tokens, counter.count_text_cached)
+        return [passage_text(p) for p in [*own, *kept]]
 
     def _counter(self) -> TokenCounter:
         return self.e.counter_for(self.model or None)

@@ -4,13 +4,16 @@
 (a class is instantiated with no arguments). A hook object may define any of these,
 sync or async; hooks run in the order given, each seeing the previous one's output:
 
-- ``before_llm(messages) -> messages | None``            change the prompt
+- ``before_llm(messages) -> messages | Completion | None``
+                                                         change the prompt, or skip the
+                                                         call: a Completion is the reply
 - ``after_llm(completion) -> Completion | None``         change the reply
 - ``before_tool(request) -> ToolCallRequest | ToolResult | SKIP | None``
                                                          change, answer or skip a call
 - ``after_tool(request, result) -> ToolResult | None``   change a result
 - ``approve_tool(request) -> bool | (bool, reason) | None``  reject a call
-- ``retrieve(turn) -> str | None``                       retrieved context for the prompt
+- ``retrieve(turn) -> passages | None``                  retrieved context for the prompt
+                                                         (see :mod:`.context`)
 - ``before_turn(turn) -> None``                          once, when a turn first starts
 - ``after_turn(turn, end: LoopEnd) -> None``             once, just before its ``loop_end``
 
@@ -27,8 +30,9 @@ import inspect
 from collections.abc import Sequence
 from typing import Any, Final
 
-from schemas import ChatMessage, ToolCallRequest, ToolResult, Turn
+from schemas import ChatMessage, Passage, ToolCallRequest, ToolResult, Turn
 
+from .context import passages
 from .errors import LoopWorkerError
 from .protocols import Completion
 
@@ -91,9 +95,13 @@ class Hooks:
     def _each(self, name: str) -> list[Any]:
         return [getattr(h, name) for h in self.hooks if callable(getattr(h, name, None))]
 
-    async def before_llm(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+    async def before_llm(self, messages: list[ChatMessage]) -> list[ChatMessage] | Completion:
+        """The prompt to send, or a :class:`Completion` that replaces the call (the
+        first hook to return one wins; the model is not asked)."""
         for fn in self._each("before_llm"):
             out = await _call(fn, messages)
+            if isinstance(out, Completion):
+                return out
             if out is not None:
                 messages = list(out)
         return messages
@@ -145,10 +153,25 @@ class Hooks:
                 return f"{where}.{name}", f"{type(exc).__name__}: {exc}"
         return None
 
-    async def retrieve(self, turn: Turn) -> list[str]:
-        texts = []
+    async def retrieve(self, turn: Turn) -> list[Passage]:
+        """Every retriever's passages, in order. Raises what a retriever raised, or
+        ``TypeError`` / ``msgspec.ValidationError`` for a result that is no passages."""
+        found: list[Passage] = []
         for fn in self._each("retrieve"):
-            out = await _call(fn, turn)
-            if out:
-                texts.append(str(out))
-        return texts
+            found += passages(await _call(fn, turn))
+        return found
+
+
+class Retriever:
+    """A deployment's search as a hook (``[loop] retriever = "pkg.module:search"``):
+    the object at that path is called with the turn (or its ``retrieve`` method is)."""
+
+    def __init__(self, path: str) -> None:
+        obj = load(path)
+        fn = getattr(obj, "retrieve", obj)
+        if not callable(fn):
+            raise HookError(path, "a retriever must be callable or have a retrieve method")
+        self._fn = fn
+
+    def retrieve(self, turn: Turn) -> Any:
+        return self._fn(turn)

@@ -189,6 +189,7 @@ class Inference:
             plan=plan_section(p, run.snapshot.plan),
             context=self.context,
             user_input=turn.input,
+            parts=turn.parts,
         )
         warning = iteration_warning(
             p,
@@ -283,24 +284,28 @@ class Inference:
             stream.splitter = ThinkingSplitter()  # the next attempt streams from the start
             stream.streamed, stream.chars = False, 0
 
-        messages = await self.hooks.before_llm(list(messages))
-        await scope.emit(
-            LLMRequest,
-            model=model or "",
-            messages=len(messages),
-            tokens=self.tokens,
-            tools=len(tools),
-            **self._offered_fields(tools),
-        )
-        completion = await scope.race(
-            self.llm.complete(
-                messages,
-                tools=tools,
-                model=model or None,
-                on_delta=on_delta,
-                on_retry=on_retry,
+        prepared = await self.hooks.before_llm(list(messages))
+        by_hook = isinstance(prepared, Completion)
+        if isinstance(prepared, Completion):  # a hook answered: the model is not asked
+            completion = prepared
+        else:
+            await scope.emit(
+                LLMRequest,
+                model=model or "",
+                messages=len(prepared),
+                tokens=self.tokens,
+                tools=len(tools),
+                **self._offered_fields(tools),
             )
-        )
+            completion = await scope.race(
+                self.llm.complete(
+                    prepared,
+                    tools=tools,
+                    model=model or None,
+                    on_delta=on_delta,
+                    on_retry=on_retry,
+                )
+            )
         splitter = stream.splitter
         if not stream.streamed:  # a model that did not stream: report the whole text
             stream.chars += await self._pieces(splitter.feed(completion.content))
@@ -316,6 +321,7 @@ class Inference:
             finish_reason=completion.finish_reason,
             usage=completion.usage,
             latency_ms=completion.latency_ms,
+            by_hook=by_hook,
         )
         return completion, content
 

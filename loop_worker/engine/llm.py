@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, cast
 
+import msgspec
 import openai
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 from prometheus_client import Counter
@@ -56,6 +57,9 @@ def to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 def _to_openai(m: ChatMessage) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.parts:  # images and files: the text becomes the first content part
+        text = [{"type": "text", "text": m.content}] if m.content else []
+        out["content"] = [*text, *msgspec.to_builtins(m.parts)]
     if m.role == "assistant" and m.tool_calls:
         out["content"] = m.content or None
         out["tool_calls"] = [

@@ -337,20 +337,24 @@ class Orchestrator:
     ) -> Completion:
         """One call, not streamed as the answer (a plan, a step's work)."""
         scope = self.scope
-        messages = await self.hooks.before_llm(list(messages))
+        prepared = await self.hooks.before_llm(list(messages))
 
         async def on_retry(attempt: int, reason: str, delay_s: float, model: str) -> None:
             await scope.emit(
                 Retry, what="llm", attempt=attempt, reason=reason, delay_s=delay_s, model=model
             )
 
-        await scope.emit(LLMRequest, model=model, messages=len(messages), tools=len(tools))
-        extra: dict[str, Any] = {"response_format": response_format} if response_format else {}
-        completion = await scope.race(
-            self.llm.complete(
-                messages, tools=tools, model=model or None, on_retry=on_retry, **extra
+        by_hook = isinstance(prepared, Completion)
+        if isinstance(prepared, Completion):  # a before_llm hook answered in the model's place
+            completion = prepared
+        else:
+            await scope.emit(LLMRequest, model=model, messages=len(prepared), tools=len(tools))
+            extra: dict[str, Any] = {"response_format": response_format} if response_format else {}
+            completion = await scope.race(
+                self.llm.complete(
+                    prepared, tools=tools, model=model or None, on_retry=on_retry, **extra
+                )
             )
-        )
         completion = await self.hooks.after_llm(completion)
         content, _ = split_thinking(completion.content)
         await scope.emit(
@@ -361,6 +365,7 @@ class Orchestrator:
             finish_reason=completion.finish_reason,
             usage=completion.usage,
             latency_ms=completion.latency_ms,
+            by_hook=by_hook,
         )
         return completion
 

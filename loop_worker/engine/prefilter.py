@@ -164,9 +164,10 @@ class Prefilter:
         if close is not None:
             await close()
 
-    async def select_tools(self, query_text: str, tools: Sequence[ToolSpec]) -> list[ToolSpec]:
-        """The tools to offer for ``query_text`` (a request, or one plan step)."""
-        return list((await self.select(query_text, tools)).tools)
+    async def select_tools(self, text: str, tools: Sequence[ToolSpec]) -> Sequence[ToolSpec]:
+        """The tools to offer for ``text`` (a request, or one plan step): a
+        :class:`~loop_worker.engine.protocols.ToolSelector`, the orchestrator's per step."""
+        return (await self.select(text, tools)).tools
 
     async def select(self, query_text: str, tools: Sequence[ToolSpec]) -> Selection:
         k = self.settings.top_k

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from schemas import ChatMessage, PlanStep, ToolSpec
+from schemas import ChatMessage, ContentPart, PlanStep, ToolSpec
 
 #: ``name`` of the messages the loop itself adds (reminders, nudges, text-format results),
 #: so they are never taken for the user's input.
@@ -185,15 +185,21 @@ def plan_section(prompts: Prompts, plan: Sequence[PlanStep]) -> str:
 
 
 def turn_message(
-    prompts: Prompts, *, tools: str, plan: str, context: Sequence[str], user_input: str
+    prompts: Prompts,
+    *,
+    tools: str,
+    plan: str,
+    context: Sequence[str],
+    user_input: str,
+    parts: Sequence[ContentPart] = (),
 ) -> ChatMessage:
     t = prompts.turn
-    parts = [tools, plan]
+    sections = [tools, plan]
     retrieved = [c.strip() for c in context if c and c.strip()]
     if retrieved:
-        parts.append("\n\n".join([t.context_heading, *retrieved]))
-    parts.append(f"{t.input_heading}\n{user_input}")
-    return ChatMessage(role="user", content="\n\n".join(parts))
+        sections.append("\n\n".join([t.context_heading, *retrieved]))
+    sections.append(f"{t.input_heading}\n{user_input}")
+    return ChatMessage(role="user", content="\n\n".join(sections), parts=tuple(parts))
 
 
 def iteration_warning(prompts: Prompts, *, iteration: int, limit: int, warn_at: int) -> str:

@@ -65,6 +65,10 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     summarize_with_llm: bool = True
     prune_target_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75  # prune down to this
     hooks: tuple[str, ...] = ()  # import paths: "package.module:object"
+    # A deployment's search, called with each turn: "package.module:object" (see
+    # engine/context.py). What it returns is cut to retrieved_max_tokens.
+    retriever: str | None = None
+    retrieved_max_tokens: Count = 2_000
     approval_tools: tuple[str, ...] = ()  # "server.tool" names that need a person's approval
     # Per-turn limits: the defaults of the Turn fields of the same names (a turn may
     # set its own). ``tools``: the tools turns may call ("server.tool" or a bare name),

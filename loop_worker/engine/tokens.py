@@ -116,6 +116,12 @@ def encoding_for(model: str | None) -> tiktoken.Encoding:
     return _encoding(_encoding_name(model))
 
 
+#: An estimate of one image or file content part (OpenAI bills a 512 px tile of an
+#: image at 170 tokens plus 85; a file's pages vary). Counted so that the budget gate
+#: keeps room for them; the model's own ``usage`` is the exact figure.
+PART_TOKENS = 765
+
+
 class _Counts:
     """Token counts by key, least recently used first out.
 
@@ -213,6 +219,7 @@ class TokenCounter:
             n += TOKENS_PER_NAME + self._count_name(message.name)
         if message.tool_call_id:
             n += self.count_text(message.tool_call_id)
+        n += PART_TOKENS * len(message.parts)  # images and files: the model's own count
         for call in message.tool_calls:
             n += TOKENS_PER_TOOL_CALL + self.count_text(call.id)
             n += self._count_name(call.name) + self.count_text(call.arguments)
