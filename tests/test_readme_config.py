@@ -1,0 +1,23 @@
+"""The README's configuration example is a file every service accepts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from loop_worker.config import LoopWorkerConfig
+from loopmesh.settings import load
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
+    section = README.read_text().split("## Configuration", 1)[1]
+    block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    path = tmp_path / "loopmesh.toml"
+    path.write_text(block.group(1))
+    config = load(LoopWorkerConfig, path, env={})
+    assert config.loop.reply_reserve_tokens == 1000
+    assert config.loop.prefilter.enabled and config.loop.prefilter.top_k == 8
+    assert config.loop.retriever == "mysearch.kb:search"
