@@ -14,7 +14,7 @@ import msgspec
 
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
-from schemas.wire import ToolSpec
+from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
 
 Id = Annotated[str, msgspec.Meta(description="1-64 characters from A-Z a-z 0-9 _ -")]
 ToolName = Annotated[
@@ -36,7 +36,9 @@ class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=T
 class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A user turn. ``tools`` limits the turn to these tools (default: every tool).
     ``mode``, ``planner_model`` and ``executor_model`` choose the dual-model
-    orchestrator for this turn (default: the deployment's ``[loop]`` settings)."""
+    orchestrator for this turn (default: the deployment's ``[loop]`` settings).
+    ``context``: passages the client retrieved, for the prompt; ``parts``: images and
+    files (OpenAI content parts) that go with the input."""
 
     input: str
     instructions: str | None = None
@@ -46,6 +48,8 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     mode: Literal["loop", "orchestrator"] | None = None
     planner_model: str | None = None
     executor_model: str | None = None
+    context: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] | None = None
+    parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

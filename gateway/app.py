@@ -215,6 +215,7 @@ class Gateway:
             created_at=time.time(), instructions=body.instructions, model=body.model,
             max_iterations=body.max_iterations, tools=tools, mode=body.mode,
             planner_model=body.planner_model, executor_model=body.executor_model,
+            context=tuple(body.context or ()), parts=tuple(body.parts or ()),
         )  # fmt: skip
 
     # -- events -----------------------------------------------------------------------

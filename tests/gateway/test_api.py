@@ -212,3 +212,25 @@ async def test_the_key_is_required_but_health_is_public(gateway):
         assert r.status_code == 401
         assert r.headers["www-authenticate"] == "Bearer"
         assert r.json()["error"]["message"].startswith("missing API key")
+
+
+async def test_a_posted_turn_carries_its_passages_and_content_parts(
+    client: httpx.AsyncClient, nats_url: str
+):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    body = {
+        "input": "what is in the picture?",
+        "context": [{"text": "The picture was taken in Lima.", "source": "notes://7"}],
+        "parts": [image],
+    }
+    r = await client.post("/v1/sessions/s1/turns", json=body)
+    assert r.status_code == 202, r.text
+    [(turn, _)] = await turns_in_stream(nats_url)
+    assert [(p.text, p.source) for p in turn.context] == [
+        ("The picture was taken in Lima.", "notes://7")
+    ]
+    assert encode(turn.parts[0]) == encode(image)
+    bad = {"input": "x", "parts": [{"type": "image_url", "image_url": {"url": "file:///etc"}}]}
+    r = await client.post("/v1/sessions/s1/turns", json=bad)
+    assert r.status_code == 400, r.text
+    assert "parts[0].image_url.url" in r.text
