@@ -20,4 +20,5 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     config = load(LoopWorkerConfig, path, env={})
     assert config.loop.reply_reserve_tokens == 1000
     assert config.loop.prefilter.enabled and config.loop.prefilter.top_k == 8
-    assert config.loop.retriever == "mysearch.kb:search"
+    assert config.loop.retriever is None  # shown commented out: it names no real module
+    assert config.loop.prefilter.embeddings_base_url is None  # BM25
