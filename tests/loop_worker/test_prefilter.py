@@ -178,3 +178,29 @@ def test_top_k_is_bounded(top_k: int) -> None:
 
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"top_k": top_k}, PrefilterSettings)
+
+
+async def test_in_orchestrator_mode_each_step_is_offered_the_prefilters_pick() -> None:
+    import json
+
+    from loopmesh.testing.fake_llm import text
+
+    steps = {"steps": [{"id": "1", "description": "find the current time in Tokyo"}]}
+    async with FakeLLM() as fake:
+        fake.script_for("planner", text(f"```json\n{json.dumps(steps)}\n```"), text("10:00"))
+        fake.script_for("executor", text("It is 10:00 in Tokyo."))
+        orchestrator = {"mode": "orchestrator", "planner_model": "planner"}
+        async with Rig.openai(
+            fake,
+            tools=sixty_tools(),
+            executor_model="executor",
+            prefilter=PrefilterSettings(enabled=True, top_k=2),
+            **orchestrator,
+        ) as rig:
+            assert rig.engine.prefilter is not None
+            assert rig.engine.select_tools == rig.engine.prefilter.select_tools
+            end = await rig.run("What time is it in Tokyo?")
+    assert end.content == "10:00"
+    offered = offered_names(fake.requests_for("executor")[0])
+    assert "clock__current_time" in offered
+    assert len([n for n in offered if n not in LOOP_TOOLS]) == 2
