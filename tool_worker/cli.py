@@ -25,6 +25,7 @@ from .config import ToolWorkerConfig, ToolWorkerSettings
 from .files import fs_tools
 from .local import load_module
 from .mcp import McpServer
+from .pool import provision_pool
 from .registry import Registry
 from .service import ToolWorker
 
@@ -49,6 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-provision", action="store_true",
         help="do not create missing streams and buckets (the pool's consumer is always ensured)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--provision-only", action="store_true",
+        help="create the pool's consumer and put its tools in the catalog (pinned if "
+        "[tool_worker] pinned), then exit: a pool KEDA scales to zero needs both up front",
     )  # fmt: skip
 
 
@@ -107,6 +113,7 @@ def worker_of(
         drain_timeout_s=settings.drain_timeout_s,
         mcp=servers,
         mcp_start_timeout_s=settings.mcp_start_timeout_s,
+        pinned=settings.pinned,
         event_max_chars=settings.event_max_chars,
         confirm_events=settings.confirm_events,
     )
@@ -181,8 +188,33 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
     return service
 
 
+async def provision_only(config: ToolWorkerConfig, *, provision: bool) -> list[str]:
+    """What ``--provision-only`` does: see :mod:`tool_worker.pool`."""
+    settings = config.tool_worker
+    registry, servers = build(settings)
+    nc = await connect(config.nats, name=f"tool-worker-{settings.pool}-provision")
+    try:
+        actions = await provision_all(nc, config.nats) if provision else []
+        return actions + await provision_pool(
+            nc,
+            Subjects(config.nats.prefix),
+            registry,
+            pool=settings.pool,
+            pinned=settings.pinned,
+            ack_wait_s=settings.ack_wait_s,
+            mcp=servers,
+            mcp_start_timeout_s=settings.mcp_start_timeout_s,
+        )
+    finally:
+        await nc.drain()
+
+
 async def main(args: argparse.Namespace) -> int:
     config = config_of(args)
+    if args.provision_only:
+        for action in await provision_only(config, provision=not args.no_provision):
+            print(action, flush=True)
+        return 0
     async with shutdown_on_signals() as stop:
         await serve(config, stop, provision=not args.no_provision)
     log.info("tool worker stopped pool=%s", config.tool_worker.pool)
