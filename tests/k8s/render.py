@@ -22,6 +22,7 @@ import yaml
 from gateway.settings import GatewayConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.cli import COMMANDS
+from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import load
 from tool_worker.config import ToolWorkerConfig
 
@@ -38,6 +39,7 @@ SERVICES: dict[str, type[Any]] = {
     "loop-worker": LoopWorkerConfig,
     "tool-worker": ToolWorkerConfig,
     "gateway": GatewayConfig,
+    "exporter": ExporterConfig,
 }
 
 

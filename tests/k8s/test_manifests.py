@@ -150,6 +150,15 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             # No drain setting: uvicorn's graceful shutdown (2 s) after the preStop pause.
             pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
             assert grace >= pause + 2 + DRAIN_MARGIN_S, name
+        elif service == "exporter":
+            listen, host, paths = (
+                config.exporter.metrics_port,
+                config.exporter.metrics_host,
+                ("/healthz",),
+            )
+            assert deployment["spec"]["replicas"] == 1, f"{name}: one exporter owns its consumer"
+            assert deployment["spec"]["strategy"]["type"] == "Recreate", name
+            assert grace >= 1 + DRAIN_MARGIN_S, name  # a fetch times out within 1 s
         else:
             settings = config.loop_worker if service == "loop-worker" else config.tool_worker
             listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
@@ -273,7 +282,9 @@ def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tupl
 
 
 def _workers(docs: list[Doc]) -> list[Doc]:
-    return [d for d in of_kind(docs, "Deployment") if service_of(d) != "gateway"]
+    return [
+        d for d in of_kind(docs, "Deployment") if service_of(d) in ("loop-worker", "tool-worker")
+    ]
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t in ("overlays/keda", "overlays/prod")])
