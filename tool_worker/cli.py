@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from schemas import Subjects
 from .builtins import builtin_tools
 from .config import ToolWorkerConfig, ToolWorkerSettings
 from .files import fs_tools
+from .entrypoints import load_entry_points
+from .errors import ToolWorkerError
 from .local import load_module
 from .mcp import McpServer
 from .pool import provision_pool
@@ -44,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--module", action="append", default=[], metavar="PKG.MODULE",
         help="import tools from this module (repeatable; adds to [tool_worker] modules)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--entry-point", action="append", default=[], metavar="NAME",
+        help="serve the tools of this 'loopmesh.tools' entry point ('*': all installed; "
+        "repeatable; adds to [tool_worker] entry_points)",
     )  # fmt: skip
     parser.add_argument("--fs-root", metavar="DIR", help="serve fs_* tools under DIR")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on this port")
@@ -71,6 +79,8 @@ def config_of(args: argparse.Namespace) -> ToolWorkerConfig:
         changes["concurrency"] = args.concurrency
     if getattr(args, "module", None):
         changes["modules"] = (*s.modules, *args.module)
+    if getattr(args, "entry_point", None):
+        changes["entry_points"] = (*s.entry_points, *args.entry_point)
     if getattr(args, "fs_root", None):
         changes["fs_root"] = args.fs_root
     if getattr(args, "metrics_port", None) is not None:
@@ -92,6 +102,7 @@ def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
         local += fs_tools(Path(settings.fs_root), max_read_bytes=settings.fs_max_bytes)
     for module in settings.modules:
         local += load_module(module)
+    local += load_entry_points(settings.entry_points)
     registry = Registry(t for t in local if settings.pool_of(t.server, t.name) == settings.pool)
     servers = [McpServer(m, registry) for m in settings.mcp_servers if m.pool == settings.pool]
     return registry, servers
@@ -211,11 +222,15 @@ async def provision_only(config: ToolWorkerConfig, *, provision: bool) -> list[s
 
 async def main(args: argparse.Namespace) -> int:
     config = config_of(args)
-    if args.provision_only:
-        for action in await provision_only(config, provision=not args.no_provision):
-            print(action, flush=True)
-        return 0
-    async with shutdown_on_signals() as stop:
-        await serve(config, stop, provision=not args.no_provision)
+    try:
+        if args.provision_only:
+            for action in await provision_only(config, provision=not args.no_provision):
+                print(action, flush=True)
+            return 0
+        async with shutdown_on_signals() as stop:
+            await serve(config, stop, provision=not args.no_provision)
+    except ToolWorkerError as exc:  # tools that cannot be loaded: refuse to serve without them
+        print(f"loopmesh tool-worker: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     log.info("tool worker stopped pool=%s", config.tool_worker.pool)
     return 0

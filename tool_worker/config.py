@@ -7,6 +7,7 @@
     concurrency = 64
     pinned = false                         # true: may scale to zero (tool_worker/catalog.py)
     modules = ["myproject.tools"]          # user tool modules, by import path
+    entry_points = ["text"]                # installed packages' "loopmesh.tools" entry points
     builtins = ["calculator", "current_time", "http_fetch"]
     fs_root = "/srv/agent-files"           # serve fs_list/fs_read/fs_write under it
     http_allowlist = ["*.wikipedia.org"]    # default: any public address, never a private one
@@ -43,6 +44,7 @@ class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     pull_expires_s: Annotated[float, msgspec.Meta(ge=0.1)] = 15.0
     drain_timeout_s: Positive = 20.0
     modules: tuple[str, ...] = ()
+    entry_points: tuple[str, ...] = ()  # "loopmesh.tools" entry points by name, or ["*"]
     builtins: tuple[str, ...] = BUILTINS
     fs_root: str | None = None
     fs_max_bytes: AtLeastOne = 1_000_000
