@@ -23,9 +23,9 @@ from schemas import Subjects
 
 from .builtins import builtin_tools
 from .config import ToolWorkerConfig, ToolWorkerSettings
-from .files import fs_tools
 from .entrypoints import load_entry_points
 from .errors import ToolWorkerError
+from .files import fs_tools
 from .local import load_module
 from .mcp import McpServer
 from .pool import provision_pool
