@@ -11,7 +11,9 @@ the stream places delete markers, which the bucket does not ask for). So the cat
 keeps its own clock: each entry lapses ``ttl`` after it was put (the server's
 timestamp, for entries of the initial load; the moment it arrived, for live ones),
 and is dropped then unless a newer put came. A delete marker, where a server places
-one (nats-py reads ``Nats-Marker-Reason`` as a purge), drops the entry too.
+one (nats-py reads ``Nats-Marker-Reason`` as a purge), drops the entry too. A spec
+that says ``pinned`` (put with ``Nats-TTL: never`` for a pool that may scale to zero,
+``tool_worker/catalog.py``) does not lapse: it stays until deleted.
 
 Loading: :meth:`Catalog.loaded` waits for the watch's "initial values done" marker, so
 nothing runs on a half-known catalog. A watch that ends or fails is opened again, and
@@ -36,6 +38,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
@@ -193,7 +197,7 @@ class Catalog:
                         del lapses[key]
                         fresh.pop(key, None)
                         log.info("catalog entry expired key=%s", key)
-                    if initial and marked and await _gone(kv, last_seq):
+                    if initial and marked and await _gone(self._js, kv, last_seq):
                         initial = False
                         self._last_error = None
                     if not initial:
@@ -204,7 +208,7 @@ class Catalog:
                     return
                 if entry is None:
                     marked = True
-                    if initial and (reached or await _gone(kv, last_seq)):
+                    if initial and (reached or await _gone(self._js, kv, last_seq)):
                         initial = False
                         self._last_error = None
                         await self._publish(fresh)
@@ -217,9 +221,11 @@ class Catalog:
                     lapses.pop(key, None)
                 else:
                     fresh[key] = spec
-                    if ttl > 0:
+                    if ttl > 0 and not spec.pinned:
                         age = _age(entry.created) if initial else 0.0
                         lapses[key] = loop.time() + ttl - min(max(age, 0.0), ttl)
+                    else:  # pinned: its pool is provisioned to outlive its workers
+                        lapses.pop(key, None)
                 if initial and reached:  # everything the bucket held is in
                     initial = False
                     self._last_error = None
@@ -248,11 +254,19 @@ class Catalog:
 _FIRST = asyncio.FIRST_COMPLETED
 
 
-async def _gone(kv: KeyValue, seq: int) -> bool:
-    """Whether the bucket no longer holds its message ``seq`` (it expired or was replaced
-    together with every older one), so a watch will never deliver it."""
-    state = (await kv.status()).stream_info.state
-    return state.messages == 0 or state.first_seq > seq
+async def _gone(js: JetStreamContext, kv: KeyValue, seq: int) -> bool:
+    """Whether the bucket no longer holds its message ``seq`` (it expired or was replaced),
+    so a watch will never deliver it. Pinned entries (no TTL) outlive later ones that
+    lapse, so ``seq`` can be gone while older messages stay: then it is looked up."""
+    status = await kv.status()
+    state = status.stream_info.state
+    if state.messages == 0 or state.first_seq > seq:
+        return True
+    try:
+        await js.get_msg(status.stream_info.config.name or "", seq=seq)
+    except NotFoundError:
+        return True
+    return False
 
 
 def _spec(key: str, operation: str | None, value: bytes | None) -> ToolSpec | None:

@@ -288,9 +288,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", help="bind address (default 127.0.0.1)")
 
 
+async def serve(config: ExporterConfig, stop: asyncio.Event) -> None:
+    """Connect and export until ``stop`` is set (the command, and tests)."""
+    from .nats import connect
+
+    settings = config.exporter
+    nc = await connect(config.nats, name="exporter")
+    try:
+        registry = CollectorRegistry()
+        exporter = Exporter(nc, config.nats, settings, registry)
+        async with MetricsServer(
+            settings.metrics_host,
+            settings.metrics_port,
+            registry=registry,
+            healthy=lambda: nc.is_connected,
+        ) as server:
+            print(f"exporter  metrics at {server.url}/metrics", flush=True)
+            await exporter.run(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
 async def main(args: argparse.Namespace) -> int:
     from .cli import config_from_args
-    from .nats import connect
     from .settings import replace
     from .shutdown import shutdown_on_signals
 
@@ -302,19 +323,5 @@ async def main(args: argparse.Namespace) -> int:
         changes["metrics_host"] = args.metrics_host
     settings = replace(config.exporter, "the command line", **changes)
     async with shutdown_on_signals() as stop:
-        nc = await connect(config.nats, name="exporter")
-        try:
-            registry = CollectorRegistry()
-            exporter = Exporter(nc, config.nats, settings, registry)
-            async with MetricsServer(
-                settings.metrics_host,
-                settings.metrics_port,
-                registry=registry,
-                healthy=lambda: nc.is_connected,
-            ) as server:
-                print(f"exporter  metrics at {server.url}/metrics", flush=True)
-                await exporter.run(stop)
-        finally:
-            with contextlib.suppress(Exception):
-                await nc.drain()
+        await serve(msgspec.structs.replace(config, exporter=settings), stop)
     return 0

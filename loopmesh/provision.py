@@ -34,6 +34,10 @@ _RETENTION = {
 _STORAGE = {"file": js_api.StorageType.FILE, "memory": js_api.StorageType.MEMORY}
 _KV_DUPLICATE_WINDOW_S = 120.0
 
+#: Headers of a KV put that outlives the bucket's TTL (per-message TTL, nats-server 2.11+;
+#: every bucket allows it, see :func:`ensure_bucket`).
+PIN_HEADERS = {"Nats-TTL": "never"}
+
 
 async def provision(js: JetStreamContext, defs: Definitions) -> list[str]:
     """Ensure every stream, consumer and bucket of ``defs``; return what was done."""
@@ -149,6 +153,7 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
         "num_replicas": b.replicas,
         "description": b.description or None,
         "allow_direct": True,  # reads are one direct-get round trip on any replica
+        "allow_msg_ttl": True,  # pinned catalog entries (PIN_HEADERS); cannot be undone
     }
     info = await _stream_info(js, stream)
     if info is None:

@@ -200,6 +200,9 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     needs_approval: bool = False
     title: str | None = None
     updated_at: Timestamp = 0.0
+    #: The pool is provisioned to outlive its workers (it may scale to zero): the entry
+    #: was put with ``Nats-TTL: never`` and stays offered until it is deleted.
+    pinned: bool = False
 
 
 # -- control ----------------------------------------------------------------------------

@@ -4,6 +4,13 @@
 Each worker puts its tools' specs when it starts, again whenever its tools change (an
 MCP server re-listed), and every third of the bucket's TTL; specs of tools that no live
 worker serves expire with the TTL. ``loopmesh tools`` reads it with :func:`read_catalog`.
+
+A pool that may run no worker at all (KEDA scales it to zero) is *pinned*
+(``[tool_worker] pinned``): its specs are put with ``Nats-TTL: never``, which outlives the
+bucket's max age, and say ``pinned``, so loop workers keep offering them while no worker
+refreshes them. Liveness stays apart from the catalog: a backlog on the pool's consumer
+is what wakes a worker. A worker of the pool with ``pinned`` off puts its specs plainly
+again, and they then lapse with the TTL (how a pool is unpinned).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import kv_values
+from loopmesh.provision import PIN_HEADERS
 from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
 
 from .registry import Registry
@@ -31,9 +39,20 @@ class Catalog:
     """Keeps one pool's specs of ``registry`` fresh in the catalog bucket."""
 
     def __init__(
-        self, kv: KeyValue, registry: Registry, pool: str, *, refresh_s: float = DEFAULT_REFRESH_S
+        self,
+        kv: KeyValue,
+        js: JetStreamContext,
+        bucket: str,
+        registry: Registry,
+        pool: str,
+        *,
+        refresh_s: float = DEFAULT_REFRESH_S,
+        pinned: bool = False,
     ) -> None:
         self._kv = kv
+        self._js = js
+        self._bucket = bucket
+        self.pinned = pinned
         self._registry = registry
         self._pool = pool
         self.refresh_s = refresh_s
@@ -44,12 +63,20 @@ class Catalog:
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, subjects: Subjects, registry: Registry, pool: str
+        cls,
+        js: JetStreamContext,
+        subjects: Subjects,
+        registry: Registry,
+        pool: str,
+        *,
+        pinned: bool = False,
     ) -> Catalog:
         kv = await js.key_value(subjects.catalog_bucket)
         ttl = (await kv.status()).ttl
         refresh_s = ttl / 3 if ttl else DEFAULT_REFRESH_S
-        return cls(kv, registry, pool, refresh_s=refresh_s)
+        return cls(
+            kv, js, subjects.catalog_bucket, registry, pool, refresh_s=refresh_s, pinned=pinned
+        )
 
     async def publish(self) -> int:
         """Put every spec now, delete the ones this worker stopped serving; return how many."""
@@ -58,7 +85,11 @@ class Catalog:
         keys = set()
         for tool in self._registry:
             key = catalog_key(tool.server, tool.name)
-            await self._kv.put(key, encode(tool.spec(self._pool, updated_at=now)))
+            value = encode(tool.spec(self._pool, updated_at=now, pinned=self.pinned))
+            if self.pinned:
+                await self._js.publish(f"$KV.{self._bucket}.{key}", value, headers=PIN_HEADERS)
+            else:
+                await self._kv.put(key, value)
             keys.add(key)
         for gone in self._published - keys:
             try:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,9 +23,12 @@ from schemas import Subjects
 
 from .builtins import builtin_tools
 from .config import ToolWorkerConfig, ToolWorkerSettings
+from .entrypoints import load_entry_points
+from .errors import ToolWorkerError
 from .files import fs_tools
 from .local import load_module
 from .mcp import McpServer
+from .pool import provision_pool
 from .registry import Registry
 from .service import ToolWorker
 
@@ -44,11 +48,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--module", action="append", default=[], metavar="PKG.MODULE",
         help="import tools from this module (repeatable; adds to [tool_worker] modules)",
     )  # fmt: skip
+    parser.add_argument(
+        "--entry-point", action="append", default=[], metavar="NAME",
+        help="serve the tools of this 'loopmesh.tools' entry point ('*': all installed; "
+        "repeatable; adds to [tool_worker] entry_points)",
+    )  # fmt: skip
     parser.add_argument("--fs-root", metavar="DIR", help="serve fs_* tools under DIR")
     parser.add_argument("--metrics-port", type=int, help="serve /metrics on this port")
     parser.add_argument(
         "--no-provision", action="store_true",
         help="do not create missing streams and buckets (the pool's consumer is always ensured)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--provision-only", action="store_true",
+        help="create the pool's consumer and put its tools in the catalog (pinned if "
+        "[tool_worker] pinned), then exit: a pool KEDA scales to zero needs both up front",
     )  # fmt: skip
 
 
@@ -65,6 +79,8 @@ def config_of(args: argparse.Namespace) -> ToolWorkerConfig:
         changes["concurrency"] = args.concurrency
     if getattr(args, "module", None):
         changes["modules"] = (*s.modules, *args.module)
+    if getattr(args, "entry_point", None):
+        changes["entry_points"] = (*s.entry_points, *args.entry_point)
     if getattr(args, "fs_root", None):
         changes["fs_root"] = args.fs_root
     if getattr(args, "metrics_port", None) is not None:
@@ -86,6 +102,7 @@ def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
         local += fs_tools(Path(settings.fs_root), max_read_bytes=settings.fs_max_bytes)
     for module in settings.modules:
         local += load_module(module)
+    local += load_entry_points(settings.entry_points)
     registry = Registry(t for t in local if settings.pool_of(t.server, t.name) == settings.pool)
     servers = [McpServer(m, registry) for m in settings.mcp_servers if m.pool == settings.pool]
     return registry, servers
@@ -107,6 +124,7 @@ def worker_of(
         drain_timeout_s=settings.drain_timeout_s,
         mcp=servers,
         mcp_start_timeout_s=settings.mcp_start_timeout_s,
+        pinned=settings.pinned,
         event_max_chars=settings.event_max_chars,
         confirm_events=settings.confirm_events,
     )
@@ -181,9 +199,38 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
     return service
 
 
+async def provision_only(config: ToolWorkerConfig, *, provision: bool) -> list[str]:
+    """What ``--provision-only`` does: see :mod:`tool_worker.pool`."""
+    settings = config.tool_worker
+    registry, servers = build(settings)
+    nc = await connect(config.nats, name=f"tool-worker-{settings.pool}-provision")
+    try:
+        actions = await provision_all(nc, config.nats) if provision else []
+        return actions + await provision_pool(
+            nc,
+            Subjects(config.nats.prefix),
+            registry,
+            pool=settings.pool,
+            pinned=settings.pinned,
+            ack_wait_s=settings.ack_wait_s,
+            mcp=servers,
+            mcp_start_timeout_s=settings.mcp_start_timeout_s,
+        )
+    finally:
+        await nc.drain()
+
+
 async def main(args: argparse.Namespace) -> int:
     config = config_of(args)
-    async with shutdown_on_signals() as stop:
-        await serve(config, stop, provision=not args.no_provision)
+    try:
+        if args.provision_only:
+            for action in await provision_only(config, provision=not args.no_provision):
+                print(action, flush=True)
+            return 0
+        async with shutdown_on_signals() as stop:
+            await serve(config, stop, provision=not args.no_provision)
+    except ToolWorkerError as exc:  # tools that cannot be loaded: refuse to serve without them
+        print(f"loopmesh tool-worker: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     log.info("tool worker stopped pool=%s", config.tool_worker.pool)
     return 0

@@ -5,7 +5,9 @@
     [tool_worker]
     pool = "default"
     concurrency = 64
+    pinned = false                         # true: may scale to zero (tool_worker/catalog.py)
     modules = ["myproject.tools"]          # user tool modules, by import path
+    entry_points = ["text"]                # installed packages' "loopmesh.tools" entry points
     builtins = ["calculator", "current_time", "http_fetch"]
     fs_root = "/srv/agent-files"           # serve fs_list/fs_read/fs_write under it
     http_allowlist = ["*.wikipedia.org"]    # default: any public address, never a private one
@@ -37,10 +39,12 @@ from .mcp import McpServerSettings
 class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     pool: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "default"
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 64
+    pinned: bool = False  # catalog entries outlive the workers: the pool may scale to zero
     ack_wait_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0  # in-progress acks every third
     pull_expires_s: Annotated[float, msgspec.Meta(ge=0.1)] = 15.0
     drain_timeout_s: Positive = 20.0
     modules: tuple[str, ...] = ()
+    entry_points: tuple[str, ...] = ()  # "loopmesh.tools" entry points by name, or ["*"]
     builtins: tuple[str, ...] = BUILTINS
     fs_root: str | None = None
     fs_max_bytes: AtLeastOne = 1_000_000

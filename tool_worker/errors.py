@@ -9,7 +9,9 @@
     │   ├── Unavailable        an MCP server is not connected (``.server``)
     │   └── CircuitOpen        too many consecutive failures; retry after ``.retry_after_s``
     ├── RegistryError          a tool cannot be registered (bad signature, duplicate name)
-    └── ToolModuleError        a tool module could not be imported (``.module``)
+    ├── ToolModuleError        a tool module could not be imported (``.module``)
+    │   └── EntryPointError    a ``loopmesh.tools`` entry point is missing or broken (``.name``)
+    └── PoolProvisionError     a pool cannot be provisioned ahead of its workers (``.pool``)
 
 A tool function may raise :class:`ToolError` (or a subclass) to choose the code the
 caller sees; any other exception becomes code ``tool_exception`` with its message.
@@ -85,3 +87,19 @@ class ToolModuleError(ToolWorkerError):
     def __init__(self, module: str, reason: str) -> None:
         super().__init__(f"cannot load tool module {module!r}: {reason}")
         self.module = module
+
+
+class EntryPointError(ToolModuleError):
+    def __init__(self, name: str, reason: str) -> None:
+        ToolWorkerError.__init__(self, f"cannot load tool entry point {name!r}: {reason}")
+        self.module = name
+        self.name = name
+
+
+class PoolProvisionError(ToolWorkerError):
+    """An MCP server of the pool did not list its tools, or the pool has none."""
+
+    def __init__(self, pool: str, reason: str) -> None:
+        super().__init__(f"cannot provision pool {pool!r}: {reason}")
+        self.pool = pool
+        self.reason = reason

@@ -127,6 +127,11 @@ def as_text(result: Any) -> str:
     return msgspec.json.encode(result).decode()
 
 
+def is_tool(obj: object) -> bool:
+    """Whether ``obj`` is a function marked with :func:`tool`."""
+    return callable(obj) and hasattr(obj, _MARK)
+
+
 def load_module(path: str) -> list[Tool]:
     """Import ``path`` (``"pkg.module"``) and return the tools its functions mark."""
     try:

@@ -64,7 +64,7 @@ class Tool:
             )
             raise InvalidArguments(error.message, path=path)
 
-    def spec(self, pool: str, *, updated_at: float = 0.0) -> ToolSpec:
+    def spec(self, pool: str, *, updated_at: float = 0.0, pinned: bool = False) -> ToolSpec:
         return ToolSpec(
             server=self.server,
             name=self.name,
@@ -75,6 +75,7 @@ class Tool:
             needs_approval=self.needs_approval,
             title=self.title,
             updated_at=updated_at,
+            pinned=pinned,
         )
 
 

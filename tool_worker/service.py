@@ -93,6 +93,7 @@ class ToolWorker:
         mcp: Sequence[McpServer] = (),
         mcp_start_timeout_s: float = 30.0,
         catalog: bool = True,
+        pinned: bool = False,
         event_max_chars: int = 32_768,
         store_timeout_s: float = 10.0,
         confirm_events: bool = False,
@@ -111,6 +112,7 @@ class ToolWorker:
         self.mcp = {server.name: server for server in mcp}
         self.mcp_start_timeout_s = mcp_start_timeout_s
         self.catalog = catalog
+        self.pinned = pinned
         self.event_max_chars = event_max_chars
         self.store_timeout_s = store_timeout_s
         self.confirm_events = confirm_events
@@ -149,7 +151,9 @@ class ToolWorker:
                 await self._wait_for_mcp()
                 background = [tg.create_task(self._keepalive(), name="keepalive")]
                 if self.catalog:
-                    catalog = await Catalog.open(self._js, self.subjects, self.registry, self.pool)
+                    catalog = await Catalog.open(
+                        self._js, self.subjects, self.registry, self.pool, pinned=self.pinned
+                    )
                     await catalog.publish_first()  # in the catalog before it says it is ready
                     background.append(tg.create_task(catalog.run(), name="catalog"))
                 background.append(tg.create_task(self._puller(), name="puller"))

@@ -129,6 +129,35 @@ def agent_overview() -> dashboard.Dashboard:
                 q("sum(loopmesh_tool_calls_in_flight)", "tool calls", "B"),
             )
         )
+        .with_row(dashboard.Row("Durability"))
+        .with_panel(
+            ts(
+                "Redeliveries and resumes",
+                "ops",
+                q(
+                    f"sum(rate(loopmesh_loop_turn_redeliveries_total[{RATE}]))",
+                    "turns delivered again",
+                    "A",
+                ),
+                q(
+                    f"sum(rate(loopmesh_turn_resumes_total[{RATE}]))",
+                    "turns resumed from a checkpoint",
+                    "B",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Session leases: held and conflicts",
+                "short",
+                q("sum(loopmesh_leases_held)", "held", "A"),
+                q(
+                    f"sum(increase(loopmesh_lease_conflicts_total[{RATE}]))",
+                    "conflicts (refused: another worker held the session)",
+                    "B",
+                ),
+            )
+        )
         .with_row(dashboard.Row("LLM"))
         .with_panel(
             ts(

@@ -96,9 +96,12 @@ class Proc:
     """A service in its own process (``python -m ...``), its log lines collected, so a
     test can wait for one and kill the process as a crash would."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, python: str | None = None
+    ) -> None:
         self.args = args
         self.env = env or {}
+        self.python = python or sys.executable  # another venv's interpreter, say
         self.lines: list[str] = []
         self._changed = asyncio.Condition()
         self.proc: asyncio.subprocess.Process | None = None
@@ -107,7 +110,7 @@ class Proc:
     async def start(self, ready: str | None = None, timeout: float = START_S) -> Proc:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, *self.args, cwd=str(ROOT), env=env,
+            self.python, *self.args, cwd=str(ROOT), env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip

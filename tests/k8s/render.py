@@ -22,14 +22,19 @@ import yaml
 from gateway.settings import GatewayConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.cli import COMMANDS
+from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import load
 from tool_worker.config import ToolWorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 REFERENCE = Path(__file__).resolve().parent / "reference"
-#: Every kustomization a user may apply: the base and each overlay.
-TARGETS = ("base", *sorted(f"overlays/{p.name}" for p in (K8S / "overlays").iterdir()))
+#: Every kustomization a user may apply: the base, each overlay and each example.
+TARGETS = (
+    "base",
+    *sorted(f"overlays/{p.name}" for p in (K8S / "overlays").iterdir()),
+    *sorted(str(p.parent.relative_to(K8S)) for p in K8S.glob("examples/*/k8s/kustomization.yaml")),
+)
 
 Doc = dict[str, Any]
 
@@ -38,6 +43,7 @@ SERVICES: dict[str, type[Any]] = {
     "loop-worker": LoopWorkerConfig,
     "tool-worker": ToolWorkerConfig,
     "gateway": GatewayConfig,
+    "exporter": ExporterConfig,
 }
 
 

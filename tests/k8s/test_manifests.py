@@ -150,6 +150,15 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             # No drain setting: uvicorn's graceful shutdown (2 s) after the preStop pause.
             pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
             assert grace >= pause + 2 + DRAIN_MARGIN_S, name
+        elif service == "exporter":
+            listen, host, paths = (
+                config.exporter.metrics_port,
+                config.exporter.metrics_host,
+                ("/healthz",),
+            )
+            assert deployment["spec"]["replicas"] == 1, f"{name}: one exporter owns its consumer"
+            assert deployment["spec"]["strategy"]["type"] == "Recreate", name
+            assert grace >= 1 + DRAIN_MARGIN_S, name  # a fetch times out within 1 s
         else:
             settings = config.loop_worker if service == "loop-worker" else config.tool_worker
             listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
@@ -224,7 +233,8 @@ def test_deployments_are_hardened(target: str) -> None:
         assert pod["automountServiceAccountToken"] is False, name
         volumes = {v["name"]: v for v in pod["volumes"]}
         for container in pod["containers"]:
-            assert container["image"].startswith("ghcr.io/loopmesh/loopmesh:"), name
+            # the loopmesh image, or a pool image built from it (k8s/examples)
+            assert re.match(r"ghcr\.io/loopmesh/loopmesh(-[a-z0-9-]+)?:", container["image"]), name
             security = container["securityContext"]
             assert security["readOnlyRootFilesystem"] is True, name
             assert security["allowPrivilegeEscalation"] is False, name
@@ -269,14 +279,20 @@ def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tupl
     subjects = Subjects(config.nats.prefix)
     if service_of(deployment) == "loop-worker":
         return subjects.turns_stream, subjects.turns_consumer
-    return subjects.tools_stream, subjects.pool_consumer(config.tool_worker.pool)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    pool = args[args.index("--pool") + 1] if "--pool" in args else config.tool_worker.pool
+    return subjects.tools_stream, subjects.pool_consumer(pool)
 
 
 def _workers(docs: list[Doc]) -> list[Doc]:
-    return [d for d in of_kind(docs, "Deployment") if service_of(d) != "gateway"]
+    return [
+        d for d in of_kind(docs, "Deployment") if service_of(d) in ("loop-worker", "tool-worker")
+    ]
 
 
-@pytest.mark.parametrize("target", [t for t in TARGETS if t in ("overlays/keda", "overlays/prod")])
+@pytest.mark.parametrize(
+    "target", [t for t in TARGETS if t in ("overlays/keda", "overlays/prod") or "examples/" in t]
+)
 def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> None:
     docs = render(target)
     scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in of_kind(docs, "ScaledObject")}
@@ -287,7 +303,11 @@ def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> Non
         name = deployment["metadata"]["name"]
         spec = scaled[name]["spec"]
         assert "replicas" not in deployment["spec"], f"{name}: replicas fight KEDA"
-        assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"] <= 100, name
+        if spec["minReplicaCount"] == 0:
+            _provisioned_ahead(docs, deployment, tmp_path)
+        else:
+            assert spec["minReplicaCount"] >= 1, name
+        assert spec["minReplicaCount"] < spec["maxReplicaCount"] <= 100, name
         fallback = spec["fallback"]["replicas"]  # when NATS's monitoring cannot be read
         assert spec["minReplicaCount"] <= fallback <= spec["maxReplicaCount"], name
         (trigger,) = spec["triggers"]
@@ -304,6 +324,28 @@ def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> Non
             assert meta["account"] == "$G", name
             host, _, port = meta["natsServerMonitoringEndpoint"].partition(":")
             assert host == "nats-headless.nats.svc.cluster.local" and port == "8222", name
+
+
+def _provisioned_ahead(docs: list[Doc], deployment: Doc, tmp_path: Path) -> None:
+    """A Deployment that may scale to zero is a tool pool whose catalog entries are
+    pinned, provisioned by a Job with the same image and settings (tool_worker/pool.py):
+    else at zero replicas its tools vanish and no backlog ever wakes it."""
+    name = deployment["metadata"]["name"]
+    assert service_of(deployment) == "tool-worker", f"{name}: only a tool pool scales to zero"
+    config = container_config(docs, deployment, tmp_path)
+    assert config.tool_worker.pinned, f"{name} scales to zero with unpinned catalog entries"
+    worker = deployment["spec"]["template"]["spec"]["containers"][0]
+    pool = worker["args"][worker["args"].index("--pool") + 1]
+    jobs = [
+        job["spec"]["template"]["spec"]["containers"][0]
+        for job in of_kind(docs, "Job")
+        if "--provision-only" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    ]
+    provisioning = [c for c in jobs if c["args"][c["args"].index("--pool") + 1] == pool]
+    assert provisioning, f"{name}: no Job provisions pool {pool} ahead of its workers"
+    for container in provisioning:
+        assert container["image"] == worker["image"], name
+        assert container["envFrom"] == worker["envFrom"], name
 
 
 def test_plain_hpas_cover_every_worker() -> None:

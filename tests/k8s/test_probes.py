@@ -19,6 +19,7 @@ import msgspec
 
 from gateway.server import GatewayServer
 from loop_worker import cli as loop_cli
+from loopmesh import exporter
 from loopmesh.server import NatsServer
 from loopmesh.settings import load
 from loopmesh.testing.fake_llm import FakeLLM
@@ -59,7 +60,10 @@ async def running(
         async with GatewayServer(msgspec.structs.replace(config, gateway=gateway)):
             yield port, None
         return
-    if service == "loop-worker":
+    if service == "exporter":
+        config = with_port(config, "exporter", "metrics_port", port, nats_url)
+        task = asyncio.create_task(exporter.serve(config, stop))
+    elif service == "loop-worker":
         config = with_port(config, "loop_worker", "metrics_port", port, nats_url)
         llm_settings = msgspec.structs.replace(config.llm, base_url=llm.base_url, api_key="x")
         task = asyncio.create_task(
@@ -95,9 +99,12 @@ async def test_every_probe_answers_ok_from_the_real_service(
 ) -> None:
     docs = render("base")
     deployments = of_kind(docs, "Deployment")
-    assert {service_of(d) for d in deployments} == {"gateway", "loop-worker", "tool-worker"}
-    # The workers first: they provision the streams that the gateway's /readyz wants.
-    deployments.sort(key=lambda d: service_of(d) == "gateway")
+    assert {service_of(d) for d in deployments} == {
+        "gateway", "loop-worker", "tool-worker", "exporter",
+    }  # fmt: skip
+    # The workers first: they provision the streams that the gateway's /readyz and the
+    # exporter's consumer want.
+    deployments.sort(key=lambda d: service_of(d) in ("gateway", "exporter"))
     async with contextlib.AsyncExitStack() as stack, httpx.AsyncClient() as http:
         for deployment in deployments:
             port, task = await stack.enter_async_context(

@@ -1,6 +1,7 @@
 """Crashes with real processes: loop workers and a tool worker as ``python -m``
 processes on one real nats-server; the fake OpenAI-compatible server in the test."""
 
+import asyncio
 import json
 import time
 
@@ -13,6 +14,7 @@ from loopmesh.testing.durable import (
     connect_fast,
     provision_short,
     stream_events,
+    wait_for,
     worker_env,
 )
 from loopmesh.testing.fake_llm import FakeLLM
@@ -41,11 +43,11 @@ async def procs(nats_server):
             env = worker_env(nats_server.url, llm.base_url, name=name, **service)
             return await start("-m", "loop_worker", ready=READY, **env)
 
-        async def tool_worker() -> Proc:
+        async def tool_worker(**env: str) -> Proc:
             return await start(
                 "-m", "tool_worker", "--nats-url", nats_server.url, "--no-provision",
                 "--module", "tests.loop_worker.tools", ready="serving pool=default",
-                LOOPMESH_TOOL_WORKER__ACK_WAIT_S="2",
+                LOOPMESH_TOOL_WORKER__ACK_WAIT_S="2", **env,
             )  # fmt: skip
 
         class P:
@@ -126,3 +128,40 @@ async def test_sigterm_lets_the_running_turn_finish_and_exits_cleanly(procs, tmp
         end = await watch.wait("loop_end", "t1")
     assert code == 0
     assert end.reason == "task_completion"
+
+
+async def test_sigterm_to_both_workers_mid_call_hands_the_turn_over_and_runs_the_tool_once(
+    procs, tmp_path
+):
+    """SIGTERM lands on the loop worker and the tool worker while a tool runs. The tool
+    worker finishes the call within its drain deadline and records it; the loop worker,
+    whose deadline is shorter than the call, hands the turn back; both take no new work
+    once stopping and exit 0. The turn then ends on another loop worker, which reads the
+    recorded result instead of running the tool again."""
+    counter = tmp_path / "count"
+    tools = await procs.tool_worker(LOOPMESH_TOOL_WORKER__DRAIN_TIMEOUT_S="30")
+    first = await procs.loop_worker("w1", drain_timeout_s=0.2)
+    async with Watch(procs.nc) as watch, Watch(procs.nc, session="s2") as watch2:
+        await send_turn(procs.nc, turn("t1", call("count", path=str(counter), seconds=2.0)))
+        await watch.wait("tool_call", "t1")
+        await wait_for(counter.exists, timeout=30, what="the tool running")
+        codes = asyncio.gather(tools.terminate(timeout=60), first.terminate(timeout=60))
+        await first.wait_line("finishing 1 in-flight turns")  # its puller has stopped
+        await tools.wait_line("finishing 1 in-flight calls")
+        # Work that arrives now waits for the next workers.
+        later = Turn(id="t2", tenant="acme", session="s2", input="hello", created_at=time.time())
+        await send_turn(procs.nc, later)
+        assert await codes == [0, 0]
+        assert counter.read_text() == "\n"  # the call finished during the drain
+        await procs.tool_worker()
+        await procs.loop_worker("w2")
+        end = await watch.wait("loop_end", "t1", timeout=30)
+        other = await watch2.wait("loop_end", "t2", timeout=30)
+    assert end.reason == "task_completion" and other.reason == "task_completion"
+    assert counter.read_text() == "\n"  # the tool ran once
+    stored = [e for e, _ in await stream_events(procs.nc, "acme", "s1")]
+    starts = [(e.resumed, e.worker) for e in stored if e.type == "loop_start"]
+    assert starts == [(False, "w1"), (True, "w2")]
+    assert [e.type for e in stored].count("loop_end") == 1
+    assert [e.worker for e in watch2.of("loop_start", "t2")] == ["w2"]
+    assert any("handed_back': 1" in line for line in first.lines), first.output()

@@ -3,6 +3,7 @@ from nats.js import api
 
 from loopmesh.errors import ProvisionError
 from loopmesh.provision import (
+    PIN_HEADERS,
     ensure_bucket,
     ensure_consumer,
     ensure_stream,
@@ -221,3 +222,23 @@ def msgspec_replace(obj, **changes):
     import msgspec
 
     return msgspec.structs.replace(obj, **changes)
+
+
+async def test_a_bucket_made_without_per_message_ttl_gets_it_for_pinned_entries(nc):
+    """Pinned catalog entries are put with ``Nats-TTL: never``, which a stream refuses
+    unless it allows per-message TTLs: provisioning turns that on in an older bucket."""
+    js = nc.jetstream()
+    await js.add_stream(
+        api.StreamConfig(
+            name="KV_old", subjects=["$KV.old.>"], max_age=30, max_msgs_per_subject=1,
+            allow_direct=True, allow_rollup_hdrs=True, deny_delete=True,
+            discard=api.DiscardPolicy.NEW,
+        )
+    )  # fmt: skip
+    with pytest.raises(Exception, match=r"(?i)ttl"):
+        await js.publish("$KV.old.a", b"x", headers=PIN_HEADERS)
+    assert await ensure_bucket(js, KVDef(bucket="old", ttl_s=30)) == (
+        "updated bucket old (allow_msg_ttl False → True)"
+    )
+    await js.publish("$KV.old.a", b"x", headers=PIN_HEADERS)
+    assert await ensure_bucket(js, KVDef(bucket="old", ttl_s=30)) == ""

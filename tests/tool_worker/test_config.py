@@ -35,13 +35,15 @@ ack_wait_s = 12.5
 pull_expires_s = 3.5
 drain_timeout_s = 4.5
 modules = ["tests.tool_worker.sample_tools"]
+entry_points = ["configtest"]
+pinned = true
 builtins = ["calculator", "http_fetch"]
 fs_root = "{fs_root}"
 fs_max_bytes = 4096
 http_allowlist = ["127.0.0.1", "*.example.org"]
 http_max_bytes = 2048
 http_timeout_s = 2.5
-assign = {{ "local.calculator" = "slow", "local" = "slow" }}
+assign = {{ "local.calculator" = "slow", "local" = "slow", "cfg" = "slow" }}
 mcp_start_timeout_s = 6.5
 event_max_chars = 1000
 confirm_events = true
@@ -67,8 +69,18 @@ def write_every_field(tmp_path: Path, metrics_port: int = 9999) -> Path:
 
 
 async def test_up_and_the_standalone_command_give_the_worker_every_setting(
-    tmp_path: Path, nc: Client
+    tmp_path: Path, nc: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # an installed package with the entry point the file names
+    (tmp_path / "cfgtools.py").write_text(
+        "from tool_worker import tool\n\n@tool(server='cfg')\ndef ping() -> str:\n"
+        "    return 'pong'\n"
+    )
+    info = tmp_path / "cfgtools-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cfgtools\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[loopmesh.tools]\nconfigtest = cfgtools\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     path = write_every_field(tmp_path)
     standalone = cli.config_of(parse("tool-worker", "--config", str(path)))
     under_up = cli.config_of(parse("up", "--config", str(path)))
@@ -90,11 +102,12 @@ async def test_up_and_the_standalone_command_give_the_worker_every_setting(
         "mcp_start_timeout_s",
         "event_max_chars",
         "confirm_events",
+        "pinned",
     ):
         assert getattr(worker, field) == getattr(settings, field), field
     assert worker.subjects.prefix == "lm"
     assert list(worker.mcp) == ["time"]
-    assert {t.name for t in registry} >= {"calculator"}
+    assert {t.name for t in registry} >= {"calculator", "ping"}
 
 
 async def test_the_tool_worker_under_up_serves_its_metrics_port(

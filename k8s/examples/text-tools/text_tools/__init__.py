@@ -1,0 +1,1 @@
+"""Example loopmesh tools: see ``text_tools.tools``."""
