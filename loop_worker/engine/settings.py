@@ -25,6 +25,7 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     backoff_max_s: Positive = 8.0
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    seed: Count | None = None  # sampling seed, for endpoints that take one (repeatable replies)
     fallback_message: str = (
         "I could not reach a language model to answer this. Please try again later."
     )
@@ -87,6 +88,9 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     step_max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 6  # executor calls per step
     step_retries: Count = 1  # a failed step is tried again this often, then: fallback
     prefilter: PrefilterSettings = PrefilterSettings()
+    # "constrained", for small models that pick tools badly: every reply is exactly one
+    # tool call, chosen then filled in by two grammar-constrained calls (constrained.py)
+    tool_choice_strategy: Literal["auto", "constrained"] = "auto"
 
     def __post_init__(self) -> None:
         if self.context_budget_tokens - self.reply_reserve_tokens < 128:

@@ -1,0 +1,223 @@
+"""Constrained tool choice: the ``constrained`` tool-choice strategy, for small models.
+
+A small model (the embedded SmolLM2-135M of ``loopmesh up``) given a long prompt and a
+list of tools seldom calls one: it answers in text, or echoes the prompt. With
+``[loop] tool_choice_strategy = "constrained"`` every reply is exactly one tool call,
+made in two calls to the model, each forced with ``tool_choice`` set to a named
+function (grammar-constrained decoding on llama.cpp, vLLM and OpenAI alike):
+
+1. **Choose.** A short few-shot prompt built from the tools' own descriptions
+   (``Request: <description>`` / ``Tool: <name>``, the deployment's tools before the
+   loop's own, then the user's request) and a
+   forced ``choose_tool`` call whose only argument is an enum of the tool names.
+   Small models match a request to a description far better this way than by reading
+   a tool list in a long prompt. After a tool has run in this turn, the choice is
+   ``task_completion``: one tool per turn, then the answer.
+2. **Fill in.** A short prompt (the request and this turn's tool results) and a forced
+   call of the chosen tool, whose arguments follow its JSON Schema.
+
+Replies without tools (the forced summary, memory summaries) go through unchanged.
+:class:`ConstrainedLLM` wraps any LLM whose ``complete`` takes ``tool_choice`` (such as
+:class:`~loop_worker.engine.llm.OpenAILLM`) and is an :class:`~.protocols.LLM` itself,
+so the engine does not know it is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from schemas import ChatMessage, ToolCall
+
+from .prompt import LOOP_NAME, load_prompts
+from .protocols import Completion, OnDelta, OnRetry
+
+#: The function of step 1; its ``tool`` argument is one of the offered names.
+CHOOSE = "choose_tool"
+#: The loop tool that answers, chosen once a tool has run in this turn.
+ANSWER = "task_completion"
+#: The loop's own tools (server ``loop``), offered after the deployment's.
+LOOP = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
+#: Loop tools never chosen: a plan needs replies of several steps.
+NOT_CHOSEN = frozenset({"update_plan"})
+#: Characters of one tool result shown to the model in step 2.
+RESULT_MAX_CHARS = 1500
+
+ARGUMENTS_SYSTEM = "Call the tool with the arguments the request gives. Copy values exactly."
+ANSWER_SYSTEM = "Answer the user with the tool's result."
+
+
+class ChoosingLLM(Protocol):
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        model: str | None = None,
+        on_delta: OnDelta | None = None,
+        on_retry: OnRetry | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> Completion: ...
+
+
+class ConstrainedLLM:
+    """An :class:`~.protocols.LLM` whose every reply with tools offered is one tool call."""
+
+    def __init__(self, inner: ChoosingLLM) -> None:
+        self.inner = inner
+
+    async def aclose(self) -> None:
+        """Close the inner LLM, if it closes. Idempotent when its ``aclose`` is."""
+        aclose = getattr(self.inner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[dict[str, Any]] = (),
+        model: str | None = None,
+        on_delta: OnDelta | None = None,
+        on_retry: OnRetry | None = None,
+    ) -> Completion:
+        functions = {t["function"]["name"]: t for t in tools if t.get("type") == "function"}
+        if not functions:
+            return await self.inner.complete(
+                messages, model=model, on_delta=on_delta, on_retry=on_retry
+            )
+        turn = TurnView.of(messages)
+        chosen, latency = await self._choose(turn, functions, model, on_retry)
+        spec = functions[chosen]
+        system = ANSWER_SYSTEM if chosen == ANSWER else ARGUMENTS_SYSTEM
+        prompt = [
+            ChatMessage(role="system", content=system),
+            ChatMessage(role="user", content=turn.brief()),
+        ]
+        completion = await self.inner.complete(
+            prompt,
+            tools=[spec],
+            model=model,
+            on_retry=on_retry,
+            tool_choice=_named(chosen),
+        )
+        calls = completion.tool_calls[:1] or (ToolCall(id="call_0", name=chosen, arguments="{}"),)
+        return msgspec.structs.replace(
+            completion,
+            content="",
+            tool_calls=calls,
+            latency_ms=completion.latency_ms + latency,
+        )
+
+    async def _choose(
+        self,
+        turn: TurnView,
+        functions: dict[str, dict[str, Any]],
+        model: str | None,
+        on_retry: OnRetry | None,
+    ) -> tuple[str, float]:
+        """Step 1: the name of the function to call, and the time it took (ms)."""
+        if turn.results and ANSWER in functions:
+            return ANSWER, 0.0
+        # the deployment's tools first, the loop's own last (small models favour the first)
+        names = sorted((n for n in functions if n not in NOT_CHOSEN), key=lambda n: n in LOOP)
+        labels = _labels(names or list(functions))
+        if len(labels) == 1:
+            return next(iter(labels.values())), 0.0
+        shots = [
+            f"Request: {_one_line(functions[name]['function'].get('description', ''))}\n"
+            f"Tool: {label}\n"
+            for label, name in labels.items()
+        ]
+        prompt = "\n".join([*shots, f"Request: {_one_line(turn.request)}\nTool:"])
+        choose = {
+            "type": "function",
+            "function": {
+                "name": CHOOSE,
+                "description": "The tool to call next",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"tool": {"type": "string", "enum": list(labels)}},
+                    "required": ["tool"],
+                },
+            },
+        }
+        completion = await self.inner.complete(
+            [ChatMessage(role="user", content=prompt)],
+            tools=[choose],
+            model=model,
+            on_retry=on_retry,
+            tool_choice=_named(CHOOSE),
+        )
+        label = _chosen_label(completion, labels)
+        return labels.get(label, ANSWER if ANSWER in functions else next(iter(functions))), (
+            completion.latency_ms
+        )
+
+
+class TurnView(msgspec.Struct, frozen=True, kw_only=True):
+    """What the two steps read of the engine's prompt: the user's request and the
+    results of the tools this turn called so far, as (function name, text)."""
+
+    request: str
+    results: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, messages: Sequence[ChatMessage]) -> TurnView:
+        heading = load_prompts().turn.input_heading
+        at = max(
+            (i for i, m in enumerate(messages) if m.role == "user" and m.name != LOOP_NAME),
+            default=-1,
+        )
+        if at < 0:
+            return cls(request="")
+        content = messages[at].content
+        request = content.rsplit(heading, 1)[1] if heading in content else content
+        names: dict[str, str] = {}
+        results: list[tuple[str, str]] = []
+        for m in messages[at + 1 :]:
+            for call in m.tool_calls:
+                names[call.id] = call.name
+            if m.role == "tool":
+                results.append((names.get(m.tool_call_id or "", "tool"), m.content))
+        return cls(request=request.strip(), results=tuple(results))
+
+    def brief(self) -> str:
+        """Step 2's user message: the request, then each result."""
+        parts = [self.request]
+        for name, text in self.results:
+            text = text if len(text) <= RESULT_MAX_CHARS else text[:RESULT_MAX_CHARS] + "…"
+            parts.append(f"{_label(name)} says: {text}")
+        return "\n\n".join(parts)
+
+
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
+def _label(name: str) -> str:
+    """``local__calculator`` → ``calculator``: the tool's own name reads better."""
+    return name.rsplit("__", 1)[-1]
+
+
+def _labels(names: Sequence[str]) -> dict[str, str]:
+    """Short labels for the names, by label; a label two names share stays whole."""
+    short = [_label(n) for n in names]
+    return {(s if short.count(s) == 1 else n): n for s, n in zip(short, names, strict=True)}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _chosen_label(completion: Completion, labels: dict[str, str]) -> str:
+    for call in completion.tool_calls[:1]:
+        try:
+            value = msgspec.json.decode(call.arguments or "{}")
+        except msgspec.DecodeError:
+            return ""
+        if isinstance(value, dict) and isinstance(value.get("tool"), str):
+            return str(value["tool"])
+    return ""
