@@ -66,6 +66,9 @@ turn failed (max iterations, error, cancelled...); 3 when --timeout passed first
 
 SUCCESS = frozenset({"task_completion", "converse", "ask_question"})
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
+#: Said of a turn that ended by ``converse`` with no tool run: if the task needed one,
+#: it was not done.
+NO_TOOL_RAN = "the model only talked: no tool ran, so a task that needed one was not done"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +216,7 @@ class Printer:
         self._streamed: list[str] = []  # content deltas since the last line
         self._said: set[str] = set()  # answers and questions printed in full
         self._retractable = False  # deltas shown since the last retract
+        self._tools_ran = 0  # calls of the deployment's tools (not the loop's own)
 
     def show(self, event: Event) -> None:
         if self.as_json:
@@ -254,6 +258,7 @@ class Printer:
             case ToolCallEvent(server="loop") | ToolResultEvent(server="loop"):
                 return None  # the loop's own tools: their message, question or plan shows
             case ToolCallEvent(server=server, tool=tool, arguments=arguments):
+                self._tools_ran += 1
                 return f"  → {_tool(server, tool)}({_short(json.dumps(arguments), 200)})"
             case ToolResultEvent(server=server, tool=tool, content=content, duration_ms=ms):
                 return f"  ← {_tool(server, tool)} ({ms:.0f} ms): {_short(content, 300)}"
@@ -307,6 +312,8 @@ class Printer:
                 said = content.strip() in self._said
                 tail = f"\n{content}" if content and not said else ""
                 err = f" ({error})" if error and reason not in SUCCESS else ""
+                if reason == "converse" and not self._tools_ran:
+                    mark, err = "⚠", f" ({NO_TOOL_RAN})"
                 return f"{mark} {reason} after {k} iteration(s){err}{tail}"
         return None
 

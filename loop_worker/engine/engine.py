@@ -51,6 +51,7 @@ from .control import TurnControl
 from .hooks import Hooks, Retriever
 from .inference import Conversation, Inference
 from .limits import Limits
+from .nudges import echoes_loop
 from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
 from .prefilter import Prefilter
@@ -67,6 +68,10 @@ LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
     "ask_question": ("ask_question", "question"),
     "converse": ("converse", "message"),
 }
+
+
+#: The error a loop-breaking call gets when its text only repeats the loop's reminders.
+NOT_AN_ANSWER = "this only repeats the loop's reminder; give your own answer for the user"
 
 
 class Engine:
@@ -448,6 +453,8 @@ class _Run:
         if value is None or value == "":
             return _error(call, "invalid_arguments", f"{call.tool} needs a {field!r} argument")
         text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        if echoes_loop(text, self.e.prompts):
+            return _error(call, "invalid_arguments", f"{call.tool}: {NOT_AN_ANSWER}")
         if self.end is None:
             self.end = End(reason, content=text[: self.settings.message_max_chars])
             if call.tool == "ask_question":

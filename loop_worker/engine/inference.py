@@ -45,7 +45,7 @@ from schemas.events import (
 from .errors import LLMError
 from .hooks import Hooks
 from .memory import prune, summarize
-from .nudges import Nudger
+from .nudges import Nudger, echoes_loop
 from .parser import ToolNames
 from .prefilter import Prefilter, Selection
 from .prompt import (
@@ -83,6 +83,12 @@ class _Stream:
         self.streamed = False
         self.chars = 0  # content characters streamed by this attempt
 
+
+#: The end of a turn whose last reply only repeated the loop's reminders.
+ECHO_MESSAGE = (
+    "The model gave no answer: its replies only repeated the loop's own reminder. A small "
+    'model does this; set [loop] tool_choice_strategy = "constrained" or use a larger one.'
+)
 
 #: Room left for the summary when pruning (the summary is at most ~2,000 characters).
 SUMMARY_RESERVE_TOKENS = 600
@@ -403,5 +409,10 @@ class Inference:
             run.messages.append(loop_message(nudge))
             await self.retract("nudge")  # the streamed reply is not the answer
             return None
+        if echoes_loop(content, self.prompts):
+            await self.retract("echo")
+            text = ECHO_MESSAGE
+            await self.scope.emit(Error, code="no_answer", message=text, fatal=True)
+            return End("error", content=text, error=text)
         await self.scope.emit(Message, content=content)
         return End("converse", content=content)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from loop_worker.client import Printer
+from loop_worker.client import NO_TOOL_RAN, Printer
 from schemas.events import (
     ApprovalRequired,
     ContentDelta,
@@ -58,7 +58,8 @@ def test_a_streamed_answer_is_not_printed_again():
         deltas=True,
     )
     assert out.count("Hello there.") == 1
-    assert out.endswith("Hello there.\n✔ converse after 1 iteration(s)\n")
+    # no tool ran: the CLI says so rather than mark it done
+    assert out.endswith(f"Hello there.\n⚠ converse after 1 iteration(s) ({NO_TOOL_RAN})\n")
 
 
 def test_a_question_is_printed_once_and_an_unshown_ending_is_printed_whole():
