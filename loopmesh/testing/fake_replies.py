@@ -122,14 +122,22 @@ def resolve_auto(body: dict[str, Any]) -> Reply:
     """The reply ``auto`` mode gives to a request.
 
     With a tool whose name ends in ``task_completion`` offered: once a tool result
-    follows the last user message, call it with ``{"result": <summary>}``; else if the
+    follows the last user message (the loop's own reminders are not the user's), call it with ``{"result": <summary>}``; else if the
     last user message says ``call <tool> {json}``, call that tool; else call it. With no
     such tool offered, reply with text.
     """
     messages: list[dict[str, Any]] = body.get("messages") or []
     names = [(t.get("function") or {}).get("name", "") for t in body.get("tools") or [] if t]
     done = next((n for n in names if n.endswith("task_completion")), None)
-    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    # the user's last message: not one the loop added (a reminder, a warning: its name)
+    last_user = max(
+        (
+            i
+            for i, m in enumerate(messages)
+            if m.get("role") == "user" and m.get("name") != "loopmesh"
+        ),
+        default=-1,
+    )
     results = [m for m in messages[last_user + 1 :] if m.get("role") == "tool"]
     user_text = _text(messages[last_user]) if last_user >= 0 else ""
     if results:
