@@ -158,7 +158,7 @@ def http_fetch_tool(
         ],
         max_chars: Annotated[int, msgspec.Meta(ge=1)] | None = None,
     ) -> FetchResult:
-        """Fetch a web page or API response over http(s) and return its text."""
+        """Fetch http(s) URL: read a web page and return its text."""
         try:
             target = httpx.URL(url)
         except (httpx.InvalidURL, TypeError) as exc:

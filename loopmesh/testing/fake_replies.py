@@ -122,9 +122,10 @@ def resolve_auto(body: dict[str, Any]) -> Reply:
     """The reply ``auto`` mode gives to a request.
 
     With a tool whose name ends in ``task_completion`` offered: once a tool result
-    follows the last user message (the loop's own reminders are not the user's), call it with ``{"result": <summary>}``; else if the
-    last user message says ``call <tool> {json}``, call that tool; else call it. With no
-    such tool offered, reply with text.
+    follows the last user message (the loop's own reminders are not the user's), call
+    it with ``{"result": <summary>}``; else if the last user message says
+    ``call <tool> {json}``, call that tool; else call it. With no such tool offered,
+    reply with text.
     """
     messages: list[dict[str, Any]] = body.get("messages") or []
     names = [(t.get("function") or {}).get("name", "") for t in body.get("tools") or [] if t]
