@@ -58,6 +58,7 @@ from schemas.events import Event, ToolErrorEvent, ToolResultEvent, ToolTimeout, 
 
 from . import metrics
 from .catalog import Catalog
+from .context import ToolContext, calling
 from .effects import Effects
 from .errors import ToolError, Unavailable, UnknownTool
 from .mcp import McpServer
@@ -327,7 +328,7 @@ class ToolWorker:
             self.stats["recorded"] += 1
             stored = None
         else:
-            result = await self.execute(request)
+            result = await self.execute(request, attempt=msg.metadata.num_delivered)
             payload = encode(result)
             stored = await self._effects.put(request.call_id, payload)
             self.stats["calls"] += 1
@@ -344,12 +345,19 @@ class ToolWorker:
                 await stored
         await msg.ack()
 
-    async def execute(self, request: ToolCallRequest) -> ToolResult:
-        """Run one call and describe its outcome; never raises for a tool's failure."""
+    async def execute(self, request: ToolCallRequest, *, attempt: int = 1) -> ToolResult:
+        """Run one call and describe its outcome; never raises for a tool's failure.
+        The tool sees the call's :class:`~tool_worker.context.ToolContext` (its
+        idempotency key); ``attempt`` is the request's delivery count."""
         in_flight = metrics.IN_FLIGHT.labels(self.pool)
         in_flight.inc()
+        context = ToolContext(
+            call_id=request.call_id, tenant=request.tenant, session=request.session,
+            turn_id=request.turn_id, iteration=request.iteration, attempt=attempt,
+        )  # fmt: skip
         try:
-            result = await self._execute(request)
+            with calling(context):
+                result = await self._execute(request)
         finally:
             in_flight.dec()
         labels = (request.tool, request.server, self.pool)
