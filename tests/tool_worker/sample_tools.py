@@ -92,3 +92,12 @@ def keyed(path: str, stall: bool, ctx: ToolContext) -> str:
 async def maybe_keyed(ctx: ToolContext | None = None) -> str:
     """The idempotency key, or ``none`` outside a worker."""
     return ctx.idempotency_key if ctx is not None else "none"
+
+
+@tool
+def huge(path: str, size: int) -> str:
+    """Append a line to a file (to count runs), then return ``size`` characters of text."""
+    with open(path, "a") as f:
+        f.write("ran\n")
+    line = "the quick brown fox jumps over the lazy dog\n"
+    return (line * (size // len(line) + 1))[:size]
