@@ -14,7 +14,8 @@ pending; the service flushes before it acks the
 turn, so a turn is never done while one of its events is not stored.
 
 An event larger than one NATS message (``nc.max_payload``) is cut to fit, after a
-``payload_truncated`` event that says so (:mod:`loopmesh.payload`).
+``payload_truncated`` event that says so (:mod:`loopmesh.payload`); one with no long
+text to cut is replaced by an ``error`` event (code ``payload_too_large``).
 
 Every event carries a deterministic ``Nats-Msg-Id``, so the events of an iteration that
 is replayed after a crash are deduplicated by the stream. ``<turn>`` is the turn's
@@ -42,9 +43,9 @@ import msgspec
 from nats.aio.client import Client
 
 from loopmesh.jetstream import Publisher, acked, retry
-from loopmesh.payload import fit, limit_of
+from loopmesh.payload import DoesNotFit, fit, limit_of
 from schemas import Subjects, encode, turn_msg_id
-from schemas.events import Event, PayloadTruncated, tool_event_msg_id
+from schemas.events import Error, Event, PayloadTruncated, tool_event_msg_id
 from schemas.ids import check_turn_msg_id
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
@@ -173,8 +174,18 @@ class JetStreamEvents:
     async def _cut(self, event: Event, limit: int) -> tuple[Event, bytes]:
         """``event`` cut to fit in one message, after a ``payload_truncated`` event
         saying so (before it: a reader stops at ``loop_end``)."""
-        fitted = fit(event, limit)
         max_payload = self._nc.max_payload
+        try:
+            fitted = fit(event, limit)
+        except DoesNotFit as exc:  # no long text in it: say what was lost instead
+            log.error("%s event dropped: %s turn=%s", event.type, exc, event.turn_id)
+            error = Error(
+                tenant=event.tenant, session=event.session, turn_id=event.turn_id,
+                iteration=event.iteration, ts=event.ts, code="payload_too_large",
+                message=f"a {event.type} event of {exc.size} bytes exceeds the NATS "
+                f"max_payload ({max_payload}) and has no long text to cut",
+            )  # fmt: skip
+            return error, encode(error)
         log.warning(
             "%s event cut from %d to %d bytes (max_payload %d) turn=%s",
             event.type, fitted.size, len(fitted.data), max_payload, event.turn_id,

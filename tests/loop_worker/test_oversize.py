@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from loop_worker.engine.settings import LoopSettings
+from loop_worker.sink import JetStreamEvents
 from loopmesh.server import NatsServer
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto, text
 from schemas import SessionSnapshot, Turn, decode
-from schemas.events import LoopEnd, PayloadTruncated
+from schemas.events import Error, LoopEnd, PayloadTruncated, ToolCallEvent
 from tests.loop_worker.durable import Mesh, Watch, send_turn
 
 MAX_PAYLOAD = 64 * 1024
@@ -76,3 +77,19 @@ async def test_a_reply_larger_than_max_payload_is_cut_in_its_events_and_snapshot
     assert assistant and "[cut by loopmesh: " in str(assistant[-1])
     info = await mesh.nc.jetstream().stream_info(SUBJECTS.turns_stream)
     assert info.state.messages == 0  # the turn was acked
+
+
+async def test_an_event_too_large_with_no_long_text_to_cut_becomes_an_error_event(
+    small_mesh: Mesh,
+) -> None:
+    nc = small_mesh.nc
+    sink = JetStreamEvents(nc, SUBJECTS)
+    sink.begin("acme.s1.t1")
+    many = {f"k{i}": "v" * 100 for i in range(2_000)}  # 230 KB of short texts
+    await sink.emit(
+        ToolCallEvent(tenant="acme", session="s1", turn_id="t1", call_id="c1", arguments=many)
+    )
+    await sink.flush("acme.s1.t1")
+    [(event, _)] = await stream_events(nc, "acme", "s1")
+    assert isinstance(event, Error) and event.code == "payload_too_large"
+    assert "tool_call event" in event.message and str(MAX_PAYLOAD) in event.message
