@@ -215,8 +215,9 @@ async def test_a_local_tool_rerun_after_a_kill_sees_the_same_key_on_its_second_a
         second.terminate()
         await second.wait()
     assert result.status == "ok", result.error
-    runs = [line.split() for line in log.read_text().splitlines()]
-    assert runs == [
-        [a_call_id(), "1", str(first.pid)],
-        [a_call_id(), "2", str(second.pid)],
+    (key1, attempt1, pid1), (key2, attempt2, pid2) = [
+        line.split() for line in log.read_text().splitlines()
     ]
+    assert key1 == key2 == a_call_id()  # the same key on both runs
+    assert (attempt1, pid1, pid2) == ("1", str(first.pid), str(second.pid))
+    assert int(attempt2) >= 2  # a redelivery (the dead worker's pull may have counted one)
