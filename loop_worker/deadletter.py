@@ -7,9 +7,12 @@ A turn is given up on in two ways:
   work queue, ``term`` removes it);
 - it ran out of deliveries: the consumer's ``max_deliver`` stops redelivering it and
   nats-server publishes ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>``.
-  :meth:`DeadLetters.run` takes those advisories (one loop worker of the queue group
-  each), fetches the message by its stream sequence, records it and deletes it from
-  the work queue. A ``MSG_TERMINATED`` advisory is handled the same way when the
+  The advisories stream (:attr:`schemas.Subjects.advisories_stream`, a work queue)
+  keeps each advisory until a loop worker has handled it, so an advisory published
+  while no loop worker runs is handled when one comes back. :meth:`DeadLetters.run`
+  takes them through the stream's durable consumer (each advisory to one worker),
+  fetches the turn by its stream sequence, records it, deletes it from the work queue
+  and acks the advisory. A ``MSG_TERMINATED`` advisory is handled the same way when the
   message is still there (a term by another client on a stream that keeps it).
 
 The record is the message's body unchanged, published to
@@ -19,8 +22,9 @@ The record is the message's body unchanged, published to
 on after its deliveries also gets an ``error`` event (code ``dead_letter``) and its
 single ``loop_end`` (reason ``error``, the ``<tenant>.<session>.<turn>:loop_end`` id every
 ``loop_end`` of the turn has), so a client following it is not left waiting.
-An advisory published while no loop worker listens is not seen: the message
-then stays in the stream (``loopmesh`` reports it in the consumer's pending counts).
+Without the advisories stream (a deployment not provisioned since it was added) the
+worker falls back to a core subscription and says so: an advisory published while no
+loop worker listens is then lost, and its turn stays in the turns stream.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
+from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, acked, quietly, retry
 from schemas import InvalidIdError, Subjects, encode, is_token, turn_msg_id
 from schemas.events import Error, LoopEnd
@@ -45,6 +50,8 @@ log = logging.getLogger("loopmesh.loop_worker.deadletter")
 BURIED = Counter("loopmesh_loop_turns_dead_lettered", "Turns given up on", ["reason"])
 
 QUEUE = "loopmesh-deadletter"
+_FETCH_S = 5.0  # a pull for advisories waits this long before asking again
+_RETRY_S = 5.0  # an advisory whose handling failed is handed back for this long
 
 
 class _Advisory(msgspec.Struct, frozen=True):
@@ -65,13 +72,50 @@ class DeadLetters:
         self.subjects = subjects
         self.publisher = publisher
         self._js = nc.jetstream()
-        stream, consumer = subjects.turns_stream, subjects.turns_consumer
-        self.advisories = (
-            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}",
-            f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{stream}.{consumer}",
-        )
+        self.advisories = subjects.turn_advisories
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Handle the advisories, from the advisories stream when there is one."""
+        stream, durable = self.subjects.advisories_stream, self.subjects.advisories_consumer
+        try:
+            await retry(lambda: self._js.consumer_info(stream, durable), "advisories consumer")
+        except NotFoundError:
+            log.warning(
+                "no consumer %s on stream %s (provision again): dead-letter advisories are "
+                "seen only while a loop worker listens", durable, stream,
+            )  # fmt: skip
+            await self._listen(ready)
+            return
+        sub = await self._js.pull_subscribe_bind(durable, stream)
+        if ready is not None:
+            ready.set()
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(16, timeout=_FETCH_S)
+                except TimeoutError:
+                    msgs = []
+                raise_if_cancelled()
+                for msg in msgs:
+                    await self._take(msg)
+        finally:
+            await quietly(sub.unsubscribe())
+
+    async def _take(self, msg: Msg) -> None:
+        """Handle one stored advisory: ack it once handled, hand it back if that failed."""
+        try:
+            await self._on_advisory(msg)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.error("unreadable advisory on %s: %r", msg.subject, msg.data[:200])
+            await quietly(msg.term())
+        except Exception:
+            log.exception("dead-letter advisory not handled subject=%s", msg.subject)
+            await quietly(msg.nak(delay=_RETRY_S))
+        else:
+            await quietly(msg.ack())
+
+    async def _listen(self, ready: asyncio.Event | None) -> None:
+        """The fallback: a core subscription (advisories sent meanwhile are lost)."""
         subs = [await self.nc.subscribe(s, queue=QUEUE) for s in self.advisories]
         if ready is not None:
             ready.set()

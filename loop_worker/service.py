@@ -54,7 +54,7 @@ from schemas import (
     session_key,
 )
 from schemas.admit import Refused
-from schemas.streams import embeddings_bucket
+from schemas.streams import advisories_consumer, advisories_stream, embeddings_bucket
 
 from . import refusals
 from .config import LoopWorkerConfig, ServiceSettings
@@ -219,6 +219,9 @@ class LoopWorker:
                     description="messages given up on, with the reason in their headers",
                 ),
             )
+            replicas = self.config.nats.replicas
+            await ensure_stream(self._js, advisories_stream(subjects, replicas=replicas))
+            await ensure_consumer(self._js, advisories_consumer(subjects))
             await ensure_bucket(
                 self._js,
                 KVDef(

@@ -13,6 +13,10 @@ it has none, waits for the acks and publishes again, with acks, whatever is stil
 pending; the service flushes before it acks the
 turn, so a turn is never done while one of its events is not stored.
 
+An event larger than one NATS message (``nc.max_payload``) is cut to fit, after a
+``payload_truncated`` event that says so (:mod:`loopmesh.payload`); one with no long
+text to cut is replaced by an ``error`` event (code ``payload_too_large``).
+
 Every event carries a deterministic ``Nats-Msg-Id``, so the events of an iteration that
 is replayed after a crash are deduplicated by the stream. ``<turn>`` is the turn's
 ``<tenant>.<session>.<id>`` (:attr:`schemas.Turn.msg_id`), so two tenants' (or
@@ -39,8 +43,9 @@ import msgspec
 from nats.aio.client import Client
 
 from loopmesh.jetstream import Publisher, acked, retry
+from loopmesh.payload import DoesNotFit, fit, limit_of
 from schemas import Subjects, encode, turn_msg_id
-from schemas.events import Event, tool_event_msg_id
+from schemas.events import Error, Event, PayloadTruncated, tool_event_msg_id
 from schemas.ids import check_turn_msg_id
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
@@ -137,13 +142,16 @@ class JetStreamEvents:
             turn = self._turns[key] = _Turn()
         if not event.ts:
             event = _stamped(event)
+        payload = encode(event)
+        if len(payload) > (limit := limit_of(self._nc)):
+            event, payload = await self._cut(event, limit)
         kind = event.type
         msg_id = self._msg_id(turn, key, event, kind)
         subject = turn.subjects.get(kind)
         if subject is None or turn.where != (event.tenant, event.session):
             turn.where = (event.tenant, event.session)
             subject = turn.subjects[kind] = self._subjects.event(event.tenant, event.session, kind)
-        item = _Pending(subject, encode(event), msg_id)
+        item = _Pending(subject, payload, msg_id)
         turn.pending[msg_id] = item
         if (
             kind == "loop_end"
@@ -162,6 +170,34 @@ class JetStreamEvents:
             turn.reconnects = reconnects
         turn.unacked.append(item)
         turn.unacked_bytes += len(item.payload)
+
+    async def _cut(self, event: Event, limit: int) -> tuple[Event, bytes]:
+        """``event`` cut to fit in one message, after a ``payload_truncated`` event
+        saying so (before it: a reader stops at ``loop_end``)."""
+        max_payload = self._nc.max_payload
+        try:
+            fitted = fit(event, limit)
+        except DoesNotFit as exc:  # no long text in it: say what was lost instead
+            log.error("%s event dropped: %s turn=%s", event.type, exc, event.turn_id)
+            error = Error(
+                tenant=event.tenant, session=event.session, turn_id=event.turn_id,
+                iteration=event.iteration, ts=event.ts, code="payload_too_large",
+                message=f"a {event.type} event of {exc.size} bytes exceeds the NATS "
+                f"max_payload ({max_payload}) and has no long text to cut",
+            )  # fmt: skip
+            return error, encode(error)
+        log.warning(
+            "%s event cut from %d to %d bytes (max_payload %d) turn=%s",
+            event.type, fitted.size, len(fitted.data), max_payload, event.turn_id,
+        )  # fmt: skip
+        notice = PayloadTruncated(
+            tenant=event.tenant, session=event.session, turn_id=event.turn_id,
+            iteration=event.iteration, ts=event.ts, what=event.type,
+            call_id=getattr(event, "call_id", ""), fields=fitted.cut, size=fitted.size,
+            kept=len(fitted.data), max_payload=max_payload,
+        )  # fmt: skip
+        await self.emit(notice)
+        return fitted.value, fitted.data
 
     async def _barrier(self, turn: _Turn, item: _Pending) -> None:
         """Publish ``item`` with an ack that vouches for the turn's unacked events."""

@@ -26,7 +26,8 @@ with ``warm=True`` uses them instead of a read. When the caller may say ``warm``
 business (the loop worker's reasoning: :func:`loop_worker.turn.warm`).
 
 The engine keeps bulky tool outputs out of the snapshot (it stores a truncated copy in
-the conversation); the full result lives in the call's effect record.
+the conversation); the full result lives in the call's effect record. A snapshot larger
+than one NATS message has its longest message texts cut to fit (:mod:`loopmesh.payload`).
 """
 
 from __future__ import annotations
@@ -42,13 +43,15 @@ from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, retry, settled
-from schemas import SessionSnapshot, Subjects, decode, encode, session_key
+from loopmesh.payload import fit, limit_of
+from schemas import SessionSnapshot, Subjects, decode, session_key
 
 from .engine.errors import StaleSessionError
 
 log = logging.getLogger("loopmesh.loop_worker.store")
 
 _ACK_WAIT_S = 5.0
+_TEXTS = frozenset({"content", "summary"})  # what a snapshot too large may have cut
 WARM_BYTES = 32 * 1024 * 1024  # encoded size of the ended sessions' snapshots kept
 
 
@@ -150,7 +153,7 @@ class KVSessionStore:
         key = session_key(snapshot.tenant, snapshot.session)
         if not self._pipelined:
             self._current.pop(key, None)
-            data = encode(snapshot)
+            snapshot, data = self._encode(snapshot)
             await self._write(key, data)
             self._current[key] = (snapshot, len(data))
             return
@@ -189,7 +192,7 @@ class KVSessionStore:
         kept = self._kept.pop(key, None)
         if kept is None:
             return
-        data = encode(kept[0])
+        snapshot, data = self._encode(kept[0])
         await self._settle(key)  # the previous checkpoint's revision is the next's base
         last = self._revisions.get(key) or 0
         self._current.pop(key, None)  # stored once settled
@@ -197,7 +200,19 @@ class KVSessionStore:
             self.kv.prefix + key, data, {"Nats-Expected-Last-Subject-Sequence": str(last)}
         )
         self._pending[key] = (future, data)
-        self._current[key] = (kept[0], len(data))
+        self._current[key] = (snapshot, len(data))
+
+    def _encode(self, snapshot: SessionSnapshot) -> tuple[SessionSnapshot, bytes]:
+        """The snapshot as stored: if larger than one NATS message, its longest message
+        texts cut to fit (the events of those replies said so when they were cut)."""
+        fitted = fit(snapshot, limit_of(self._nc), keys=_TEXTS)
+        if fitted.cut:
+            log.warning(
+                "snapshot of %s.%s cut from %d to %d bytes to fit max_payload: %s",
+                snapshot.tenant, snapshot.session, fitted.size, len(fitted.data),
+                ", ".join(fitted.cut),
+            )  # fmt: skip
+        return fitted.value, fitted.data
 
     async def _settle(self, key: str) -> None:
         pending = self._pending.pop(key, None)

@@ -285,6 +285,24 @@ class Error(Event, tag="error", frozen=True, kw_only=True):
     fatal: bool = False
 
 
+class PayloadTruncated(Event, tag="payload_truncated", frozen=True, kw_only=True):
+    """A message was larger than the NATS server's ``max_payload`` and was cut to fit
+    (never dropped): its longest texts end with a ``[cut by loopmesh: ...]`` marker.
+
+    ``what``: the message cut, an event type (``llm_response``, ``message``,
+    ``loop_end``...) or ``tool_result`` (the result of call ``call_id``, as its effect
+    record, its reply and its event hold it). ``fields``: the paths of the texts cut;
+    ``size``: the encoded bytes before, ``kept`` after; ``max_payload``: the server's.
+    """
+
+    what: str = ""
+    call_id: str = ""
+    fields: tuple[str, ...] = ()
+    size: int = 0
+    kept: int = 0
+    max_payload: int = 0
+
+
 AnyEvent = (
     TurnAccepted
     | LoopStart
@@ -315,6 +333,7 @@ AnyEvent = (
     | OrchestratorFallback
     | LoopEnd
     | Error
+    | PayloadTruncated
 )
 
 

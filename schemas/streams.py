@@ -105,6 +105,7 @@ def definitions(
                 replicas=replicas,
                 description="messages given up on, with the reason in their headers",
             ),
+            advisories_stream(s, max_age_s=deadletter_max_age_s, replicas=replicas),
         ),
         consumers=(
             ConsumerDef(
@@ -114,6 +115,7 @@ def definitions(
                 max_deliver=turn_max_deliver,
                 description="loop workers share this consumer",
             ),
+            advisories_consumer(s),
         ),
         buckets=(
             KVDef(
@@ -172,4 +174,29 @@ def pool_consumer(subjects: Subjects, pool: str, *, ack_wait_s: float = 30.0) ->
         filter_subject=subjects.pool_tools(pool),
         ack_wait_s=ack_wait_s,
         description=f"tool pool {pool}",
+    )
+
+
+def advisories_stream(
+    subjects: Subjects, *, max_age_s: float = 30 * 24 * 3600.0, replicas: int = 1
+) -> StreamDef:
+    """The stream that keeps the turns consumer's give-up advisories until a loop worker
+    has dead-lettered their turns (:attr:`Subjects.turn_advisories`)."""
+    return StreamDef(
+        name=subjects.advisories_stream,
+        subjects=subjects.turn_advisories,
+        retention="workqueue",
+        max_age_s=max_age_s,
+        replicas=replicas,
+        description="max-deliveries and terminated advisories of turns, until dead-lettered",
+    )
+
+
+def advisories_consumer(subjects: Subjects) -> ConsumerDef:
+    """The durable consumer through which loop workers take those advisories."""
+    return ConsumerDef(
+        stream=subjects.advisories_stream,
+        durable=subjects.advisories_consumer,
+        ack_wait_s=30.0,
+        description="loop workers dead-letter the turns these advisories name",
     )

@@ -92,6 +92,17 @@ class Subjects:
     def all_deadletter(self) -> str:
         return f"{self.prefix}.deadletter.>"
 
+    @property
+    def turn_advisories(self) -> tuple[str, ...]:
+        """The advisories nats-server publishes when the turns consumer gives up on a
+        turn (``max_deliver`` reached) or a turn is terminated; kept in
+        :attr:`advisories_stream` so none is lost while no loop worker listens."""
+        where = f"{self.turns_stream}.{self.turns_consumer}"
+        return (
+            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{where}",
+            f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{where}",
+        )
+
     # -- names of streams, consumers and buckets ------------------------------------
 
     def _name(self, suffix: str) -> str:
@@ -116,6 +127,14 @@ class Subjects:
     @property
     def turns_consumer(self) -> str:
         return "loop-workers"
+
+    @property
+    def advisories_stream(self) -> str:
+        return self._name("ADVISORIES")
+
+    @property
+    def advisories_consumer(self) -> str:
+        return "deadletter"
 
     def pool_consumer(self, pool: str) -> str:
         return f"pool-{check_token(pool, 'pool')}"

@@ -4,8 +4,9 @@ Write tools with :func:`tool`; run a pool with ``loopmesh tool-worker --pool NAM
 (or :class:`ToolWorker` in your own process).
 """
 
+from .context import ToolContext
 from .errors import ToolError
 from .local import load_module, to_tool, tool
 from .registry import Registry, Tool
 
-__all__ = ["Registry", "Tool", "ToolError", "load_module", "to_tool", "tool"]
+__all__ = ["Registry", "Tool", "ToolContext", "ToolError", "load_module", "to_tool", "tool"]

@@ -5,7 +5,8 @@
 :mod:`math`); nothing is ever passed to ``eval``, and exponents are bounded so that
 ``9**9**9`` is refused instead of eating the CPU. ``http_fetch`` reads an http(s) URL
 with a size and a time limit, only from public addresses unless the allowlist names a
-host (see :mod:`tool_worker.egress`).
+host (see :mod:`tool_worker.egress`); it sends the call's idempotency key as an
+``Idempotency-Key`` header (see :mod:`tool_worker.context`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 import msgspec
 
+from .context import HEADER, ToolContext
 from .egress import Address, Allowlist, Egress, Resolver, literal, resolve
 from .errors import Rejected, ToolError
 from .local import to_tool, tool
@@ -157,6 +159,7 @@ def http_fetch_tool(
             str, msgspec.Meta(description="The URL exactly as given, http:// or https://")
         ],
         max_chars: Annotated[int, msgspec.Meta(ge=1)] | None = None,
+        context: ToolContext | None = None,
     ) -> FetchResult:
         """Fetch http(s) URL: read a web page and return its text."""
         try:
@@ -179,7 +182,8 @@ def http_fetch_tool(
                 async with asyncio.timeout(timeout_s):
                     port = target.port or (443 if target.scheme == "https" else 80)
                     addresses = await egress.check(target.raw_host.decode("ascii"), port)
-                    response = await _send_pinned(client, target, addresses)
+                    key = context.idempotency_key if context is not None else None
+                    response = await _send_pinned(client, target, addresses, key)
                     try:
                         async for chunk in response.aiter_bytes():
                             body += chunk
@@ -207,18 +211,24 @@ def http_fetch_tool(
 
 
 async def _send_pinned(
-    client: httpx.AsyncClient, url: httpx.URL, addresses: list[Address]
+    client: httpx.AsyncClient,
+    url: httpx.URL,
+    addresses: list[Address],
+    idempotency_key: str | None = None,
 ) -> httpx.Response:
     """GET ``url`` from the first of ``addresses`` that accepts a connection, keeping the
     URL's host in the Host header and, for https, in the TLS server name (so the
-    certificate is checked against it)."""
+    certificate is checked against it); the call's ``Idempotency-Key`` goes with it."""
     host = url.raw_host.decode("ascii")
+    headers = {"Host": url.netloc.decode("ascii")}
+    if idempotency_key:
+        headers[HEADER] = idempotency_key
     extensions = {} if literal(host) is not None else {"sni_hostname": host}
     for i, address in enumerate(addresses):
         request = client.build_request(
             "GET",
             url.copy_with(host=str(address)),
-            headers={"Host": url.netloc.decode("ascii")},
+            headers=headers,
             extensions=extensions if url.scheme == "https" else {},
         )
         try:

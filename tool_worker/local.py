@@ -12,6 +12,8 @@
 The JSON Schema of the arguments comes from the annotations (msgspec builds it, so
 ``Annotated[int, msgspec.Meta(ge=0, description=...)]``, ``Literal``, Structs and
 optional parameters all work); the first paragraph of the docstring is the description.
+A parameter annotated :class:`~tool_worker.context.ToolContext` (or ``ToolContext |
+None``) is not an argument: it receives the call's context, with its idempotency key.
 Sync functions run in a thread, off the event loop. A worker loads tool modules by
 import path (``load_module("mypkg.tools")``) and serves every decorated function in them.
 """
@@ -27,7 +29,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import InvalidArguments, RegistryError, ToolModuleError
+from . import context as call_context
+from .context import ToolContext
+from .errors import InvalidArguments, RegistryError, ToolError, ToolModuleError
 from .registry import Tool
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,7 +91,7 @@ def tool(
 def to_tool(fn: Callable[..., Any]) -> Tool:
     """The :class:`Tool` of a function marked with :func:`tool` (or of any function)."""
     options: ToolOptions = getattr(fn, _MARK, None) or ToolOptions()
-    args_type = _arguments_struct(fn)
+    args_type, context_param = _arguments_struct(fn)
     schema = _schema(args_type)
     names = [f.name for f in msgspec.structs.fields(args_type)]
     is_async = inspect.iscoroutinefunction(fn)
@@ -100,6 +104,11 @@ def to_tool(fn: Callable[..., Any]) -> Tool:
             message, _, path = str(exc).partition(" - at `")
             raise InvalidArguments(message, path=path.rstrip("`") or "$") from None
         kwargs = {n: getattr(parsed, n) for n in names}
+        if context_param is not None:
+            context, required = call_context.current(), context_param[1]
+            if context is None and required:
+                raise ToolError(f"{fn.__qualname__} needs a call context: run it in a worker")
+            kwargs[context_param[0]] = context
         if is_async:
             result = await fn(**kwargs)
         else:
@@ -148,12 +157,16 @@ def load_module(path: str) -> list[Tool]:
     return found
 
 
-def _arguments_struct(fn: Callable[..., Any]) -> type[msgspec.Struct]:
+def _arguments_struct(
+    fn: Callable[..., Any],
+) -> tuple[type[msgspec.Struct], tuple[str, bool] | None]:
+    """The Struct of ``fn``'s arguments, and its context parameter (name, required)."""
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as exc:
         raise RegistryError(f"cannot read the annotations of {fn.__qualname__}: {exc}") from exc
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    context_param: tuple[str, bool] | None = None
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise RegistryError(
@@ -161,13 +174,27 @@ def _arguments_struct(fn: Callable[..., Any]) -> type[msgspec.Struct]:
                 "(no *args, **kwargs or positional-only parameters)"
             )
         type_ = hints.get(p.name, Any)
+        if _is_context(type_):
+            if context_param is not None:
+                raise RegistryError(f"tool {fn.__qualname__}: two ToolContext parameters")
+            context_param = (p.name, type_ is ToolContext)
+            continue
         fields.append((p.name, type_) if p.default is p.empty else (p.name, type_, p.default))
     try:
-        return msgspec.defstruct(
+        struct = msgspec.defstruct(
             f"{fn.__name__}_arguments", fields, kw_only=True, forbid_unknown_fields=True
         )
     except TypeError as exc:
         raise RegistryError(f"tool {fn.__qualname__}: {exc}") from exc
+    return struct, context_param
+
+
+def _is_context(type_: Any) -> bool:
+    """``ToolContext`` or ``ToolContext | None``."""
+    if type_ is ToolContext:
+        return True
+    args = typing.get_args(type_)
+    return ToolContext in args and set(args) <= {ToolContext, type(None)}
 
 
 def _schema(args_type: type[msgspec.Struct]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ same task; callers reach it through a queue of calls with futures. The task:
 - starts the process (or connects), initializes, lists the tools (following
   ``next_cursor``) and registers them under the server's name, tool names mapped to
   subject tokens with :func:`schemas.safe_token` and back when calling;
-- runs each queued call in its own child task; a caller that gives up (its timeout)
+- runs each queued call in its own child task, with the call's idempotency key in the
+  request's ``_meta`` (``io.loopmesh/idempotency-key``, see :mod:`tool_worker.context`)
+  so that a server can tell a re-run of a call from a new one; a caller that gives up (its timeout)
   cancels the call, which the SDK forwards as ``notifications/cancelled``;
 - re-lists on ``notifications/tools/list_changed``;
 - pings the server now and then; when the process dies, the connection drops or the
@@ -28,7 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import anyio
 import msgspec
@@ -42,6 +44,7 @@ from mcp.shared.exceptions import MCPError
 from loopmesh.settings import AtLeastOne, Positive
 from schemas import safe_token
 
+from .context import META_KEY, current
 from .errors import CircuitOpen, McpToolError, Unavailable
 from .registry import Registry, Tool
 
@@ -122,6 +125,7 @@ class _Call:
     name: str
     arguments: dict[str, Any]
     future: asyncio.Future[str]
+    idempotency_key: str | None = None
     resent: bool = False
 
 
@@ -148,8 +152,11 @@ class McpServer:
 
     # -- the caller's side ------------------------------------------------------------
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Call the MCP tool ``name`` (its original name); raises ToolError subclasses."""
+    async def call(
+        self, name: str, arguments: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> str:
+        """Call the MCP tool ``name`` (its original name); raises ToolError subclasses.
+        ``idempotency_key`` goes to the server in the request's ``_meta``."""
         breaker = self._breakers.get(name)
         if breaker is None:
             s = self.settings
@@ -158,7 +165,7 @@ class McpServer:
         if self._closing:
             raise Unavailable(self.name, "the worker is stopping")
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Call(name, arguments, future))
+        self._queue.put_nowait(_Call(name, arguments, future, idempotency_key))
         try:
             text = await future
         except BaseException:
@@ -267,7 +274,9 @@ class McpServer:
         original = t.name
 
         async def invoke(arguments: dict[str, Any]) -> str:
-            return await self.call(original, arguments)
+            context = current()
+            key = context.idempotency_key if context is not None else None
+            return await self.call(original, arguments, idempotency_key=key)
 
         title = t.title or (original if token != original else None)
         return Tool(
@@ -304,7 +313,8 @@ class McpServer:
         try:
             with scope:
                 try:
-                    result = await session.call_tool(call.name, call.arguments)
+                    meta = _meta(call.idempotency_key)
+                    result = await session.call_tool(call.name, call.arguments, meta=meta)
                 except MCPError as exc:
                     if exc.message in _SESSION_GONE and not call.resent:
                         # The server rejected the session before running anything:
@@ -364,6 +374,13 @@ class McpServer:
             item = self._queue.get_nowait()
             if isinstance(item, _Call):
                 _fail(item.future, Unavailable(self.name, reason))
+
+
+def _meta(idempotency_key: str | None) -> types.RequestParamsMeta | None:
+    """A ``tools/call`` request's ``_meta`` (an open map: our key beside the SDK's)."""
+    if not idempotency_key:
+        return None
+    return cast(types.RequestParamsMeta, {META_KEY: idempotency_key})
 
 
 def _fail(future: asyncio.Future[str], exc: Exception) -> None:

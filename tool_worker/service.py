@@ -12,8 +12,10 @@ once. For each request:
    for each call once, and the stream keeps one copy per call id);
 2. if there is an effect record, that is the result;
 3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
-   its timeout (with in-progress acks while it runs) and publish the result to the
-   effects bucket;
+   its timeout (with in-progress acks while it runs; the tool sees the call's id as its
+   idempotency key, :mod:`tool_worker.context`) and publish the result to the effects
+   bucket — cut to fit in one NATS message if it is larger, with a
+   ``payload_truncated`` event (:mod:`loopmesh.payload`);
 4. core-publish the result to ``reply_to`` and publish the ``tool_result`` /
    ``tool_error`` / ``tool_timeout`` event while the effect is being stored. The
    event is published to the stream's subject without asking for JetStream's
@@ -42,6 +44,7 @@ from nats.aio.msg import Msg
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, quietly, worker_name
+from loopmesh.payload import Fitted, fit, limit_of
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -54,10 +57,18 @@ from schemas import (
     is_token,
     pool_consumer,
 )
-from schemas.events import Event, ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
+from schemas.events import (
+    Event,
+    PayloadTruncated,
+    ToolErrorEvent,
+    ToolResultEvent,
+    ToolTimeout,
+    tool_event_msg_id,
+)
 
 from . import metrics
 from .catalog import Catalog
+from .context import ToolContext, calling
 from .effects import Effects
 from .errors import ToolError, Unavailable, UnknownTool
 from .mcp import McpServer
@@ -327,8 +338,12 @@ class ToolWorker:
             self.stats["recorded"] += 1
             stored = None
         else:
-            result = await self.execute(request)
-            payload = encode(result)
+            result = await self.execute(request, attempt=msg.metadata.num_delivered)
+            # Too large for one message: cut, and recorded cut, so a repeat sees the same.
+            fitted = fit(result, limit_of(self.nc))
+            result, payload = fitted.value, fitted.data
+            if fitted.cut:
+                await self._emit_cut(request, fitted)
             stored = await self._effects.put(request.call_id, payload)
             self.stats["calls"] += 1
         free()
@@ -344,12 +359,19 @@ class ToolWorker:
                 await stored
         await msg.ack()
 
-    async def execute(self, request: ToolCallRequest) -> ToolResult:
-        """Run one call and describe its outcome; never raises for a tool's failure."""
+    async def execute(self, request: ToolCallRequest, *, attempt: int = 1) -> ToolResult:
+        """Run one call and describe its outcome; never raises for a tool's failure.
+        The tool sees the call's :class:`~tool_worker.context.ToolContext` (its
+        idempotency key); ``attempt`` is the request's delivery count."""
         in_flight = metrics.IN_FLIGHT.labels(self.pool)
         in_flight.inc()
+        context = ToolContext(
+            call_id=request.call_id, tenant=request.tenant, session=request.session,
+            turn_id=request.turn_id, iteration=request.iteration, attempt=attempt,
+        )  # fmt: skip
         try:
-            result = await self._execute(request)
+            with calling(context):
+                result = await self._execute(request)
         finally:
             in_flight.dec()
         labels = (request.tool, request.server, self.pool)
@@ -431,13 +453,32 @@ class ToolWorker:
             event = ToolErrorEvent(
                 **common, code=error.code, message=error.message, worker=result.worker
             )
+        await self._publish(request, event)
+
+    async def _emit_cut(self, request: ToolCallRequest, fitted: Fitted[ToolResult]) -> None:
+        """Say that the call's result was cut to fit in one NATS message."""
+        log.warning(
+            "result of %s.%s cut from %d to %d bytes (max_payload %d) call_id=%s",
+            request.server, request.tool, fitted.size, len(fitted.data),
+            self.nc.max_payload, request.call_id,
+        )  # fmt: skip
+        event = PayloadTruncated(
+            tenant=request.tenant, session=request.session, turn_id=request.turn_id,
+            iteration=request.iteration, ts=time.time(), what="tool_result",
+            call_id=request.call_id, fields=fitted.cut, size=fitted.size,
+            kept=len(fitted.data), max_payload=self.nc.max_payload,
+        )  # fmt: skip
+        await self._publish(request, event)
+
+    async def _publish(self, request: ToolCallRequest, event: Event) -> None:
         subject = self.subjects.event(request.tenant, request.session, event.type)
         headers = {"Nats-Msg-Id": tool_event_msg_id(request.call_id, event.type)}
+        payload = fit(event, limit_of(self.nc)).data
         if self.confirm_events:
-            future = await self._publisher.publish(subject, encode(event), headers)
+            future = await self._publisher.publish(subject, payload, headers)
             future.add_done_callback(_log_failed_event)
         else:
-            await self.nc.publish(subject, encode(event), headers=headers)
+            await self.nc.publish(subject, payload, headers=headers)
 
     def _timeout_of(self, request: ToolCallRequest) -> float:
         try:

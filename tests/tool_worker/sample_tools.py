@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from tool_worker import ToolError, tool
+from tool_worker import ToolContext, ToolError, tool
 
 
 @tool
@@ -73,3 +73,31 @@ async def nap(seconds: float) -> str:
     print(f"nap: started in {os.getpid()}", file=sys.stderr, flush=True)
     await asyncio.sleep(seconds)
     return f"napped {seconds}"
+
+
+@tool(timeout_s=120)
+def keyed(path: str, stall: bool, ctx: ToolContext) -> str:
+    """Append the call's idempotency key and attempt to a file; with ``stall``, the first
+    run (the file did not exist) then stalls for a minute, for killing its worker."""
+    first = not os.path.exists(path)
+    with open(path, "a") as f:
+        f.write(f"{ctx.idempotency_key} {ctx.attempt} {os.getpid()}\n")
+    if stall and first:
+        print(f"keyed: stalling in {os.getpid()}", file=sys.stderr, flush=True)
+        time.sleep(60)
+    return f"{ctx.idempotency_key} by {os.getpid()}"
+
+
+@tool
+async def maybe_keyed(ctx: ToolContext | None = None) -> str:
+    """The idempotency key, or ``none`` outside a worker."""
+    return ctx.idempotency_key if ctx is not None else "none"
+
+
+@tool
+def huge(path: str, size: int) -> str:
+    """Append a line to a file (to count runs), then return ``size`` characters of text."""
+    with open(path, "a") as f:
+        f.write("ran\n")
+    line = "the quick brown fox jumps over the lazy dog\n"
+    return (line * (size // len(line) + 1))[:size]

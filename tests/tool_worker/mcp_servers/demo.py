@@ -2,6 +2,7 @@
 ``python demo.py http PORT``.
 
 Tools: ``add``, ``echo``, ``fail`` (an is_error result), ``slow``, ``pid``,
+``idempotency_key`` (the key the request's ``_meta`` carried),
 ``dotted.name`` (a name that is not a subject token), ``grow`` (adds a tool and sends
 ``notifications/tools/list_changed``), and ``page_*`` tools so that listing is paged.
 """
@@ -64,6 +65,13 @@ async def slow(seconds: float) -> str:
 def pid() -> str:
     """The server's process id."""
     return str(os.getpid())
+
+
+@server.tool()
+def idempotency_key(ctx: Context) -> str:
+    """The idempotency key in this request's ``_meta`` (``none`` when there is none)."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("io.loopmesh/idempotency-key", "none"))
 
 
 @server.tool(name="dotted.name")
