@@ -199,7 +199,7 @@ class LoopWorker:
     async def _prepare(self) -> None:
         s, subjects = self.settings, self.subjects
         if s.provision:
-            await ensure_consumer(
+            done = await ensure_consumer(
                 self._js,
                 ConsumerDef(
                     stream=subjects.turns_stream,
@@ -209,7 +209,7 @@ class LoopWorker:
                     description="loop workers share this consumer",
                 ),
             )
-            await ensure_stream(
+            done += "\n" + await ensure_stream(
                 self._js,
                 StreamDef(
                     name=subjects.deadletter_stream,
@@ -219,7 +219,7 @@ class LoopWorker:
                     description="messages given up on, with the reason in their headers",
                 ),
             )
-            await ensure_bucket(
+            done += "\n" + await ensure_bucket(
                 self._js,
                 KVDef(
                     bucket=subjects.leases_bucket,
@@ -229,8 +229,12 @@ class LoopWorker:
                 ),
             )
             if self.prefilter is not None and self.prefilter.embedder is not None:
-                await ensure_bucket(
+                done += "\n" + await ensure_bucket(
                     self._js, embeddings_bucket(self.subjects, replicas=self.config.nats.replicas)
+                )
+            for action in filter(None, done.split("\n")):  # a change is never silent
+                log.log(
+                    logging.WARNING if action.startswith("updated") else logging.INFO, "%s", action
                 )
         info = await retry(
             lambda: self._js.consumer_info(subjects.turns_stream, subjects.turns_consumer),
