@@ -174,9 +174,10 @@ class LoopWorker:
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 self.ready.set()
                 log.info(
-                    "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss",
+                    "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss "
+                    "event_acks=%s",
                     self.name, self.settings.max_active_turns, self.ack_wait_s,
-                    self.leases.ttl_s,
+                    self.leases.ttl_s, "each" if self.events.acks_each else "barriers",
                 )  # fmt: skip
                 await stop.wait()
                 self._stopping = True
@@ -242,6 +243,7 @@ class LoopWorker:
         )
         self.ack_wait_s = float(info.config.ack_wait or s.ack_wait_s)
         await self.publisher.start()
+        await self.events.start()
         await self.store.start()
         await self.leases.start()
         await self.controls.start()

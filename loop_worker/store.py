@@ -41,7 +41,7 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, retry, settled
+from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, open_kv, retry, settled
 from schemas import SessionSnapshot, Subjects, decode, encode, session_key
 
 from .engine.errors import StaleSessionError
@@ -92,9 +92,7 @@ class KVSessionStore:
         if self._kv is None:
             bucket = self._subjects.sessions_bucket
             js = self._nc.jetstream()
-            await retry(lambda: js.key_value(bucket), "open sessions bucket", timeout=self._timeout)
-            await self._publisher.start()
-            self._kv = KV(self._publisher, bucket)
+            self._kv = await open_kv(js, self._publisher, bucket, timeout=self._timeout)
 
     @property
     def kv(self) -> KV:

@@ -42,6 +42,7 @@ class ClusterNode(NatsServer):
         self.cluster_name = cluster
         self.route_port = -1
         self.peers: list[ClusterNode] = []
+        self.paused = False
 
     async def start(self) -> None:
         if self.running:
@@ -53,13 +54,19 @@ class ClusterNode(NatsServer):
         )  # fmt: skip
         await super().start()
 
+    async def stop(self, timeout: float = 10.0) -> None:
+        self.resume()  # a paused process would not stop
+        await super().stop(timeout)
+
     def pause(self) -> None:
         """SIGSTOP: the node stops answering, its connections stay open."""
         self._signal(signal.SIGSTOP)
+        self.paused = True
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
         self._signal(signal.SIGCONT)
+        self.paused = False
 
     def _signal(self, sig: signal.Signals) -> None:
         if self.pid is not None and self.running:
@@ -97,6 +104,11 @@ class NatsCluster:
             node.peers = [n for n in self.nodes if n is not node]
 
     @property
+    def up(self) -> list[ClusterNode]:
+        """The nodes running and not paused."""
+        return [n for n in self.nodes if n.running and not n.paused]
+
+    @property
     def url(self) -> str:
         """Every node's client URL, comma-separated (what ``[nats] url`` accepts)."""
         return ",".join(n.url for n in self.nodes)
@@ -130,8 +142,6 @@ class NatsCluster:
 
     async def stop(self) -> None:
         """Stop every node. Idempotent."""
-        for node in self.nodes:
-            node.resume()  # a paused node cannot stop
         await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
 
     async def restart(self, node: ClusterNode) -> None:
@@ -144,7 +154,7 @@ class NatsCluster:
     async def wait_ready(self, timeout: float | None = None) -> None:
         """Until every running node is healthy (JetStream current, a meta leader known)."""
         deadline = time.monotonic() + (timeout or self.ready_timeout)
-        waiting = [n for n in self.nodes if n.running]
+        waiting = self.up
         last = ""
         async with httpx.AsyncClient(timeout=5.0) as http:
             while waiting:
@@ -163,13 +173,12 @@ class NatsCluster:
                     raise NatsServerError(f"cluster not ready: {last}")
                 await asyncio.sleep(0.05)  # polling a monitor: there is no event to wait on
 
-    async def leader_of(self, stream: str) -> str:
-        """The name of the node that leads ``stream`` (waits out an election)."""
+    async def leader_of(self, stream: str, *, other_than: str = "") -> str:
+        """The name of the node that leads ``stream`` as the nodes up see it (waits out an
+        election, and for a leader other than ``other_than``)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
-            for node in self.nodes:
-                if not node.running:
-                    continue
+            for node in self.up:
                 try:
                     jsz = await node.jsz()
                 except httpx.HTTPError:
@@ -177,7 +186,7 @@ class NatsCluster:
                 for account in jsz.get("account_details") or []:  # type: ignore[attr-defined]
                     for s in account.get("stream_detail") or []:
                         leader = (s.get("cluster") or {}).get("leader")
-                        if s.get("name") == stream and leader:
+                        if s.get("name") == stream and leader and leader != other_than:
                             return str(leader)
             if time.monotonic() > deadline:
                 raise NatsServerError(f"no leader for stream {stream}")

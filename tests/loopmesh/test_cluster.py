@@ -3,10 +3,12 @@
 import pytest
 
 from loopmesh.cluster import NatsCluster
+from loopmesh.jetstream import KVEntry, Publisher, open_kv
 from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import connect_fast, wait_for
 from schemas import Subjects
+from tests.conftest import BOTH
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +74,23 @@ async def test_a_restarted_node_keeps_its_ports_and_store_and_rejoins(tmp_path):
             await cluster.wait_ready()
         finally:
             await nc.close()
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_kv_reads_go_to_the_stream_leader_on_a_replicated_bucket(durable):
+    nc = await connect_fast(durable.url)
+    publisher = Publisher(nc)
+    try:
+        await provision_all(nc, NatsSettings(replicas=durable.replicas))
+        kv = await open_kv(nc.jetstream(), publisher, S.sessions_bucket)
+        assert kv.leader == (durable.kind == "cluster")  # followers may lag: not them
+        assert await kv.entry("acme.s1") is None
+        first = await kv.update("acme.s1", b"one", 0)
+        assert await kv.entry("acme.s1") == KVEntry(first, b"one")
+        second = await kv.update("acme.s1", b"two", first)
+        assert await kv.entry("acme.s1") == KVEntry(second, b"two")
+        marker = await kv.delete("acme.s1", second)
+        assert await kv.entry("acme.s1") == KVEntry(marker, None)
+    finally:
+        await publisher.close()
+        await nc.close()
