@@ -58,6 +58,15 @@ class ClusterNode(NatsServer):
         self.resume()  # a paused process would not stop
         await super().stop(timeout)
 
+    async def crash(self) -> None:
+        """SIGKILL, as a crash would, and reap the process; the store is kept, and
+        :meth:`start` brings the node back with it."""
+        self.resume()
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
     def pause(self) -> None:
         """SIGSTOP: the node stops answering, its connections stay open."""
         self._signal(signal.SIGSTOP)
