@@ -47,11 +47,13 @@ from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream
 from schemas import (
     ConsumerDef,
     KVDef,
+    SessionSnapshot,
     StreamDef,
     Subjects,
     ToolCallRequest,
     Turn,
     session_key,
+    turn_msg_id,
 )
 from schemas.admit import Refused
 from schemas.streams import embeddings_bucket
@@ -101,8 +103,9 @@ class LoopWorker:
         self.publisher = publisher = Publisher(nc)  # every ack and KV read, on one inbox
         self.events = JetStreamEvents(nc, self.subjects, publisher=publisher)
         self.store = KVSessionStore(
-            nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher
-        )
+            nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher,
+            before_commit=self._events_stored,
+        )  # fmt: skip
         self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
         self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
@@ -400,6 +403,14 @@ class LoopWorker:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 self._tenant_room.notify_all()
+
+    async def _events_stored(self, snapshot: SessionSnapshot) -> None:
+        """On a cluster a checkpoint does not vouch for the events emitted before it
+        (another stream, another leader): a worker that died right after it would leave
+        them lost, since the next one resumes past them. So they are stored first."""
+        if self.events.acks_each and snapshot.turn_id:
+            key = turn_msg_id(snapshot.tenant, snapshot.session, snapshot.turn_id)
+            await self.events.flush(key)
 
     def _on_stale(self, key: str) -> None:
         """A checkpoint lost its race: someone else runs the session now."""

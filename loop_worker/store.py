@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from nats.aio.client import Client
@@ -69,8 +69,10 @@ class KVSessionStore:
         pipelined: bool = False,
         publisher: Publisher | None = None,
         commit_after_s: float = 0.05,
+        before_commit: Callable[[SessionSnapshot], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
+        self._before_commit = before_commit  # awaited before a checkpoint goes out
         self._publisher = publisher or Publisher(nc)
         self._on_stale = on_stale
         self._pipelined = pipelined
@@ -149,6 +151,8 @@ class KVSessionStore:
         if not self._pipelined:
             self._current.pop(key, None)
             data = encode(snapshot)
+            if self._before_commit is not None:
+                await self._before_commit(snapshot)
             await self._write(key, data)
             self._current[key] = (snapshot, len(data))
             return
@@ -184,6 +188,13 @@ class KVSessionStore:
             raise_if_cancelled()
 
     async def _commit(self, key: str) -> None:
+        while self._before_commit is not None:  # until no newer save came meanwhile
+            kept = self._kept.get(key)
+            if kept is None:
+                return
+            await self._before_commit(kept[0])
+            if self._kept.get(key) is kept:
+                break
         kept = self._kept.pop(key, None)
         if kept is None:
             return

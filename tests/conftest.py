@@ -25,6 +25,13 @@ settings.register_profile("deep", max_examples=2_000, deadline=None)
 settings.load_profile("ci")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--chaos", action="store_true",
+        help="also run the chaos suite's seeded run (tests/chaos; python -m tests.chaos)",
+    )  # fmt: skip
+
+
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
     """A fresh nats-server with JetStream on free ports and a temporary store."""

@@ -154,8 +154,8 @@ class Proc:
             raise AssertionError(f"process ended before {text!r}:\n" + self.output())
         return line
 
-    def output(self) -> str:
-        return "\n".join(self.lines[-60:])
+    def output(self, last: int = 60) -> str:
+        return "\n".join(self.lines[-last:])
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

@@ -17,13 +17,15 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=1, help="run seeds 1..N (default 1)")
     parser.add_argument("--seed", type=int, action="append", help="run this seed (repeatable)")
     parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--keep", type=Path, help="run under this directory and keep it")
     args = parser.parse_args()
     seeds = args.seed or list(range(1, args.seeds + 1))
     failed = 0
     for seed in seeds:
-        with tempfile.TemporaryDirectory(prefix=f"chaos-{seed}-") as root:
+        with tempfile.TemporaryDirectory(prefix=f"chaos-{seed}-") as tmp:
+            root = args.keep / f"seed-{seed}" if args.keep else Path(tmp)
             outcome = asyncio.run(
-                run(seed, Path(root), turns=args.turns, say=lambda line: print(line, flush=True))
+                run(seed, root, turns=args.turns, say=lambda line: print(line, flush=True))
             )
         print(outcome.report(), flush=True)
         failed += not outcome.verdict.ok

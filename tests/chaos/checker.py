@@ -11,7 +11,11 @@ killed and when, and the final session snapshots, and says what went wrong:
   worker killed after it ran, before the call was recorded: the honest guarantee is once
   per call after completion, at least once for a call in flight at a crash);
 - **gaps**: a turn whose iterations miss one of their events, a completed call whose
-  effect never happened, events of a turn after its ``loop_end``;
+  effect never happened;
+- **late** (counted, not a failure): events of a turn stored after its ``loop_end``,
+  each under its own msg id. A worker on a paused node has publishes sitting in that
+  node's socket; the node forwards them when it resumes, after another worker took the
+  turn over and ended it (docs/ARCHITECTURE.md, "On a cluster");
 - **checkpoints**: a session whose last snapshot is not idle at its last turn, with
   every turn counted and nothing pending.
 """
@@ -57,6 +61,7 @@ class Verdict:
     gaps: list[str] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
     reruns: int = 0  # executions excused: in flight at a tool-worker kill
+    late: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +72,8 @@ class Verdict:
             f"turns {self.turns}, ended {self.ended}, lost {len(self.lost)}, "
             f"duplicates {len(self.duplicates)}, gaps {len(self.gaps)}, "
             f"checkpoint mismatches {len(self.checkpoints)}, "
-            f"reruns in flight at a tool-worker kill {self.reruns}"
+            f"reruns in flight at a tool-worker kill {self.reruns}, "
+            f"late events after a loop_end {len(self.late)}"
         )
 
     def problems(self) -> list[str]:
@@ -102,8 +108,10 @@ def check(
             v.duplicates.append(f"{turn.session}/{turn.turn_id}: {len(ends)} loop_ends")
         if (reason := getattr(ends[0], "reason", "")) != "task_completion":
             v.lost.append(f"{turn.session}/{turn.turn_id}: ended with {reason}")
-        if stored[-1].type != "loop_end":
-            v.gaps.append(f"{turn.session}/{turn.turn_id}: {stored[-1].type} after loop_end")
+        after = stored[stored.index(ends[0]) + 1 :]
+        if after:
+            kinds = [e.type for e in after]
+            v.late.append(f"{turn.session}/{turn.turn_id}: {kinds} after loop_end")
         last = max(e.iteration for e in stored)
         for k in range(1, last + 1):
             have = {e.type for e in stored if e.iteration == k}

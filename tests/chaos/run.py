@@ -50,6 +50,7 @@ class Outcome:
     done: list[str] = field(default_factory=list)  # what the nemesis did, as it did it
     elapsed_s: float = 0.0
     logs: str = ""
+    trail: str = ""  # the stored events of the sessions with a problem
 
     def report(self) -> str:
         lines = [
@@ -58,9 +59,10 @@ class Outcome:
             f"  {self.verdict.summary()}",
             *(f"  nemesis {d}" for d in self.done),
             *(f"  problem: {p}" for p in self.verdict.problems()[:40]),
+            *(f"  late: {p}" for p in self.verdict.late[:10]),
         ]
         if not self.verdict.ok:
-            lines += [f"  replay: python -m tests.chaos --seed {self.seed}", self.logs]
+            lines += [f"  replay: python -m tests.chaos --seed {self.seed}", self.trail]
         return "\n".join(lines)
 
 
@@ -111,13 +113,13 @@ class _Workers:
         return pid
 
     def logs(self) -> str:
-        out = []
+        out: list[str] = []
         for proc in [*self.dead, *self.loop, *self.tool]:
             if proc is not None:
                 out.append(
                     f"--- {' '.join(proc.args)} {proc.env.get('LOOPMESH_LOOP_WORKER__NAME', '')}"
                 )
-                out.append(proc.output())
+                out.append(proc.output(last=100_000))
         return "\n".join(out)
 
     async def close(self) -> None:
@@ -152,6 +154,8 @@ async def run(
         workers = _Workers(cluster.url, llm.base_url, ledger)
         try:
             await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=3)
+            for stream in await nc.jetstream().streams_info():  # each elects its leader
+                await cluster.leader_of(stream.config.name or "")
             await asyncio.gather(
                 *(workers.start_loop(i) for i in range(2)),
                 *(workers.start_tool(i) for i in range(2)),
@@ -182,15 +186,19 @@ async def run(
 
             await asyncio.gather(workload(), nemesis())
             await _until_ended(nc, accepted, deadline_s)
+            stored = {s: await _events(nc, s) for s in {a.session for a in accepted}}
             outcome.verdict = check(
                 accepted,
-                {s: await _events(nc, s) for s in {a.session for a in accepted}},
+                stored,
                 [json.loads(line) for line in ledger.read_text().splitlines() if line],
                 workers.kills,
                 {s: await _snapshot(nc, s) for s in {a.session for a in accepted}},
             )
+            outcome.trail = _trail(outcome.verdict, stored)
         finally:
-            outcome.logs = workers.logs()[-20_000:]
+            logs = workers.logs()
+            (root / "workers.log").write_text(logs)  # every worker's output, for a replay
+            outcome.logs = logs[-20_000:]
             await workers.close()
             await nc.close()
     outcome.elapsed_s = time.monotonic() - started
@@ -258,3 +266,17 @@ async def _until_ended(nc: Client, accepted: list[Accepted], deadline_s: float) 
             if waiting[session] <= ended:
                 del waiting[session]
         await asyncio.sleep(0.5)  # polling the stream: a test has no event to wait on
+
+
+def _trail(verdict: Verdict, stored: dict[str, list[tuple[Event, str]]]) -> str:
+    named = {p.split("/")[0].split(":")[0] for p in verdict.problems()}
+    lines = []
+    for session in sorted(named & set(stored)):
+        lines.append(f"  events of {session}:")
+        for event, msg_id in stored[session]:
+            worker = getattr(event, "worker", "")
+            said = getattr(event, "message", "") if event.type in ("tool_error", "error") else ""
+            lines.append(
+                f"    {event.turn_id} {event.iteration} {event.type} {msg_id} {worker} {said}"
+            )
+    return "\n".join(lines)
