@@ -37,7 +37,7 @@ from nats.aio.subscription import Subscription
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from loopmesh.jetstream import KV, Publisher, retry
+from loopmesh.jetstream import KV, Publisher, open_kv, retry
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -117,8 +117,7 @@ class Controls:
         self._kv = await retry(
             lambda: js.key_value(self._subjects.control_bucket), "open control bucket"
         )
-        await self._publisher.start()
-        self._reads = KV(self._publisher, self._subjects.control_bucket)
+        self._reads = await open_kv(js, self._publisher, self._subjects.control_bucket)
         subject = self._subjects.all_control
         self._subs.append(await self._nc.subscribe(subject, cb=self._route))
         self._subs.append(await self._nc.subscribe(subject, queue=RECORDER_QUEUE, cb=self._store))

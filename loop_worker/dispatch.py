@@ -38,7 +38,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, retry
+from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, open_kv, retry
 from schemas import (
     DecodeError,
     Subjects,
@@ -121,9 +121,7 @@ class NatsToolDispatcher:
         self.catalog.start()  # turns wait for its first load (see tools)
         try:
             effects = self._subjects.effects_bucket
-            await retry(lambda: self._js.key_value(effects), "open effects bucket")
-            await self._publisher.start()
-            self._effects_kv = KV(self._publisher, effects)
+            self._effects_kv = await open_kv(self._js, self._publisher, effects)
             self._inbox = self._nc.new_inbox()
             self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
         except BaseException:

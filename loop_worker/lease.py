@@ -35,7 +35,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from prometheus_client import Counter, Gauge
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import KV, Publisher, is_transient, retry
+from loopmesh.jetstream import KV, Publisher, is_transient, replicated, retry
 from schemas import Subjects, session_key
 
 from .errors import LeaseLostError
@@ -86,7 +86,7 @@ class Leases:
         status = await retry(kv.status, "leases bucket status")
         self.ttl_s = float(status.ttl or DEFAULT_TTL_S)
         await self._publisher.start()
-        self._kv = KV(self._publisher, bucket)
+        self._kv = KV(self._publisher, bucket, leader=replicated(status.stream_info))
 
     @property
     def kv(self) -> KV:

@@ -47,11 +47,13 @@ from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream
 from schemas import (
     ConsumerDef,
     KVDef,
+    SessionSnapshot,
     StreamDef,
     Subjects,
     ToolCallRequest,
     Turn,
     session_key,
+    turn_msg_id,
 )
 from schemas.admit import Refused
 from schemas.streams import advisories_consumer, advisories_stream, embeddings_bucket
@@ -101,8 +103,9 @@ class LoopWorker:
         self.publisher = publisher = Publisher(nc)  # every ack and KV read, on one inbox
         self.events = JetStreamEvents(nc, self.subjects, publisher=publisher)
         self.store = KVSessionStore(
-            nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher
-        )
+            nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher,
+            before_commit=self._events_stored,
+        )  # fmt: skip
         self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
         self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
@@ -174,9 +177,10 @@ class LoopWorker:
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 self.ready.set()
                 log.info(
-                    "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss",
+                    "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss "
+                    "event_acks=%s",
                     self.name, self.settings.max_active_turns, self.ack_wait_s,
-                    self.leases.ttl_s,
+                    self.leases.ttl_s, "each" if self.events.acks_each else "barriers",
                 )  # fmt: skip
                 await stop.wait()
                 self._stopping = True
@@ -199,7 +203,7 @@ class LoopWorker:
     async def _prepare(self) -> None:
         s, subjects = self.settings, self.subjects
         if s.provision:
-            await ensure_consumer(
+            done = await ensure_consumer(
                 self._js,
                 ConsumerDef(
                     stream=subjects.turns_stream,
@@ -209,7 +213,7 @@ class LoopWorker:
                     description="loop workers share this consumer",
                 ),
             )
-            await ensure_stream(
+            done += "\n" + await ensure_stream(
                 self._js,
                 StreamDef(
                     name=subjects.deadletter_stream,
@@ -220,9 +224,11 @@ class LoopWorker:
                 ),
             )
             replicas = self.config.nats.replicas
-            await ensure_stream(self._js, advisories_stream(subjects, replicas=replicas))
-            await ensure_consumer(self._js, advisories_consumer(subjects))
-            await ensure_bucket(
+            done += "\n" + await ensure_stream(
+                self._js, advisories_stream(subjects, replicas=replicas)
+            )
+            done += "\n" + await ensure_consumer(self._js, advisories_consumer(subjects))
+            done += "\n" + await ensure_bucket(
                 self._js,
                 KVDef(
                     bucket=subjects.leases_bucket,
@@ -232,8 +238,12 @@ class LoopWorker:
                 ),
             )
             if self.prefilter is not None and self.prefilter.embedder is not None:
-                await ensure_bucket(
+                done += "\n" + await ensure_bucket(
                     self._js, embeddings_bucket(self.subjects, replicas=self.config.nats.replicas)
+                )
+            for action in filter(None, done.split("\n")):  # a change is never silent
+                log.log(
+                    logging.WARNING if action.startswith("updated") else logging.INFO, "%s", action
                 )
         info = await retry(
             lambda: self._js.consumer_info(subjects.turns_stream, subjects.turns_consumer),
@@ -241,6 +251,7 @@ class LoopWorker:
         )
         self.ack_wait_s = float(info.config.ack_wait or s.ack_wait_s)
         await self.publisher.start()
+        await self.events.start()
         await self.store.start()
         await self.leases.start()
         await self.controls.start()
@@ -397,6 +408,14 @@ class LoopWorker:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 self._tenant_room.notify_all()
+
+    async def _events_stored(self, snapshot: SessionSnapshot) -> None:
+        """On a cluster a checkpoint does not vouch for the events emitted before it
+        (another stream, another leader): a worker that died right after it would leave
+        them lost, since the next one resumes past them. So they are stored first."""
+        if self.events.acks_each and snapshot.turn_id:
+            key = turn_msg_id(snapshot.tenant, snapshot.session, snapshot.turn_id)
+            await self.events.flush(key)
 
     def _on_stale(self, key: str) -> None:
         """A checkpoint lost its race: someone else runs the session now."""

@@ -8,7 +8,12 @@ messages of one connection in order, and the events stream stores them in that o
 so the ack of a barrier means every event published before it on the same connection
 was stored too, provided the client did not reconnect in between (its reconnect count
 is compared). Events a barrier cannot vouch for (a reconnect, a failed publish) stay
-pending. :meth:`JetStreamEvents.flush` sends a barrier for the turn's last events if
+pending. That holds on one server only: on a cluster the stream's leader can change
+while the client stays connected to its node, and the plain publishes that went to
+the old leader are lost without a word while a later barrier is acked by the new one.
+So on a replicated events stream (:meth:`JetStreamEvents.start` looks) every event
+asks for its ack, and each is vouched for by its own (docs/ARCHITECTURE.md, "On a
+cluster"). :meth:`JetStreamEvents.flush` sends a barrier for the turn's last events if
 it has none, waits for the acks and publishes again, with acks, whatever is still
 pending; the service flushes before it acks the
 turn, so a turn is never done while one of its events is not stored.
@@ -42,7 +47,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
-from loopmesh.jetstream import Publisher, acked, retry
+from loopmesh.jetstream import Publisher, acked, replicated, retry
 from loopmesh.payload import DoesNotFit, fit, limit_of
 from schemas import Subjects, encode, turn_msg_id
 from schemas.events import Error, Event, PayloadTruncated, tool_event_msg_id
@@ -105,6 +110,18 @@ class JetStreamEvents:
         self._barrier_every = max(1, barrier_every)
         self._turns: dict[str, _Turn] = {}
         self._muted: set[str] = set()
+
+    async def start(self) -> None:
+        """Look at the events stream: if it is replicated, every event is acked."""
+        js, stream = self._nc.jetstream(), self._subjects.events_stream
+        info = await retry(lambda: js.stream_info(stream), f"{stream} info")
+        if replicated(info):
+            self._barrier_every = 1
+
+    @property
+    def acks_each(self) -> bool:
+        """Whether every event is published with an ack (a replicated stream)."""
+        return self._barrier_every == 1
 
     def begin(self, key: str, *, delivery: int = 1) -> None:
         """Start tracking the turn ``key`` (its ``Turn.msg_id``); ``delivery`` is its

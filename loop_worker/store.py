@@ -35,14 +35,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 from nats.aio.client import Client
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, retry, settled
+from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, open_kv, retry, settled
 from loopmesh.payload import fit, limit_of
 from schemas import SessionSnapshot, Subjects, decode, session_key
 
@@ -72,8 +72,10 @@ class KVSessionStore:
         pipelined: bool = False,
         publisher: Publisher | None = None,
         commit_after_s: float = 0.05,
+        before_commit: Callable[[SessionSnapshot], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
+        self._before_commit = before_commit  # awaited before a checkpoint goes out
         self._publisher = publisher or Publisher(nc)
         self._on_stale = on_stale
         self._pipelined = pipelined
@@ -95,9 +97,7 @@ class KVSessionStore:
         if self._kv is None:
             bucket = self._subjects.sessions_bucket
             js = self._nc.jetstream()
-            await retry(lambda: js.key_value(bucket), "open sessions bucket", timeout=self._timeout)
-            await self._publisher.start()
-            self._kv = KV(self._publisher, bucket)
+            self._kv = await open_kv(js, self._publisher, bucket, timeout=self._timeout)
 
     @property
     def kv(self) -> KV:
@@ -154,6 +154,8 @@ class KVSessionStore:
         if not self._pipelined:
             self._current.pop(key, None)
             snapshot, data = self._encode(snapshot)
+            if self._before_commit is not None:
+                await self._before_commit(snapshot)
             await self._write(key, data)
             self._current[key] = (snapshot, len(data))
             return
@@ -189,6 +191,13 @@ class KVSessionStore:
             raise_if_cancelled()
 
     async def _commit(self, key: str) -> None:
+        while self._before_commit is not None:  # until no newer save came meanwhile
+            kept = self._kept.get(key)
+            if kept is None:
+                return
+            await self._before_commit(kept[0])
+            if self._kept.get(key) is kept:
+                break
         kept = self._kept.pop(key, None)
         if kept is None:
             return

@@ -48,7 +48,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamInfo
 from nats.js.client import JetStreamContext
 
 log = logging.getLogger("loopmesh.jetstream")
@@ -68,16 +68,27 @@ class PubAck(msgspec.Struct):
 _decode_ack = msgspec.json.Decoder(PubAck).decode
 
 
-class _StoredMsg(msgspec.Struct):
+class _StoredSeq(msgspec.Struct):
     seq: int = 0
 
 
+class _StoredMsg(_StoredSeq):
+    data: bytes = b""  # base64 in JSON; msgspec decodes it
+    hdrs: bytes = b""
+
+
 class _MsgGet(msgspec.Struct):
+    message: _StoredSeq | None = None  # only the sequence is decoded
+    error: dict[str, Any] | None = None
+
+
+class _MsgGetWhole(msgspec.Struct):
     message: _StoredMsg | None = None
     error: dict[str, Any] | None = None
 
 
 _decode_get = msgspec.json.Decoder(_MsgGet).decode
+_decode_get_whole = msgspec.json.Decoder(_MsgGetWhole).decode
 
 
 class Publisher:
@@ -196,18 +207,41 @@ class Publisher:
 
     async def first_seq(self, stream: str, subject: str, *, timeout: float = 5.0) -> int | None:
         """The sequence of the first message of ``subject`` in ``stream``, or ``None``."""
-        future = await self.request(
-            f"$JS.API.STREAM.MSG.GET.{stream}", msgspec.json.encode({"next_by_subj": subject})
+        found = await self._leader_get(stream, {"next_by_subj": subject}, timeout, _decode_get)
+        return found.seq if found is not None else None
+
+    async def leader_get(self, stream: str, subject: str, *, timeout: float = 5.0) -> Msg | None:
+        """The last message of ``subject``, as the stream's leader has it (the stream
+        API; only the leader answers), or ``None``. Its ``Nats-Sequence`` header is set.
+
+        A direct get may be answered by any replica, and a follower can be behind the
+        leader: what must reflect every acknowledged write reads here."""
+        found = await self._leader_get(
+            stream, {"last_by_subj": subject}, timeout, _decode_get_whole
         )
+        if not isinstance(found, _StoredMsg):
+            return None
+        headers = _parse_headers(found.hdrs)
+        headers["Nats-Sequence"] = str(found.seq)
+        return Msg(self._nc, subject=subject, data=found.data, headers=headers)
+
+    async def _leader_get(
+        self,
+        stream: str,
+        query: dict[str, str],
+        timeout: float,
+        decoder: Callable[[bytes], _MsgGet | _MsgGetWhole],
+    ) -> _StoredSeq | None:
+        future = await self.request(f"$JS.API.STREAM.MSG.GET.{stream}", msgspec.json.encode(query))
         msg = await _within(future, timeout)
         if msg.headers and msg.headers.get("Status") == "503":
             raise nats.errors.NoRespondersError
-        reply = _decode_get(msg.data)
+        reply = decoder(msg.data)
         if reply.error is not None:
             if reply.error.get("code") == 404:
                 return None
             _raise(reply.error)
-        return reply.message.seq if reply.message is not None else None
+        return reply.message
 
     async def _on_reply(self, msg: Msg) -> None:
         entry = self._forget(msg.subject[len(self._prefix) :])
@@ -239,6 +273,16 @@ class Publisher:
         """Forget futures their callers gave up on (their answers were lost)."""
         for token in [t for t, (f, _) in self._waiting.items() if f.done()]:
             self._forget(token)
+
+
+def _parse_headers(raw: bytes) -> dict[str, str]:
+    """``NATS/1.0\r\nKey: value\r\n...`` (a stored message's headers) as a dict."""
+    headers: dict[str, str] = {}
+    for line in raw.decode(errors="replace").split("\r\n")[1:]:
+        key, sep, value = line.partition(":")
+        if sep:
+            headers[key.strip()] = value.strip()
+    return headers
 
 
 def _raise(error: dict[str, Any]) -> None:
@@ -321,17 +365,25 @@ class KVEntry(msgspec.Struct, frozen=True):
 
 class KV:
     """The hot-path operations of one KV bucket through a :class:`Publisher`: a read is
-    one direct get, a write one publish with a revision check."""
+    one get, a write one publish with a revision check.
 
-    def __init__(self, publisher: Publisher, bucket: str) -> None:
+    On a bucket with one replica a read is a direct get. With more (a cluster), a
+    direct get may be answered by a follower that has not applied the last writes yet,
+    so reads go to the stream's leader (``leader=True``, what :func:`open_kv` picks):
+    a snapshot, a control or an effect record read stale could resume a turn from an
+    old checkpoint or miss a recorded decision (docs/ARCHITECTURE.md, "On a cluster")."""
+
+    def __init__(self, publisher: Publisher, bucket: str, *, leader: bool = False) -> None:
         self.publisher = publisher
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
         self.prefix = f"$KV.{bucket}."
+        self.leader = leader
 
     async def entry(self, key: str, *, timeout: float = 5.0) -> KVEntry | None:
         """The key's last revision (a delete marker included), or ``None``."""
-        msg = await self.publisher.direct_get(self.stream, self.prefix + key, timeout=timeout)
+        get = self.publisher.leader_get if self.leader else self.publisher.direct_get
+        msg = await get(self.stream, self.prefix + key, timeout=timeout)
         if msg is None:
             return None
         headers = msg.headers or {}
@@ -360,6 +412,22 @@ class KV:
                 raise wrong from None
             raise
         return ack.seq
+
+
+async def open_kv(
+    js: JetStreamContext, publisher: Publisher, bucket: str, *, timeout: float = 30.0
+) -> KV:
+    """A :class:`KV` of ``bucket`` (retrying through a reconnect): its reads go to the
+    leader when the bucket has more than one replica."""
+    kv = await retry(lambda: js.key_value(bucket), f"open bucket {bucket}", timeout=timeout)
+    status = await retry(kv.status, f"bucket {bucket} status", timeout=timeout)
+    await publisher.start()
+    return KV(publisher, bucket, leader=replicated(status.stream_info))
+
+
+def replicated(info: StreamInfo) -> bool:
+    """Whether a stream keeps more than one replica (it runs on a cluster)."""
+    return (info.config.num_replicas or 1) > 1
 
 
 async def kv_values(

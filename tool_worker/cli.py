@@ -150,7 +150,10 @@ async def serve(
     nc = await connect(config.nats, name=f"tool-worker-{settings.pool}")
     try:
         if provision:
-            await provision_all(nc, config.nats)
+            for action in await provision_all(nc, config.nats):  # a change is never silent
+                log.log(
+                    logging.WARNING if action.startswith("updated") else logging.INFO, "%s", action
+                )
         worker = worker_of(nc, config, registry, servers)
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port is not None:

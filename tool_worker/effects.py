@@ -22,7 +22,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from loopmesh.jetstream import PubAck, Publisher
+from loopmesh.jetstream import PubAck, Publisher, replicated
 from schemas import DecodeError, Subjects, ToolResult, decode
 
 
@@ -51,7 +51,10 @@ class Effects:
     async def open(cls, nc: Client, publisher: Publisher, subjects: Subjects) -> Effects:
         bucket = subjects.effects_bucket
         info = await nc.jetstream().stream_info(f"KV_{bucket}")
-        return cls(nc, publisher, bucket, direct=bool(info.config.allow_direct))
+        # A follower may answer a direct get before it has the record a crashed worker
+        # wrote: on a replicated bucket the leader answers (docs/ARCHITECTURE.md).
+        direct = bool(info.config.allow_direct) and not replicated(info)
+        return cls(nc, publisher, bucket, direct=direct)
 
     async def get(self, call_id: str) -> tuple[ToolResult, bytes] | None:
         """The recorded result of ``call_id`` and its encoded form, or None."""

@@ -38,10 +38,18 @@ async def connect_fast(url: str, name: str = "test") -> Client:
 
 
 async def provision_short(
-    nc: Client, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0, subjects: Subjects = SUBJECTS
+    nc: Client,
+    *,
+    ack_wait_s: float = 2.0,
+    lease_ttl_s: float = 2.0,
+    subjects: Subjects = SUBJECTS,
+    replicas: int = 1,
 ) -> None:
-    """Everything loopmesh needs, with AckWait and lease TTL short enough for tests."""
-    defs = definitions(subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s)
+    """Everything loopmesh needs, with AckWait and lease TTL short enough for tests
+    (``replicas``: 3 on a cluster)."""
+    defs = definitions(
+        subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, replicas=replicas
+    )
     await provision(nc.jetstream(), defs)
 
 
@@ -146,8 +154,8 @@ class Proc:
             raise AssertionError(f"process ended before {text!r}:\n" + self.output())
         return line
 
-    def output(self) -> str:
-        return "\n".join(self.lines[-60:])
+    def output(self, last: int = 60) -> str:
+        return "\n".join(self.lines[-last:])
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -172,10 +180,11 @@ class Proc:
             await self._reader
 
 
-def worker_env(nats_url: str, llm_url: str, **service: Any) -> dict[str, str]:
+def worker_env(nats_url: str, llm_url: str, *, replicas: int = 1, **service: Any) -> dict[str, str]:
     """Settings of a loop-worker process, as environment variables."""
     env = {
         "LOOPMESH_NATS__URL": nats_url,
+        "LOOPMESH_NATS__REPLICAS": str(replicas),
         "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
         "LOOPMESH_LLM__BASE_URL": llm_url,
         "LOOPMESH_LLM__API_KEY": "test",

@@ -130,10 +130,11 @@ class Running:
 class Mesh:
     """NATS, a fake LLM, and services started on demand; tests drive turns through it."""
 
-    def __init__(self, url: str, llm_url: str, nc: Client) -> None:
+    def __init__(self, url: str, llm_url: str, nc: Client, *, replicas: int = 1) -> None:
         self.url = url
         self.llm_url = llm_url
         self.nc = nc
+        self.replicas = replicas  # what the services provision with: 3 on a cluster
         self.running: list[Running] = []
 
     def config(self, **service: Any) -> Any:
@@ -145,7 +146,7 @@ class Mesh:
         service.setdefault("fetch_timeout_s", 0.2)
         loop = service.pop("loop", LoopSettings(max_iterations=6))
         return LoopWorkerConfig(
-            nats=NatsSettings(url=self.url, reconnect_wait_s=0.05),
+            nats=NatsSettings(url=self.url, reconnect_wait_s=0.05, replicas=self.replicas),
             llm=LLMSettings(
                 base_url=self.llm_url, api_key="test", model="fake-model", max_retries=0,
                 backoff_initial_s=0.05,

@@ -31,21 +31,25 @@ from schemas import (
 )
 from schemas.events import ContentDelta, LoopEnd
 from schemas.streams import definitions
+from tests.conftest import BOTH
 from tests.loop_worker.durable import Mesh, Watch, fake_pool, register_tool, send_turn, spec
 
 
 @pytest.fixture
-async def mesh(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
+async def mesh(durable):
+    nc = await connect_fast(durable.url)
+    await provision_short(nc, replicas=durable.replicas)
     async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
+        mesh = Mesh(durable.url, llm.base_url, nc, replicas=durable.replicas)
         mesh.fake = llm
         try:
             yield mesh
         finally:
             await mesh.close()
             await nc.close()
+
+
+both = pytest.mark.parametrize("durable", BOTH, indirect=True)  # also on the R3 cluster
 
 
 def turn(turn_id: str, task: str, session: str = "s1", **kw) -> Turn:
@@ -65,6 +69,7 @@ async def turns_left(nc) -> int:
     return (await nc.jetstream().stream_info(SUBJECTS.turns_stream)).state.messages
 
 
+@both
 async def test_a_turn_runs_to_its_end_and_is_acked_once_its_events_are_stored(mesh, tmp_path):
     await mesh.tool_worker()
     await mesh.loop_worker()
@@ -85,6 +90,7 @@ async def test_a_turn_runs_to_its_end_and_is_acked_once_its_events_are_stored(me
         await leases.get("acme.s1")
 
 
+@both
 async def test_two_turns_sent_at_once_to_one_session_run_in_order(mesh, tmp_path):
     await mesh.tool_worker()
     await mesh.loop_worker("w1")
@@ -132,13 +138,21 @@ async def test_a_turns_first_run_marks_its_calls_as_first_attempts(mesh):
     assert [(r.tool, r.first_attempt) for r in ran] == [("count", True)]
 
 
+@both
 async def test_a_turn_published_again_over_its_own_checkpoint_runs_no_call_twice(mesh, tmp_path):
     """Its first delivery resumes the checkpoint a dead run of the same turn id left, so
     its calls are not first attempts: the recorded effect answers the call, though the
     stream no longer remembers the call's id."""
     js = mesh.nc.jetstream()
     await provision(
-        js, definitions(SUBJECTS, turn_ack_wait_s=2, lease_ttl_s=2, duplicate_window_s=1)
+        js,
+        definitions(
+            SUBJECTS,
+            turn_ack_wait_s=2,
+            lease_ttl_s=2,
+            duplicate_window_s=1,
+            replicas=mesh.replicas,
+        ),
     )
     await mesh.tool_worker()
     first = await mesh.loop_worker("w1")
@@ -220,6 +234,7 @@ async def test_an_approval_arriving_while_the_worker_runs_lets_the_call_through(
     assert (tmp_path / "g").read_text() == "a\n"
 
 
+@both
 async def test_an_approval_sent_while_no_worker_runs_is_seen_after_the_restart(mesh, tmp_path):
     await mesh.tool_worker()
     first = await mesh.loop_worker("w1", drain_timeout_s=0.2)
@@ -267,6 +282,7 @@ async def test_a_stopping_worker_finishes_its_turn_within_the_drain_deadline(mes
     assert await turns_left(mesh.nc) == 0
 
 
+@both
 async def test_a_turn_handed_back_on_stop_is_resumed_by_another_worker(mesh, tmp_path):
     await mesh.tool_worker()
     first = await mesh.loop_worker("w1", drain_timeout_s=0.1)
@@ -281,12 +297,14 @@ async def test_a_turn_handed_back_on_stop_is_resumed_by_another_worker(mesh, tmp
     assert len(watch.of("loop_end")) == 1
 
 
-async def test_a_nats_server_restart_mid_turn_does_not_stop_the_turn(mesh, nats_server, tmp_path):
+@both
+async def test_a_nats_server_restart_mid_turn_does_not_stop_the_turn(mesh, durable, tmp_path):
+    """On the cluster, the node that leads the turns stream is restarted."""
     await mesh.tool_worker()
     await mesh.loop_worker()
     await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", seconds=1.0)))
     await _until_file(tmp_path / "n")
-    await nats_server.restart()
+    await durable.restart()
     ends = await _wait_stored(mesh.nc, "loop_end", timeout=20)
     assert [e.reason for e in ends] == ["task_completion"]
     assert (tmp_path / "n").read_text() == "a\n"
@@ -315,6 +333,7 @@ async def test_many_sessions_run_at_once_in_one_worker(mesh):
     assert not any(isinstance(e, ContentDelta) and not e.text for e in deltas)
 
 
+@both
 async def test_a_worker_whose_lease_is_taken_stops_the_turn_and_keeps_nothing(mesh, tmp_path):
     """A worker that stalled past its lease TTL finds the lease taken at its next
     renewal: it drops the turn's events, writes no checkpoint, neither acks nor naks."""

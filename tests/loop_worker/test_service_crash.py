@@ -1,5 +1,6 @@
 """Crashes with real processes: loop workers and a tool worker as ``python -m``
-processes on one real nats-server; the fake OpenAI-compatible server in the test."""
+processes on one real nats-server, and again on a 3-node cluster with R3 streams and
+buckets; the fake OpenAI-compatible server in the test."""
 
 import asyncio
 import json
@@ -20,17 +21,18 @@ from loopmesh.testing.durable import (
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
 from schemas import ApprovalDecision, Turn
+from tests.conftest import BOTH
 from tests.loop_worker.durable import Watch, send_turn
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("durable", BOTH, indirect=True)]
 
 READY = "loop worker ready"
 
 
 @pytest.fixture
-async def procs(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
+async def procs(durable):
+    nc = await connect_fast(durable.url)
+    await provision_short(nc, replicas=durable.replicas)
     started: list[Proc] = []
     async with FakeLLM(default=auto()) as llm:
 
@@ -40,12 +42,14 @@ async def procs(nats_server):
             return await proc.start(ready)
 
         async def loop_worker(name: str, **service) -> Proc:
-            env = worker_env(nats_server.url, llm.base_url, name=name, **service)
+            env = worker_env(
+                durable.url, llm.base_url, name=name, replicas=durable.replicas, **service
+            )
             return await start("-m", "loop_worker", ready=READY, **env)
 
         async def tool_worker(**env: str) -> Proc:
             return await start(
-                "-m", "tool_worker", "--nats-url", nats_server.url, "--no-provision",
+                "-m", "tool_worker", "--nats-url", durable.url, "--no-provision",
                 "--module", "tests.loop_worker.tools", ready="serving pool=default",
                 LOOPMESH_TOOL_WORKER__ACK_WAIT_S="2", **env,
             )  # fmt: skip

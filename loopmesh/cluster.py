@@ -1,0 +1,220 @@
+"""A JetStream cluster of ``nats-server`` processes on loopback, for tests and benches.
+
+Three nodes by default, each with its own store and server name, joined by cluster
+routes. Client and monitoring ports are picked by each server; route ports are picked
+free beforehand (every node must know its peers' before it starts: a JetStream cluster
+refuses to start without routes), and a start that loses a port to another process is
+retried with new ones. A node restarted (or killed and started again) keeps its ports
+and its store, as a real one would::
+
+    async with NatsCluster(tmp_path / "cluster") as cluster:
+        nc = await nats.connect(cluster.url)   # every node's URL, comma-separated
+        await cluster.node(await cluster.leader_of("LOOPMESH_EVENTS")).restart()
+
+:meth:`NatsCluster.start` returns once a meta leader is elected and every node says
+JetStream is current (``/healthz``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from .errors import NatsServerError
+from .server import NatsServer
+
+_START_ATTEMPTS = 3  # a free port picked beforehand may be taken before the node binds it
+
+
+class ClusterNode(NatsServer):
+    """One node: a :class:`~loopmesh.server.NatsServer` that also listens for routes."""
+
+    def __init__(self, store_dir: Path, *, name: str, cluster: str, host: str) -> None:
+        super().__init__(store_dir, host=host)
+        self.name = name
+        self.cluster_name = cluster
+        self.route_port = -1
+        self.peers: list[ClusterNode] = []
+        self.paused = False
+
+    async def start(self) -> None:
+        if self.running:
+            return
+        routes = ",".join(f"nats://{p.host}:{p.route_port}" for p in self.peers)
+        self.extra_args = (
+            "--server_name", self.name, "--cluster_name", self.cluster_name,
+            "--cluster", f"nats://{self.host}:{self.route_port}", "--routes", routes,
+        )  # fmt: skip
+        await super().start()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        self.resume()  # a paused process would not stop
+        await super().stop(timeout)
+
+    async def crash(self) -> None:
+        """SIGKILL, as a crash would, and reap the process; the store is kept, and
+        :meth:`start` brings the node back with it."""
+        self.resume()
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the node stops answering, its connections stay open."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.pid is not None and self.running:
+            os.kill(self.pid, sig)
+
+    async def jsz(self) -> dict[str, object]:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            r = await http.get(f"{self.monitor_url}/jsz", params={"streams": "true"})
+            r.raise_for_status()
+            data: dict[str, object] = r.json()
+            return data
+
+
+class NatsCluster:
+    """``size`` nats-server nodes named ``n1``… in one cluster, JetStream on each."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        size: int = 3,
+        name: str = "loopmesh",
+        host: str = "127.0.0.1",
+        ready_timeout: float = 30.0,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster needs at least one node, not {size}")
+        self.root = Path(root)
+        self.ready_timeout = ready_timeout
+        self.nodes = [
+            ClusterNode(self.root / f"n{i}", name=f"n{i}", cluster=name, host=host)
+            for i in range(1, size + 1)
+        ]
+        for node in self.nodes:
+            node.peers = [n for n in self.nodes if n is not node]
+
+    @property
+    def up(self) -> list[ClusterNode]:
+        """The nodes running and not paused."""
+        return [n for n in self.nodes if n.running and not n.paused]
+
+    @property
+    def url(self) -> str:
+        """Every node's client URL, comma-separated (what ``[nats] url`` accepts)."""
+        return ",".join(n.url for n in self.nodes)
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    def node(self, name: str) -> ClusterNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no node {name!r} in {[n.name for n in self.nodes]}")
+
+    async def start(self) -> None:
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            for node in self.nodes:
+                node.port = node.monitor_port = -1
+                node.route_port = _free_port(node.host)
+            try:
+                await asyncio.gather(*(n.start() for n in self.nodes))
+                await self.wait_ready()
+                return
+            except NatsServerError as exc:
+                await self.stop()
+                if attempt == _START_ATTEMPTS or "address already in use" not in str(exc):
+                    raise
+            except BaseException:
+                await self.stop()
+                raise
+
+    async def stop(self) -> None:
+        """Stop every node. Idempotent."""
+        await asyncio.gather(*(n.stop() for n in self.nodes), return_exceptions=True)
+
+    async def restart(self, node: ClusterNode) -> None:
+        """Stop ``node`` and start it again with its ports and store; wait until the
+        cluster is whole again."""
+        await node.stop()
+        await node.start()
+        await self.wait_ready()
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Until every running node is healthy (JetStream current, a meta leader known)."""
+        deadline = time.monotonic() + (timeout or self.ready_timeout)
+        waiting = self.up
+        last = ""
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while waiting:
+                node = waiting[0]
+                try:
+                    r = await http.get(f"{node.monitor_url}/healthz")
+                    jsz = (await http.get(f"{node.monitor_url}/jsz")).json()
+                    leader = (jsz.get("meta_cluster") or {}).get("leader")
+                    if r.status_code == 200 and leader:
+                        waiting.pop(0)
+                        continue
+                    last = f"{node.name}: {r.text.strip()} meta leader {leader!r}"
+                except httpx.HTTPError as exc:
+                    last = f"{node.name}: {exc!r}"
+                if time.monotonic() > deadline:
+                    raise NatsServerError(f"cluster not ready: {last}")
+                await asyncio.sleep(0.05)  # polling a monitor: there is no event to wait on
+
+    async def leader_of(self, stream: str, *, other_than: str = "") -> str:
+        """The name of the node that leads ``stream`` as the nodes up see it (waits out an
+        election, and for a leader other than ``other_than``)."""
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            for node in self.up:
+                try:
+                    jsz = await node.jsz()
+                except httpx.HTTPError:
+                    continue
+                for account in jsz.get("account_details") or []:  # type: ignore[attr-defined]
+                    for s in account.get("stream_detail") or []:
+                        leader = (s.get("cluster") or {}).get("leader")
+                        if s.get("name") == stream and leader and leader != other_than:
+                            return str(leader)
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"no leader for stream {stream}")
+            await asyncio.sleep(0.05)
+
+    async def __aenter__(self) -> NatsCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,11 @@
+"""The chaos suite: turns on a 3-node cluster while workers and nodes are killed.
+
+Jepsen's habit: the workload (:mod:`.run`, turns whose one tool call records each
+execution in a ledger), the nemesis (:mod:`.nemesis`, a seeded schedule of kill -9s,
+restarts and pauses) and the checker (:mod:`.checker`, a plain function over what was
+recorded) are apart, so the checker serves a longer soak run too.
+
+    python -m tests.chaos --seeds 3          # three seeds; a failure prints its seed
+    python -m tests.chaos --seed 1234        # replay one
+    pytest tests/chaos                       # CI: one seed ($LOOPMESH_CHAOS_SEED or 1)
+"""

@@ -1,0 +1,37 @@
+"""``python -m tests.chaos [--seeds N | --seed S ...]``: chaos runs, one after another;
+each prints its summary, a failed one its seed and problems. Exit 1 if any failed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from .run import run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=1, help="run seeds 1..N (default 1)")
+    parser.add_argument("--seed", type=int, action="append", help="run this seed (repeatable)")
+    parser.add_argument("--turns", type=int, default=50)
+    parser.add_argument("--keep", type=Path, help="run under this directory and keep it")
+    args = parser.parse_args()
+    seeds = args.seed or list(range(1, args.seeds + 1))
+    failed = 0
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(prefix=f"chaos-{seed}-") as tmp:
+            root = args.keep / f"seed-{seed}" if args.keep else Path(tmp)
+            outcome = asyncio.run(
+                run(seed, root, turns=args.turns, say=lambda line: print(line, flush=True))
+            )
+        print(outcome.report(), flush=True)
+        failed += not outcome.verdict.ok
+    print(f"{len(seeds) - failed} of {len(seeds)} seeds passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The 3-node cluster fixture, and provisioning's replica setting on it."""
+
+import pytest
+
+from loopmesh.cluster import NatsCluster
+from loopmesh.jetstream import KVEntry, Publisher, open_kv
+from loopmesh.provision import provision_all
+from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import connect_fast, wait_for
+from schemas import Subjects
+from tests.conftest import BOTH
+
+pytestmark = pytest.mark.slow
+
+S = Subjects()
+
+
+async def test_three_nodes_elect_a_meta_leader_and_hold_r3_streams_on_every_node(nats_cluster):
+    assert len(nats_cluster.urls) == 3 and nats_cluster.url.count(",") == 2
+    nc = await connect_fast(nats_cluster.url)
+    try:
+        actions = await provision_all(nc, NatsSettings(replicas=3))
+        assert f"created stream {S.events_stream}" in actions
+        info = await nc.jetstream().stream_info(S.events_stream)
+        assert info.config.num_replicas == 3
+        assert info.cluster is not None and info.cluster.name == "loopmesh"
+        peers = {info.cluster.leader} | {p.name for p in info.cluster.replicas or []}
+        assert peers == {"n1", "n2", "n3"}
+        bucket = await nc.jetstream().stream_info(f"KV_{S.sessions_bucket}")
+        assert bucket.config.num_replicas == 3
+    finally:
+        await nc.close()
+
+
+async def test_a_changed_replica_count_is_applied_and_reported_never_ignored(nats_cluster):
+    nc = await connect_fast(nats_cluster.url)
+    js = nc.jetstream()
+    try:
+        await provision_all(nc, NatsSettings(replicas=3))
+        down = await provision_all(nc, NatsSettings(replicas=1))
+        assert f"updated stream {S.turns_stream} (num_replicas 3 → 1)" in down
+        assert f"updated bucket {S.leases_bucket} (num_replicas 3 → 1)" in down
+        assert (await js.stream_info(S.turns_stream)).config.num_replicas == 1
+        up = await provision_all(nc, NatsSettings(replicas=3))
+        assert len(up) == len(down) and all("num_replicas 1 → 3" in a for a in up)
+        assert (await js.stream_info(f"KV_{S.leases_bucket}")).config.num_replicas == 3
+
+        async def consumer_on_three() -> bool:  # the turns consumer follows its stream
+            info = await js.consumer_info(S.turns_stream, S.turns_consumer)
+            return info.cluster is not None and len(info.cluster.replicas or []) == 2
+
+        await wait_for(consumer_on_three, timeout=15, what="the consumer on three nodes")
+        assert await provision_all(nc, NatsSettings(replicas=3)) == []
+    finally:
+        await nc.close()
+
+
+async def test_a_restarted_node_keeps_its_ports_and_store_and_rejoins(tmp_path):
+    async with NatsCluster(tmp_path / "c") as cluster:
+        nc = await connect_fast(cluster.url)
+        try:
+            await provision_all(nc, NatsSettings(replicas=3))
+            js = nc.jetstream()
+            await js.publish(S.event("acme", "s1", "loop_end"), b"{}")
+            leader = cluster.node(await cluster.leader_of(S.events_stream))
+            port, route = leader.port, leader.route_port
+            await cluster.restart(leader)
+            assert (leader.port, leader.route_port) == (port, route)
+            await js.publish(S.event("acme", "s1", "loop_end"), b"{}")
+            assert (await js.stream_info(S.events_stream)).state.messages == 2
+            other = next(n for n in cluster.nodes if n is not leader)
+            other.pause()
+            other.resume()
+            await cluster.wait_ready()
+        finally:
+            await nc.close()
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_kv_reads_go_to_the_stream_leader_on_a_replicated_bucket(durable):
+    nc = await connect_fast(durable.url)
+    publisher = Publisher(nc)
+    try:
+        await provision_all(nc, NatsSettings(replicas=durable.replicas))
+        kv = await open_kv(nc.jetstream(), publisher, S.sessions_bucket)
+        assert kv.leader == (durable.kind == "cluster")  # followers may lag: not them
+        assert await kv.entry("acme.s1") is None
+        first = await kv.update("acme.s1", b"one", 0)
+        assert await kv.entry("acme.s1") == KVEntry(first, b"one")
+        second = await kv.update("acme.s1", b"two", first)
+        assert await kv.entry("acme.s1") == KVEntry(second, b"two")
+        marker = await kv.delete("acme.s1", second)
+        assert await kv.entry("acme.s1") == KVEntry(marker, None)
+    finally:
+        await publisher.close()
+        await nc.close()
