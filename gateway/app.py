@@ -24,6 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loopmesh import tracing
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -51,6 +52,7 @@ from .openapi import CALL_ID, SESSION, Operation, Param, document
 from .settings import GatewaySettings
 from .sse import SseResponse
 from .stream import EventStream
+from .traces import turn_span
 
 log = logging.getLogger("loopmesh.gateway")
 
@@ -168,10 +170,12 @@ class Gateway:
         turn = self.turn(who, session, turn_id, body)
         await self.backend.create_session(who.tenant, session)
         _, last = await self.backend.events_bounds()
-        if await self.backend.publish_turn(turn):
-            last = 0  # a retry: the turn may have run already; its events from the start
-        else:
-            self.metrics.turns.inc()
+        with turn_span(request, turn):  # continues the caller's traceparent; off: a no-op
+            # the turn's message carries the trace on (the caller's own while off)
+            if await self.backend.publish_turn(turn, tracing.forward(request.headers)):
+                last = 0  # a retry: the turn may have run already; its events from the start
+            else:
+                self.metrics.turns.inc()
         url = f"/v1/sessions/{session}/events?turn={turn_id}&since={last}"
         return _json(api.TurnPosted(turn_id=turn_id, session=session, events_url=url), 202)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -118,15 +118,16 @@ class Backend:
 
     # -- turns and controls -----------------------------------------------------------
 
-    async def publish_turn(self, turn: Turn) -> bool:
+    async def publish_turn(self, turn: Turn, trace: Mapping[str, str] | None = None) -> bool:
         """Publish ``turn`` with JetStream and await the ack; whether JetStream already
-        had it (a retried POST, deduplicated by ``Nats-Msg-Id``)."""
+        had it (a retried POST, deduplicated by ``Nats-Msg-Id``). ``trace``: the
+        ``traceparent`` (and ``tracestate``) headers the turn carries to its worker."""
         ack = await self._call(
             "publish turn",
             self.js.publish(
                 self.subjects.turn(turn.tenant, turn.session),
                 encode(turn),
-                headers={"Nats-Msg-Id": turn.msg_id},
+                headers={**(trace or {}), "Nats-Msg-Id": turn.msg_id},
             ),
         )
         return bool(ack.duplicate)

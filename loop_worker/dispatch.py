@@ -38,6 +38,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from loopmesh import tracing
 from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, open_kv, retry
 from schemas import (
     DecodeError,
@@ -55,6 +56,7 @@ from schemas.ids import check_turn_msg_id
 
 from .catalog import Catalog, OnChange
 from .errors import CatalogNotLoadedError
+from .traces import tool_span
 
 log = logging.getLogger("loopmesh.loop_worker.dispatch")
 
@@ -174,6 +176,14 @@ class NatsToolDispatcher:
             self._resuming.discard(key)
 
     async def call(self, request: ToolCallRequest) -> ToolResult:
+        if not tracing.enabled():
+            return await self._call(request)
+        with tool_span(request) as span:
+            result = await self._call(request)
+            tracing.tool_result(span, result)
+            return result
+
+    async def _call(self, request: ToolCallRequest) -> ToolResult:
         try:
             spec = await self._spec(request.server, request.tool)
         except CatalogNotLoadedError as exc:
@@ -206,11 +216,13 @@ class NatsToolDispatcher:
                 created_at=request.created_at or time.time(),
                 first_attempt=first_attempt,
             )
+            headers = {"Nats-Msg-Id": request.call_id}
+            tracing.inject(headers)  # the tool worker's span continues this trace
             call = _Publish(
                 self._publisher,
                 self._subjects.tool(spec.pool, request.server, request.tool),
                 encode(request),
-                {"Nats-Msg-Id": request.call_id},
+                headers,
                 resend_until=time.monotonic() + self._resend_s,
             )
             await call.send(deadline)

@@ -72,6 +72,7 @@ from .errors import LeaseLostError
 from .lease import Leases
 from .sink import JetStreamEvents
 from .store import KVSessionStore
+from .traces import traced_llm
 from .turn import HELD, HandBack, TurnRun, first_turn
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
@@ -132,7 +133,7 @@ class LoopWorker:
         )
         self.engine = Engine(
             settings=config.loop,
-            llm=llm,
+            llm=traced_llm(llm, config.llm.model),  # chat spans, while tracing is on
             tools=self.tools,
             events=self.events,
             store=self.store,

@@ -51,14 +51,16 @@ from schemas.admit import Refused, admit_turn
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
+from .traces import turn_span
 
 if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
     from typing import Protocol
 
     from loopmesh.jetstream import Publisher
     from schemas import Subjects
+    from schemas.events import LoopEnd
 
-    from .config import ServiceSettings
+    from .config import LoopWorkerConfig, ServiceSettings
     from .controls import Controls
     from .deadletter import DeadLetters
     from .dispatch import NatsToolDispatcher
@@ -72,6 +74,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
 
         subjects: Subjects
         settings: ServiceSettings
+        config: LoopWorkerConfig
         stats: dict[str, int]
         publisher: Publisher
         events: JetStreamEvents
@@ -228,7 +231,11 @@ class TurnRun:
                     w._running[key] = self
                     ACTIVE.inc()
                     try:
-                        await self._run_engine(turn, delivery, lease)
+                        headers, model = self.msg.headers, w.config.llm.model
+                        with turn_span(turn, headers, model, delivery) as span:
+                            end = await self._run_engine(turn, delivery, lease)
+                            if span is not None and end is not None:
+                                span.set_attribute("loopmesh.turn.end_reason", end.reason)
                         finished = True
                     finally:
                         ACTIVE.dec()
@@ -263,9 +270,10 @@ class TurnRun:
         await w._wait_turn_order(self, turn)
         return None
 
-    async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> None:
+    async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> LoopEnd | None:
         """Start (controls and snapshot at once), run the engine, store the last
-        checkpoint and then the events; a turn handed back stores what it emitted."""
+        checkpoint and then the events; a turn handed back stores what it emitted.
+        The turn's ``loop_end`` (None if it had none to give)."""
         w = self._w
         # 4. start
         w.events.begin(turn.msg_id, delivery=delivery)
@@ -288,6 +296,7 @@ class TurnRun:
                 w.stats["resumed"] += 1
             w.stats["finished"] += 1
             await w.events.flush(turn.msg_id)
+            return end
         except asyncio.CancelledError:  # handed back: store what was emitted so far
             if self.lost is None:
                 await quietly(asyncio.wait_for(w.store.flush(turn.tenant, turn.session), 2.0))

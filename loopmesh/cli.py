@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 import msgspec
 
+from . import tracing
 from .aio import run
 from .errors import LoopmeshError
 from .log import setup_logging
@@ -173,14 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(log_level(args, modules[args.command]), args.log_json)
     except ValueError as exc:
         parser.error(str(exc))
+    stop_tracing = None
     try:
         runtime = load(RuntimeConfig, getattr(args, "config", None)).runtime
+        stop_tracing = tracing.setup(f"loopmesh-{args.command}")  # OTEL_*; off by default
         return int(run(modules[args.command].main(args), event_loop=runtime.event_loop) or 0)
     except KeyboardInterrupt:
         return 130
     except LoopmeshError as exc:
         print(f"loopmesh {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()  # flushes the spans still buffered
 
 
 def log_level(args: argparse.Namespace, module: ModuleType) -> str:

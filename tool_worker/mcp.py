@@ -41,6 +41,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
+from loopmesh import tracing
 from loopmesh.settings import AtLeastOne, Positive
 from schemas import safe_token
 
@@ -127,6 +128,7 @@ class _Call:
     future: asyncio.Future[str]
     idempotency_key: str | None = None
     resent: bool = False
+    trace: object | None = None  # the caller's trace context, for the request's `_meta`
 
 
 _RELIST = object()
@@ -165,7 +167,9 @@ class McpServer:
         if self._closing:
             raise Unavailable(self.name, "the worker is stopping")
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Call(name, arguments, future, idempotency_key))
+        self._queue.put_nowait(
+            _Call(name, arguments, future, idempotency_key, trace=tracing.current())
+        )
         try:
             text = await future
         except BaseException:
@@ -314,7 +318,10 @@ class McpServer:
             with scope:
                 try:
                     meta = _meta(call.idempotency_key)
-                    result = await session.call_tool(call.name, call.arguments, meta=meta)
+                    # The MCP SDK adds the current span's traceparent to the request's
+                    # `_meta` (SEP-414): make the caller's the current one here.
+                    with tracing.attached(call.trace):
+                        result = await session.call_tool(call.name, call.arguments, meta=meta)
                 except MCPError as exc:
                     if exc.message in _SESSION_GONE and not call.resent:
                         # The server rejected the session before running anything:

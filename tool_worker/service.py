@@ -42,6 +42,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from loopmesh import tracing
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, quietly, worker_name
 from loopmesh.payload import Fitted, fit, limit_of
@@ -66,7 +67,7 @@ from schemas.events import (
     tool_event_msg_id,
 )
 
-from . import metrics
+from . import metrics, traces
 from .catalog import Catalog
 from .context import ToolContext, calling
 from .effects import Effects
@@ -338,7 +339,9 @@ class ToolWorker:
             self.stats["recorded"] += 1
             stored = None
         else:
-            result = await self.execute(request, attempt=msg.metadata.num_delivered)
+            with traces.tool_span(request, msg.headers, self.pool) as span:  # off: a no-op
+                result = await self.execute(request, attempt=msg.metadata.num_delivered)
+                tracing.tool_result(span, result)
             # Too large for one message: cut, and recorded cut, so a repeat sees the same.
             fitted = fit(result, limit_of(self.nc))
             result, payload = fitted.value, fitted.data
