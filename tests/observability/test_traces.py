@@ -197,3 +197,52 @@ def test_without_otel_variables_no_sdk_is_imported_and_no_provider_installed():
         [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.slow
+async def test_a_turn_resumed_after_a_crash_continues_its_trace(nats_server):
+    """A turn published by any NATS client with a `traceparent` header; its worker is
+    killed mid-turn; the worker that resumes it runs it in the same trace, since the
+    redelivered message carries the header."""
+    from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
+    from loopmesh.testing.fake_replies import hang
+    from schemas import Turn, encode
+
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    procs: list[Proc] = []
+    with OtlpReceiver() as otlp:
+        async with FakeLLM(hang(60), default=auto()) as llm:
+            try:
+
+                async def worker(name: str) -> Proc:
+                    env = {**worker_env(nats_server.url, llm.base_url, name=name),
+                           **_otel_env(otlp.url)}  # fmt: skip
+                    procs.append(proc := Proc("-m", "loop_worker", env=env))
+                    return await proc.start("loop worker ready", timeout=60)
+
+                first = await worker("w1")
+                turn = Turn(id="t1", tenant="acme", session="s1", input="hello")
+                await nc.jetstream().publish(
+                    SUBJECTS.turn("acme", "s1"),
+                    encode(turn),
+                    headers={"Nats-Msg-Id": turn.msg_id,
+                             "traceparent": f"00-{trace_id}-{parent_id}-01"},
+                )  # fmt: skip
+                await llm.wait_requests(1, timeout=60)  # the first worker's model call hangs
+                first.kill()
+                await worker("w2")
+
+                def resumed(spans: list[ReceivedSpan]) -> bool:
+                    return any(s.name == "invoke_agent" for s in spans)
+
+                spans = await otlp.wait(resumed, timeout=90)
+            finally:
+                for proc in reversed(procs):
+                    await proc.close()
+                await nc.close()
+    agent = one(spans, LOOP, "invoke_agent")
+    assert (agent.trace_id, agent.parent_id) == (trace_id, parent_id)
+    assert agent.attributes["loopmesh.turn.delivery"] >= 2
+    assert agent.attributes["loopmesh.turn.end_reason"] == "task_completion"
