@@ -152,10 +152,18 @@ def local_engine(iterations: int) -> tuple[Engine, InMemoryEvents]:
 
 
 class Mesh:
-    def __init__(self, store: Path, *, ack_wait_s: float = 2.0, lease_ttl_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        store: Path,
+        *,
+        ack_wait_s: float = 2.0,
+        lease_ttl_s: float = 2.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.server = NatsServer(store)
         self.ack_wait_s = ack_wait_s
         self.lease_ttl_s = lease_ttl_s
+        self.env = env or {}  # more variables for every worker process (OTEL_*, say)
         self.procs: list[Proc] = []
 
     async def __aenter__(self) -> Mesh:
@@ -174,13 +182,14 @@ class Mesh:
         proc = Proc(
             "-m", "tool_worker", "--nats-url", self.server.url, "--no-provision",
             "--module", module, "--concurrency", str(concurrency),
-            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2"},
+            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", **self.env},
         )  # fmt: skip
         self.procs.append(proc)
         return await proc.start("serving pool=")
 
     def _service_env(self, name: str) -> dict[str, str]:
         return {
+            **self.env,
             "LOOPMESH_NATS__URL": self.server.url,
             "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": str(self.ack_wait_s),
             "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": str(self.lease_ttl_s),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.protocols import Completion, OnDelta, OnRetry
 from loop_worker.service import LoopWorker
+from loopmesh import tracing
 from loopmesh.aio import run
 from loopmesh.cli import add_common_options, config_from_args
 from loopmesh.log import setup_logging
@@ -101,8 +102,12 @@ async def serve(config: LoopWorkerConfig, stop: asyncio.Event) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     config = config_from_args(LoopWorkerConfig, args)
-    async with shutdown_on_signals() as stop:
-        await serve(config, stop)
+    stop_tracing = tracing.setup("loopmesh-loop-worker")  # as the CLI does: OTEL_*, else off
+    try:
+        async with shutdown_on_signals() as stop:
+            await serve(config, stop)
+    finally:
+        stop_tracing()
 
 
 if __name__ == "__main__":
