@@ -19,7 +19,8 @@ COPY loopmesh ./loopmesh
 COPY loop_worker ./loop_worker
 COPY tool_worker ./tool_worker
 COPY gateway ./gateway
-RUN pip install --no-compile . && rm -rf /opt/loopmesh/*
+# [otel]: OTLP trace export, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set
+RUN pip install --no-compile '.[otel]' && rm -rf /opt/loopmesh/*
 
 USER 10001:10001
 WORKDIR /tmp

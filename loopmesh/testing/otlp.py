@@ -91,8 +91,8 @@ class OtlpReceiver:
     """``url`` is the base to give as ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
 
     def __init__(self) -> None:
-        self.spans: list[ReceivedSpan] = []
-        self.requests = 0
+        self._bodies: list[bytes] = []
+        self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -104,10 +104,8 @@ class OtlpReceiver:
                 if self.path != "/v1/traces":
                     self.send_error(404)
                     return
-                spans = decode(body)
-                with receiver._lock:
-                    receiver.spans.extend(spans)
-                    receiver.requests += 1
+                with receiver._lock:  # decoded when read: the handler stays cheap
+                    receiver._bodies.append(body)
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -135,8 +133,12 @@ class OtlpReceiver:
         self._thread.join()
 
     def received(self) -> list[ReceivedSpan]:
+        """Every span received so far, in arrival order."""
         with self._lock:
-            return list(self.spans)
+            bodies, self._bodies = self._bodies, []
+        for body in bodies:
+            self._spans.extend(decode(body))
+        return list(self._spans)
 
     async def wait(
         self, done: Callable[[list[ReceivedSpan]], bool], timeout: float = 60.0
