@@ -181,8 +181,13 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
         return ""
     window = min(_KV_DUPLICATE_WINDOW_S, b.ttl_s) if b.ttl_s else _KV_DUPLICATE_WINDOW_S
     update = have.evolve(**want, duplicate_window=window)
-    await _call(f"update bucket {b.bucket}", js.update_stream(update))
-    return f"updated bucket {b.bucket} ({changes})"
+    info = await _call(f"update bucket {b.bucket}", js.update_stream(update))
+    if not info.config.allow_msg_ttl and not have.allow_msg_ttl:
+        # A server before 2.11 has no per-message TTL and drops the field: not a
+        # change, and not one to report on every start (pinned pools refuse to run).
+        want.pop("allow_msg_ttl")
+        changes = _diff(have, want)
+    return f"updated bucket {b.bucket} ({changes})" if changes else ""
 
 
 # -- helpers -----------------------------------------------------------------------------

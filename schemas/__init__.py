@@ -14,7 +14,7 @@ from .ids import (
     safe_token,
     turn_msg_id,
 )
-from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall
+from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
 from .types import SCHEMA_VERSION, Token
@@ -66,6 +66,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "Turn",
+    "TurnEnd",
     "WireError",
     "call_id",
     "catalog_key",

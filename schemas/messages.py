@@ -84,6 +84,18 @@ class PendingCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 SessionStatus = Literal["idle", "running", "paused"]
 
 
+class TurnEnd(msgspec.Struct, frozen=True, kw_only=True):
+    """How a turn ended: its ``loop_end`` event's fields, kept with the session's last
+    checkpoint so that a redelivery which finds the turn done can emit its ``loop_end``
+    again (it may not have been stored before a crash; its fixed msg id lets the stream
+    drop a second copy)."""
+
+    reason: str
+    content: str = ""
+    iterations: int = 0
+    error: str | None = None
+
+
 class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A session's durable state, checkpointed after every iteration.
 
@@ -111,3 +123,5 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     turn_tool_calls: int = 0
     #: An orchestrated turn in progress (``None`` for the ordinary loop).
     orchestrator: OrchestratorState | None = None
+    #: How the turn ``turn_id`` ended, once ``status`` is idle (``None`` before).
+    last_end: TurnEnd | None = None

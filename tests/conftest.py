@@ -25,6 +25,19 @@ settings.register_profile("deep", max_examples=2_000, deadline=None)
 settings.load_profile("ci")
 
 
+async def skip_without_msg_ttl(url: str) -> None:
+    """Skip a test of pinned pools on a nats-server before 2.11 (the floor's 2.10), which
+    has no per-message TTL; there a pinned pool is refused with an error saying so."""
+    nc = await nats.connect(url)
+    try:
+        version = nc.connected_server_version
+    finally:
+        await nc.close()
+    if (version.major, version.minor) < (2, 11):
+        found = f"{version.major}.{version.minor}.{version.patch}"
+        pytest.skip(f"nats-server {found} has no per-message TTL (2.11+) for pinned pools")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--chaos", action="store_true",

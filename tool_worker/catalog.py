@@ -28,6 +28,7 @@ from loopmesh.jetstream import kv_values
 from loopmesh.provision import PIN_HEADERS
 from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
 
+from .errors import PoolProvisionError
 from .registry import Registry
 
 log = logging.getLogger("tool_worker.catalog")
@@ -72,7 +73,16 @@ class Catalog:
         pinned: bool = False,
     ) -> Catalog:
         kv = await js.key_value(subjects.catalog_bucket)
-        ttl = (await kv.status()).ttl
+        status = await kv.status()
+        if pinned and not status.stream_info.config.allow_msg_ttl:
+            raise PoolProvisionError(
+                pool,
+                f"a pinned pool puts its tools with Nats-TTL: never, but the catalog bucket "
+                f"{subjects.catalog_bucket} has no per-message TTL (nats-server 2.11 or newer "
+                "has it, and loopmesh's provisioning turns it on); upgrade the server and "
+                "provision again, or set pinned = false",
+            )
+        ttl = status.ttl
         refresh_s = ttl / 3 if ttl else DEFAULT_REFRESH_S
         return cls(
             kv, js, subjects.catalog_bucket, registry, pool, refresh_s=refresh_s, pinned=pinned

@@ -2,8 +2,8 @@
 
 :class:`Engine` is pure: the LLM, the tools, the event stream and the session store
 are the Protocols of ``protocols.py``. ``run`` takes one turn to its end and emits
-exactly one ``loop_end`` (unless the turn had already finished: then it returns
-``None`` and emits nothing). A turn whose snapshot says it is still running resumes
+exactly one ``loop_end`` (a turn that had already finished emits its ``loop_end`` again,
+from the last checkpoint, and nothing else). A turn whose snapshot says it is still running resumes
 after its last checkpointed iteration.
 
 Checkpoints: when the turn starts, after every iteration, and once more in the middle
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 import msgspec
 
@@ -32,6 +33,7 @@ from schemas import (
     SessionSnapshot,
     ToolResult,
     Turn,
+    TurnEnd,
     WireError,
 )
 from schemas.events import (
@@ -138,7 +140,7 @@ class Engine:
             return await scope.emit(LoopEnd, reason="error", error=_describe(exc))
         snapshot = snapshot or SessionSnapshot(tenant=turn.tenant, session=turn.session)
         if snapshot.turn_id == turn.id and snapshot.status == "idle":
-            return None
+            return await _ended_again(scope, snapshot.last_end)
         return await _Run(self, scope, snapshot).run()
 
 
@@ -213,7 +215,7 @@ class _Run:
             self._close_pending("interrupted", f"the turn ended with an error: {self.end.error}")
         end = self.end
         try:
-            await self._checkpoint(status="idle")
+            await self._checkpoint(status="idle", end=end)
         except Exception as exc:
             await scope.emit(Error, code="checkpoint", message=_describe(exc), fatal=True)
             end.error = end.error or _describe(exc)
@@ -486,17 +488,47 @@ class _Run:
     def _counter(self) -> TokenCounter:
         return self.e.counter_for(self.model or None)
 
-    async def _checkpoint(self, status: str = "running", *, iteration: int | None = None) -> None:
+    async def _checkpoint(
+        self, status: str = "running", *, iteration: int | None = None, end: End | None = None
+    ) -> None:
         snapshot = msgspec.structs.replace(
             self.snapshot,
             messages=tuple(self.messages),
             iteration=self.scope.iteration if iteration is None else iteration,
             updated_at=self.scope.clock(),
+            last_end=None,
         )
         if status == "idle":
-            snapshot = msgspec.structs.replace(snapshot, status="idle", turns=snapshot.turns + 1)
+            last_end = None
+            if end is not None:
+                last_end = TurnEnd(
+                    reason=end.reason,
+                    content=end.content,
+                    iterations=self.scope.iteration,
+                    error=end.error,
+                )
+            snapshot = msgspec.structs.replace(
+                snapshot, status="idle", turns=snapshot.turns + 1, last_end=last_end
+            )
         await self.e.store.save(snapshot)
         self.snapshot = snapshot
+
+
+async def _ended_again(scope: TurnScope, end: TurnEnd | None) -> LoopEnd | None:
+    """A turn delivered again after it finished: its ``loop_end`` once more, since a
+    crash between the last checkpoint and that event may have lost it (its fixed msg id
+    makes the stream drop a second copy). Nothing else is emitted or asked. ``None``
+    when the snapshot does not say how the turn ended."""
+    if end is None:
+        return None
+    scope.iteration = end.iterations
+    return await scope.emit(
+        LoopEnd,
+        reason=cast(EndReason, end.reason),
+        content=end.content,
+        iterations=end.iterations,
+        error=end.error,
+    )
 
 
 def _error(call: Call, code: str, message: str) -> ToolResult:

@@ -25,6 +25,7 @@ from loopmesh.testing.durable import ROOT, Proc, worker_env
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
 from schemas import Subjects
+from tests.conftest import skip_without_msg_ttl
 
 from .test_keda_lag import keda_lags
 
@@ -70,6 +71,7 @@ def pool_env(url: str) -> dict[str, str]:
 async def test_a_pool_package_in_its_own_venv_scales_from_zero_and_serves_a_turn(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
+    await skip_without_msg_ttl(nats_server.url)
     python = str(venv_with_example(tmp_path))
     url = nats_server.url
     env = pool_env(url)

@@ -21,6 +21,7 @@ from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import tool_calls
 from schemas import Subjects, Turn, definitions, new_id
 from schemas.events import LoopEnd, ToolResultEvent
+from tests.conftest import skip_without_msg_ttl
 from tool_worker import cli as tool_cli
 from tool_worker.config import ToolWorkerConfig, ToolWorkerSettings
 
@@ -50,6 +51,7 @@ async def serve_tools(url: str, settings: ToolWorkerSettings, stop: asyncio.Even
 async def test_a_pool_with_no_worker_keeps_its_tools_and_serves_its_backlog_once_one_starts(
     nats_server: NatsServer, nc: Client, fake_llm: FakeLLM
 ) -> None:
+    await skip_without_msg_ttl(nats_server.url)
     # A catalog TTL short enough to see entries lapse within the test; the services
     # do not provision (they would set the default TTL back).
     await provision(nc.jetstream(), definitions(SUBJECTS, catalog_ttl_s=CATALOG_TTL_S))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from loop_worker.engine.errors import StaleSessionError
@@ -216,17 +217,39 @@ async def test_a_running_turn_resumes_after_its_last_checkpoint_reusing_recorded
     assert resent[-1] == {"role": "tool", "content": "one", "tool_call_id": cid("t1", 1, 0)}
 
 
-async def test_a_finished_turn_delivered_again_returns_none_and_emits_nothing(
+async def test_a_finished_turn_delivered_again_emits_only_its_loop_end_again(
     fake_llm: FakeLLM,
 ) -> None:
+    """A crash between the last checkpoint and the ``loop_end`` would otherwise leave
+    the turn without one: a redelivery that finds it done emits it again, the same
+    (the stream drops a second copy by its fixed msg id), and asks the model nothing."""
+    fake_llm.script(tool_calls(("task_completion", {"result": "ok"})))
+    async with Rig.openai(fake_llm) as rig:
+        first = await rig.run()
+        count = len(rig.events.events)
+        again = await rig.engine.run(rig.turn(), rig.control)
+    assert isinstance(again, LoopEnd)
+    assert rig.events.events[count:] == [again]
+    fields = ("reason", "content", "iterations", "error", "iteration", "turn_id")
+    assert [getattr(again, f) for f in fields] == [getattr(first, f) for f in fields]
+    assert len(fake_llm.requests) == 1
+
+
+async def test_a_snapshot_that_does_not_say_how_its_turn_ended_emits_nothing(
+    fake_llm: FakeLLM,
+) -> None:
+    """A snapshot stored before ``last_end`` existed: the turn is done, nothing to say."""
     fake_llm.script(tool_calls(("task_completion", {"result": "ok"})))
     async with Rig.openai(fake_llm) as rig:
         await rig.run()
+        turn = rig.turn()
+        stored = await rig.engine.store.load(turn.tenant, turn.session)
+        assert stored is not None and stored.last_end is not None
+        await rig.engine.store.save(msgspec.structs.replace(stored, last_end=None))
         count = len(rig.events.events)
-        again = await rig.engine.run(rig.turn(), rig.control)
+        again = await rig.engine.run(turn, rig.control)
     assert again is None
     assert len(rig.events.events) == count
-    assert len(fake_llm.requests) == 1
 
 
 async def test_the_next_turn_sees_the_history_and_the_session_counts_turns(

@@ -12,6 +12,7 @@ from loopmesh.provision import (
 )
 from loopmesh.settings import NatsSettings
 from schemas import ConsumerDef, KVDef, StreamDef, Subjects, definitions, pool_consumer
+from tests.conftest import skip_without_msg_ttl
 
 
 async def test_provisioning_twice_changes_nothing_the_second_time(nc):
@@ -227,6 +228,7 @@ def msgspec_replace(obj, **changes):
 async def test_a_bucket_made_without_per_message_ttl_gets_it_for_pinned_entries(nc):
     """Pinned catalog entries are put with ``Nats-TTL: never``, which a stream refuses
     unless it allows per-message TTLs: provisioning turns that on in an older bucket."""
+    await skip_without_msg_ttl(nc.connected_url.geturl())
     js = nc.jetstream()
     await js.add_stream(
         api.StreamConfig(
