@@ -43,7 +43,7 @@ from nats.js.client import JetStreamContext
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, quietly, retry, worker_name
-from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream
+from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream, has_msg_ttl
 from schemas import (
     ConsumerDef,
     KVDef,
@@ -224,7 +224,7 @@ class LoopWorker:
                     description="messages given up on, with the reason in their headers",
                 ),
             )
-            replicas = self.config.nats.replicas
+            replicas, msg_ttl = self.config.nats.replicas, has_msg_ttl(self.nc)
             done += "\n" + await ensure_stream(
                 self._js, advisories_stream(subjects, replicas=replicas)
             )
@@ -237,10 +237,13 @@ class LoopWorker:
                     replicas=self.config.nats.replicas,
                     description="one loop worker per session",
                 ),
+                msg_ttl=msg_ttl,
             )
             if self.prefilter is not None and self.prefilter.embedder is not None:
                 done += "\n" + await ensure_bucket(
-                    self._js, embeddings_bucket(self.subjects, replicas=self.config.nats.replicas)
+                    self._js,
+                    embeddings_bucket(self.subjects, replicas=self.config.nats.replicas),
+                    msg_ttl=msg_ttl,
                 )
             for action in filter(None, done.split("\n")):  # a change is never silent
                 log.log(

@@ -39,11 +39,19 @@ _KV_DUPLICATE_WINDOW_S = 120.0
 PIN_HEADERS = {"Nats-TTL": "never"}
 
 
-async def provision(js: JetStreamContext, defs: Definitions) -> list[str]:
+def has_msg_ttl(nc: Client) -> bool:
+    """Whether the connected nats-server has per-message TTL (2.11 and newer). An older
+    one drops ``allow_msg_ttl`` from a stream's config, so asking for it would look like
+    a change on every start."""
+    version = nc.connected_server_version
+    return (version.major, version.minor) >= (2, 11)
+
+
+async def provision(js: JetStreamContext, defs: Definitions, *, msg_ttl: bool = True) -> list[str]:
     """Ensure every stream, consumer and bucket of ``defs``; return what was done."""
     actions = [await ensure_stream(js, s) for s in defs.streams]
     actions += [await ensure_consumer(js, c) for c in defs.consumers]
-    actions += [await ensure_bucket(js, b) for b in defs.buckets]
+    actions += [await ensure_bucket(js, b, msg_ttl=msg_ttl) for b in defs.buckets]
     return [a for a in actions if a]
 
 
@@ -56,7 +64,7 @@ async def provision_all(nc: Client, settings: NatsSettings) -> list[str]:
         sessions_ttl_s=settings.sessions_ttl_s,
         replicas=settings.replicas,
     )
-    return await provision(nc.jetstream(), defs)
+    return await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
 
 
 async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
@@ -143,8 +151,9 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
     return f"updated consumer {name} ({changes})"
 
 
-async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
-    """A KV bucket; ``ttl_s`` is the bucket's TTL (0: keys never expire)."""
+async def ensure_bucket(js: JetStreamContext, b: KVDef, *, msg_ttl: bool = True) -> str:
+    """A KV bucket; ``ttl_s`` is the bucket's TTL (0: keys never expire). ``msg_ttl``:
+    the server has per-message TTL (:func:`has_msg_ttl`), which the bucket then allows."""
     stream = f"KV_{b.bucket}"
     want: dict[str, Any] = {
         "max_age": b.ttl_s,
@@ -153,8 +162,9 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
         "num_replicas": b.replicas,
         "description": b.description or None,
         "allow_direct": True,  # reads are one direct-get round trip on any replica
-        "allow_msg_ttl": True,  # pinned catalog entries (PIN_HEADERS); cannot be undone
     }
+    if msg_ttl:  # pinned catalog entries (PIN_HEADERS); cannot be undone
+        want["allow_msg_ttl"] = True
     info = await _stream_info(js, stream)
     if info is None:
         config = js_api.KeyValueConfig(
@@ -182,10 +192,10 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef) -> str:
     window = min(_KV_DUPLICATE_WINDOW_S, b.ttl_s) if b.ttl_s else _KV_DUPLICATE_WINDOW_S
     update = have.evolve(**want, duplicate_window=window)
     info = await _call(f"update bucket {b.bucket}", js.update_stream(update))
-    if not info.config.allow_msg_ttl and not have.allow_msg_ttl:
-        # A server before 2.11 has no per-message TTL and drops the field: not a
-        # change, and not one to report on every start (pinned pools refuse to run).
-        want.pop("allow_msg_ttl")
+    if msg_ttl and not info.config.allow_msg_ttl and not have.allow_msg_ttl:
+        # asked of a server before 2.11 by a caller that did not know: it dropped the
+        # field, so it is no change (and pinned pools refuse to run there)
+        del want["allow_msg_ttl"]
         changes = _diff(have, want)
     return f"updated bucket {b.bucket} ({changes})" if changes else ""
 

@@ -21,7 +21,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from loopmesh.nats import connect
-from loopmesh.provision import provision
+from loopmesh.provision import has_msg_ttl, provision
 from loopmesh.settings import NatsSettings
 from schemas import Subjects, decode, definitions
 from schemas.events import AnyEvent, Event
@@ -50,7 +50,7 @@ async def provision_short(
     defs = definitions(
         subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, replicas=replicas
     )
-    await provision(nc.jetstream(), defs)
+    await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
 
 
 async def stream_events(
