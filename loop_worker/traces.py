@@ -2,7 +2,10 @@
 
 - ``invoke_agent`` — one per delivery of a turn, a child of the ``traceparent`` the
   turn's message carries (the gateway's span, or any client's). A redelivered turn
-  carries the same header, so a turn resumed after a crash stays in its trace;
+  carries the same header, so a turn resumed after a crash stays in its trace. A turn
+  published with no ``traceparent`` (``loopmesh run``, a bare NATS client) gets a root
+  span whose trace id is derived from the turn's id, so its every delivery shares
+  one trace all the same;
 - ``chat {model}`` — one per LLM request (:class:`TracedLLM`; its retries and
   fallbacks are inside it);
 - ``execute_tool {tool}`` — the dispatch of one tool call, kind ``client``; the call's
@@ -39,6 +42,7 @@ def turn_span(
     return tracing.span(
         "invoke_agent",
         carrier=headers or {},
+        root_key=f"loopmesh-turn:{session_key(turn.tenant, turn.session)}:{turn.id}",
         attributes={
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.provider.name": PROVIDER,

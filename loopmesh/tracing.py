@@ -36,6 +36,8 @@ defines them (``OTEL_EXPORTER_OTLP_HEADERS``, ``…_TIMEOUT``, ``…_COMPRESSION
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
 import re
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -60,6 +62,7 @@ __all__ = [
     "enabled",
     "forward",
     "inject",
+    "root_trace_id",
     "setup",
     "span",
     "tool_result",
@@ -80,6 +83,17 @@ NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 _tracer: Tracer | None = None
 _propagator: Any = None
+#: The trace id a root span started now takes (see :func:`span`'s ``root_key``).
+_root_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "loopmesh_root_trace", default=None
+)
+
+
+def root_trace_id(key: str) -> int:
+    """The trace id of every root span started for ``key``: the first 128 bits of its
+    SHA-256, so each process that starts one (each delivery of a turn) lands in the same
+    trace."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16]) or 1
 
 
 class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,8 +155,18 @@ def setup(service: str, env: Mapping[str, str] | None = None) -> Callable[[], No
             f"tracing needs the OpenTelemetry SDK ({exc.name} is missing): "
             "pip install 'loopmesh[otel]'",
         ) from None
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class KeyedIds(RandomIdGenerator):
+        """Random ids, except a root span's trace id while :func:`span` sets one."""
+
+        def generate_trace_id(self) -> int:
+            return _root_trace.get() or super().generate_trace_id()
+
     provider = TracerProvider(
-        resource=Resource.create({SERVICE_NAME: settings.service_name}), shutdown_on_exit=False
+        resource=Resource.create({SERVICE_NAME: settings.service_name}),
+        id_generator=KeyedIds(),
+        shutdown_on_exit=False,
     )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.endpoint)))
     trace.set_tracer_provider(provider)
@@ -172,13 +196,17 @@ def span(
     kind: Kind = "internal",
     attributes: Mapping[str, Any] | None = None,
     carrier: Mapping[str, str] | None = None,
+    root_key: str | None = None,
 ) -> contextlib.AbstractContextManager[Span | None]:
     """A span made current for the block: a child of the ``traceparent`` in ``carrier``
-    when given (message or HTTP headers), else of the current span. Yields None while
-    tracing is off. An exception leaving the block marks the span as failed."""
+    when given (message or HTTP headers), else of the current span. A root span (the
+    carrier has no usable ``traceparent``) with a ``root_key`` takes the trace id
+    :func:`root_trace_id` gives it, so the same work started again in any process joins
+    the same trace. Yields None while tracing is off. An exception leaving the block
+    marks the span as failed."""
     if _tracer is None:
         return NO_SPAN
-    return _span(_tracer, name, kind, attributes, carrier)
+    return _span(_tracer, name, kind, attributes, carrier, root_key)
 
 
 @contextlib.contextmanager
@@ -188,15 +216,22 @@ def _span(
     kind: Kind,
     attributes: Mapping[str, Any] | None,
     carrier: Mapping[str, str] | None,
+    root_key: str | None,
 ) -> Iterator[Span]:
     from opentelemetry.trace import SpanKind
 
     context = None
     if carrier is not None:
         context = _propagator.extract(carrier)  # a malformed traceparent is ignored
-    with tracer.start_as_current_span(
+    started = tracer.start_as_current_span(
         name, context=context, kind=SpanKind[kind.upper()], attributes=attributes
-    ) as current_span:
+    )
+    with contextlib.ExitStack() as stack:
+        token = _root_trace.set(root_trace_id(root_key) if root_key is not None else None)
+        try:
+            current_span = stack.enter_context(started)  # the span is made here
+        finally:
+            _root_trace.reset(token)
         yield current_span
 
 

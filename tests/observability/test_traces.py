@@ -202,15 +202,20 @@ def test_without_otel_variables_no_sdk_is_imported_and_no_provider_installed():
 
 
 @pytest.mark.slow
-async def test_a_turn_resumed_after_a_crash_continues_its_trace(nats_server):
-    """A turn published by any NATS client with a `traceparent` header; its worker is
-    killed mid-turn; the worker that resumes it runs it in the same trace, since the
-    redelivered message carries the header."""
+@pytest.mark.parametrize("header", [True, False], ids=["traceparent", "no-traceparent"])
+async def test_a_turn_resumed_after_a_crash_continues_its_trace(nats_server, header):
+    """A turn published by any NATS client, with a `traceparent` header or without one
+    (as `loopmesh run` publishes); its worker is killed mid-turn; the worker that resumes
+    it runs it in the same trace: the caller's, which the redelivered message carries,
+    or else the one derived from the turn's id."""
     from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
     from loopmesh.testing.fake_replies import hang
+    from loopmesh.tracing import root_trace_id
     from schemas import Turn, encode
 
     trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    if not header:
+        trace_id, parent_id = f"{root_trace_id('loopmesh-turn:acme.s1:t1'):032x}", ""
     nc = await connect_fast(nats_server.url)
     await provision_short(nc)
     procs: list[Proc] = []
@@ -229,9 +234,9 @@ async def test_a_turn_resumed_after_a_crash_continues_its_trace(nats_server):
                 await nc.jetstream().publish(
                     SUBJECTS.turn("acme", "s1"),
                     encode(turn),
-                    headers={"Nats-Msg-Id": turn.msg_id,
-                             "traceparent": f"00-{trace_id}-{parent_id}-01"},
-                )  # fmt: skip
+                    headers={"Nats-Msg-Id": turn.msg_id}
+                    | ({"traceparent": f"00-{trace_id}-{parent_id}-01"} if header else {}),
+                )
                 await llm.wait_requests(1, timeout=60)  # the first worker's model call hangs
                 first.kill()
                 await worker("w2")
