@@ -40,6 +40,7 @@ from nats.aio.subscription import Subscription
 
 from loopmesh import tracing
 from loopmesh.jetstream import KV, PubAck, Publisher, is_transient, open_kv, retry
+from loopmesh.payload import limit_of
 from schemas import (
     DecodeError,
     Subjects,
@@ -202,6 +203,15 @@ class NatsToolDispatcher:
             first_attempt = False
         else:
             first_attempt = self._unlapsed is not None and self._unlapsed(request)
+        size = len(encode(request))
+        if size > limit_of(self._nc):  # no NATS message can carry it: tell the model
+            return _error(
+                request,
+                "payload_too_large",
+                f"the call is {size} bytes encoded and this NATS server's max_payload is "
+                f"{self._nc.max_payload} bytes, so it was not sent: pass less at once "
+                "(split the content over several calls)",
+            )
         if self._before_publish is not None:  # the service: the checkpoint goes out first
             await self._before_publish(request)
         timeout = request.timeout_s or spec.timeout_s or self._default_timeout_s

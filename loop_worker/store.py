@@ -51,7 +51,8 @@ from .engine.errors import StaleSessionError
 log = logging.getLogger("loopmesh.loop_worker.store")
 
 _ACK_WAIT_S = 5.0
-_TEXTS = frozenset({"content", "summary"})  # what a snapshot too large may have cut
+_TEXTS = frozenset({"content", "summary", "arguments"})  # what a snapshot too large may cut
+_JSON_TEXTS = frozenset({"arguments"})  # a tool call's arguments stay JSON when cut
 WARM_BYTES = 32 * 1024 * 1024  # encoded size of the ended sessions' snapshots kept
 
 
@@ -214,7 +215,7 @@ class KVSessionStore:
     def _encode(self, snapshot: SessionSnapshot) -> tuple[SessionSnapshot, bytes]:
         """The snapshot as stored: if larger than one NATS message, its longest message
         texts cut to fit (the events of those replies said so when they were cut)."""
-        fitted = fit(snapshot, limit_of(self._nc), keys=_TEXTS)
+        fitted = fit(snapshot, limit_of(self._nc), keys=_TEXTS, json_keys=_JSON_TEXTS)
         if fitted.cut:
             log.warning(
                 "snapshot of %s.%s cut from %d to %d bytes to fit max_payload: %s",

@@ -63,11 +63,20 @@ def limit_of(nc: Any) -> int:
     return max(MIN_LIMIT, int(nc.max_payload) - HEADROOM)
 
 
-def fit(value: T, limit: int, *, keys: Collection[str] | None = None) -> Fitted[T]:
+def fit(
+    value: T,
+    limit: int,
+    *,
+    keys: Collection[str] | None = None,
+    json_keys: Collection[str] = (),
+) -> Fitted[T]:
     """``value`` itself when its encoding fits in ``limit`` bytes, else a copy whose
     longest texts (of more than 256 characters: never an id) are cut, each with a
     marker, until it does. ``keys``: only texts under
-    these field names may be cut (None: any text). Raises :class:`DoesNotFit`."""
+    these field names may be cut (None: any text). A text under one of ``json_keys``
+    holds JSON (a tool call's arguments) and stays JSON: it becomes
+    ``{"cut_by_loopmesh": "<marker>", "start": "<the text's start>"}``. Raises
+    :class:`DoesNotFit`."""
     data = encode(value)
     size = len(data)
     if size <= limit:
@@ -94,7 +103,11 @@ def fit(value: T, limit: int, *, keys: Collection[str] | None = None) -> Fitted[
             exhausted.add(ident)
         originals[ident] = (original, kept)
         marker = _MARKER.format(kept=len(original[:kept].encode()), size=len(original.encode()))
-        container[key] = original[:kept] + marker
+        if key in json_keys:
+            cut = {"cut_by_loopmesh": marker.strip(), "start": original[:kept]}
+            container[key] = msgspec.json.encode(cut).decode()
+        else:
+            container[key] = original[:kept] + marker
         data = msgspec.json.encode(tree)
     fitted: T = msgspec.convert(tree, type(value))
     return Fitted(fitted, encode(fitted), size, tuple(paths))

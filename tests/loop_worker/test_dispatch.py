@@ -7,7 +7,7 @@ import pytest
 from loop_worker.dispatch import NatsToolDispatcher
 from loopmesh.jetstream import Publisher
 from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
-from schemas import ToolCallRequest, ToolResult, encode
+from schemas import ToolCallRequest, ToolResult, catalog_key, encode
 from tests.loop_worker.durable import fake_pool, register_tool, spec
 
 
@@ -30,6 +30,14 @@ async def dispatcher(nc):
         yield d
 
 
+async def serve(nc, dispatcher, tool_spec) -> None:
+    """Register a tool and wait for the dispatcher's catalog to hold it: a call made
+    before the catalog's watch delivers the new entry is an `unknown_tool`."""
+    await register_tool(nc, tool_spec)
+    key = catalog_key(tool_spec.server, tool_spec.name)
+    assert await dispatcher.catalog.wait_for(lambda c: c.get(key) is not None, 30), key
+
+
 async def test_tools_lists_the_catalog_and_sees_new_entries_as_they_are_put(nc, dispatcher):
     assert [t.name for t in await dispatcher.tools()] == ["echo"]
     await register_tool(nc, spec("other", pool="slow"))
@@ -40,7 +48,7 @@ async def test_tools_lists_the_catalog_and_sees_new_entries_as_they_are_put(nc, 
 async def test_a_call_goes_to_the_pool_named_in_the_catalog_with_the_call_id_as_msg_id(
     nc, dispatcher
 ):
-    await register_tool(nc, spec("ping", pool="fast"))
+    await serve(nc, dispatcher, spec("ping", pool="fast"))
     async with fake_pool(nc, echo, pool="fast") as ran:
         result = await dispatcher.call(request("t1-1-0", tool="ping", text="pong"))
     assert result.status == "ok" and result.content == "pong"
@@ -75,7 +83,7 @@ async def test_a_lost_reply_is_recovered_from_the_effect_record(nc, dispatcher):
 
 
 async def test_a_call_nobody_serves_times_out_by_its_deadline(nc, dispatcher):
-    await register_tool(nc, spec("stuck", pool="nobody", timeout_s=0.3))
+    await serve(nc, dispatcher, spec("stuck", pool="nobody", timeout_s=0.3))
     started = time.monotonic()
     async with asyncio.timeout(30):
         result = await dispatcher.call(request(tool="stuck"))
@@ -105,7 +113,7 @@ async def test_the_same_call_published_twice_runs_once(nc, dispatcher):
 
 
 async def test_cancelling_a_call_ends_the_wait_at_once(nc, dispatcher):
-    await register_tool(nc, spec("stuck", pool="nobody", timeout_s=30))
+    await serve(nc, dispatcher, spec("stuck", pool="nobody", timeout_s=30))
     task = asyncio.create_task(dispatcher.call(request(tool="stuck")))
     await wait_for(lambda: bool(dispatcher._waiting), what="the call to wait")
     task.cancel()

@@ -4,6 +4,7 @@ and is acked like any other."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,9 +16,9 @@ from loop_worker.sink import JetStreamEvents
 from loopmesh.server import NatsServer
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto, text
+from loopmesh.testing.fake_replies import auto, text, tool_calls
 from schemas import SessionSnapshot, Turn, decode
-from schemas.events import Error, LoopEnd, PayloadTruncated, ToolCallEvent
+from schemas.events import Error, LoopEnd, PayloadTruncated, ToolCallEvent, ToolErrorEvent
 from tests.loop_worker.durable import Mesh, Watch, send_turn
 
 MAX_PAYLOAD = 64 * 1024
@@ -93,3 +94,36 @@ async def test_an_event_too_large_with_no_long_text_to_cut_becomes_an_error_even
     [(event, _)] = await stream_events(nc, "acme", "s1")
     assert isinstance(event, Error) and event.code == "payload_too_large"
     assert "tool_call event" in event.message and str(MAX_PAYLOAD) in event.message
+
+
+async def test_a_tool_call_whose_arguments_pass_max_payload_gets_an_error_result(
+    small_mesh: Mesh, tmp_path: Path
+) -> None:
+    """The model asks for a call too big for any NATS message: nothing is published and
+    the model gets an error it can act on; a later call in the same turn still runs."""
+    mesh = small_mesh
+    big = "x" * (MAX_PAYLOAD + 1000)
+    ledger = tmp_path / "n"
+    mesh.fake.script(  # type: ignore[attr-defined]
+        tool_calls(("local__echo", {"text": big})),
+        tool_calls(("local__count", {"path": str(ledger), "label": "small"})),
+    )
+    await mesh.tool_worker()
+    await mesh.loop_worker(loop=LoopSettings(message_max_chars=1_000_000))
+    turn = Turn(id="t1", tenant="acme", session="s1", input="go", created_at=time.time())
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn)
+        end = await watch.wait("loop_end", "t1", timeout=60)
+        errors = watch.of("tool_error", "t1")
+    assert isinstance(end, LoopEnd) and end.reason == "task_completion"
+    [error] = errors
+    assert isinstance(error, ToolErrorEvent) and error.code == "payload_too_large"
+    assert f"max_payload is {MAX_PAYLOAD} bytes" in error.message, error.message
+    assert ledger.read_text() == "small\n"  # the next call ran, once
+    kv = await mesh.nc.jetstream().key_value(SUBJECTS.sessions_bucket)
+    snapshot = decode((await kv.get("acme.s1")).value or b"", SessionSnapshot)
+    calls = [c for m in snapshot.messages for c in m.tool_calls if c.name == "local__echo"]
+    assert json.loads(calls[0].arguments)["cut_by_loopmesh"].startswith("[cut by loopmesh: ")
+    requests = mesh.fake.requests  # type: ignore[attr-defined]
+    tool_messages = [m for m in requests[1]["messages"] if m.get("role") == "tool"]
+    assert "payload_too_large" in str(tool_messages[-1]["content"])

@@ -3,10 +3,12 @@ marker, and the result always fits."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loopmesh.payload import DoesNotFit, fit
-from schemas import ChatMessage, SessionSnapshot, ToolResult, decode, encode
+from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolResult, decode, encode
 from schemas.events import LLMResponse
 
 
@@ -46,3 +48,18 @@ def test_a_message_without_long_texts_to_cut_does_not_fit() -> None:
     result = ToolResult(call_id="c1", content="x" * 200)
     with pytest.raises(DoesNotFit):
         fit(result, 100)
+
+
+def test_a_tool_calls_arguments_cut_to_fit_stay_json() -> None:
+    arguments = json.dumps({"path": "notes.txt", "text": 'a "quoted" line\n' * 5_000})
+    call = ToolCall(id="call_1", name="local__fs_write", arguments=arguments)
+    snapshot = SessionSnapshot(
+        tenant="t", session="s", messages=(ChatMessage(role="assistant", tool_calls=(call,)),)
+    )
+    fitted = fit(snapshot, 10_000, keys={"content", "arguments"}, json_keys={"arguments"})
+    assert len(fitted.data) <= 10_000 and fitted.cut == ("messages[0].tool_calls[0].arguments",)
+    [kept] = fitted.value.messages[0].tool_calls
+    assert (kept.id, kept.name) == ("call_1", "local__fs_write")
+    cut = json.loads(kept.arguments)
+    assert arguments.startswith(cut["start"]) and len(cut["start"]) > 1_000
+    assert cut["cut_by_loopmesh"].startswith(f"[cut by loopmesh: {len(cut['start'])} of ")
