@@ -20,14 +20,19 @@ nats-py catches ``CancelledError`` when a cancel lands while it flushes
 (``Client._send_command`` → ``_flush_pending``) and returns normally, so a task cancelled
 during a NATS call can carry on as if nothing happened. Loops that run until cancelled
 call :func:`raise_if_cancelled` after their NATS calls, so a cancel is never lost.
+
+:func:`quietly` awaits an ack, nak or flush whose failure changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
+
+log = logging.getLogger("loopmesh.aio")
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -80,3 +85,12 @@ async def both(first: Awaitable[A], second: Coroutine[Any, Any, B]) -> tuple[A, 
             task.exception()  # retrieved: its failure is not the one that matters
         raise
     return a, await task
+
+
+async def quietly(op: Awaitable[object]) -> None:
+    """``await op``, logging (at debug) instead of raising what it raises: for acks,
+    naks and flushes whose failure the protocol already covers (a redelivery)."""
+    try:
+        await op
+    except Exception as exc:
+        log.debug("ignored error=%r", exc)
