@@ -115,7 +115,10 @@ async def test_the_same_call_published_twice_runs_once(nc, dispatcher):
 async def test_cancelling_a_call_ends_the_wait_at_once(nc, dispatcher):
     await serve(nc, dispatcher, spec("stuck", pool="nobody", timeout_s=30))
     task = asyncio.create_task(dispatcher.call(request(tool="stuck")))
-    await wait_for(lambda: bool(dispatcher._waiting), what="the call to wait")
+    await wait_for(
+        lambda: bool(dispatcher._waiting) or task.done(), timeout=30, what="the call to wait"
+    )
+    assert not task.done(), task.result()  # it ended without waiting: say how
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(10):  # the call itself would wait 30 s
