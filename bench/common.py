@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import sys
 import time
@@ -17,14 +16,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from loopmesh.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def need_binary(name: str, hint: str, *extra_dirs: str) -> str:

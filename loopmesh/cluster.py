@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +27,7 @@ from types import TracebackType
 import httpx
 
 from .errors import NatsServerError
+from .ports import free_port
 from .server import NatsServer
 
 _START_ATTEMPTS = 3  # a free port picked beforehand may be taken before the node binds it
@@ -136,7 +136,7 @@ class NatsCluster:
         for attempt in range(1, _START_ATTEMPTS + 1):
             for node in self.nodes:
                 node.port = node.monitor_port = -1
-                node.route_port = _free_port(node.host)
+                node.route_port = free_port(node.host)
             try:
                 await asyncio.gather(*(n.start() for n in self.nodes))
                 await self.wait_ready()
@@ -212,9 +212,3 @@ class NatsCluster:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

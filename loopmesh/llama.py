@@ -17,7 +17,6 @@ import asyncio
 import importlib.util
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from types import TracebackType
 import httpx
 
 from .errors import LoopmeshError
+from .ports import free_port
 from .process import die_with_parent
 
 MODEL_ALIAS = "smollm2-135m-instruct"
@@ -93,7 +93,7 @@ class LlamaServer:
         if importlib.util.find_spec("llama_cpp") is None or self.model_path is None:
             raise LlamaServerError(f"the embedded LLM is not installed: {INSTALL_HINT}")
         if not self.port:
-            self.port = _free_port(self.host)
+            self.port = free_port(self.host)
         args = [
             sys.executable, "-m", "llama_cpp.server",
             "--model", str(self.model_path), "--model_alias", self.model,
@@ -173,9 +173,3 @@ class LlamaServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

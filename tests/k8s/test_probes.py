@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import msgspec
 from gateway.server import GatewayServer
 from loop_worker import cli as loop_cli
 from loopmesh import exporter
+from loopmesh.ports import free_port
 from loopmesh.server import NatsServer
 from loopmesh.settings import load
 from loopmesh.testing.fake_llm import FakeLLM
@@ -28,12 +28,6 @@ from tool_worker import cli as tool_cli
 from .render import Doc, container_config, of_kind, render, service_of
 
 DEADLINE_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def with_port(config: Any, table: str, field: str, port: int, nats_url: str) -> Any:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loopmesh.ports import free_port
 from loopmesh.testing.durable import Proc, worker_env
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto, error
@@ -91,12 +91,6 @@ def test_every_metric_in_the_dashboards_is_exported():
     assert used, "no queries found"
     missing = sorted(n for n in used if n not in exported and not EXTERNAL.match(n))
     assert not missing, f"dashboards query metrics nothing exports: {missing}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_ready(url: str, proc: Proc | None, timeout: float = 60) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from nats.js import JetStreamContext
 from loopmesh import up
 from loopmesh.cli import build_parser
 from loopmesh.errors import ConfigError
+from loopmesh.ports import free_port
 from loopmesh.server import NatsServer
 from tool_worker import cli
 from tool_worker.config import ToolWorkerSettings, load_config
@@ -137,13 +137,6 @@ async def test_the_tool_worker_under_up_serves_its_metrics_port(
     finally:
         stop.set()
         await service
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from loopmesh.ports import free_port
 from schemas import safe_token
 from schemas.events import ToolErrorEvent
 from tool_worker import Registry
@@ -133,12 +133,6 @@ async def test_repeated_failures_open_the_tools_circuit_breaker(
     assert trial.error is not None and trial.error.code == "mcp_error"  # half-open: one trial
     assert reopened.error is not None and reopened.error.code == "circuit_open"
     assert "failed 4 times in a row" in reopened.error.message
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
