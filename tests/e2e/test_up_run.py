@@ -66,6 +66,15 @@ async def run(url: str, task: str, *args: str, timeout: float = 60) -> tuple[int
     return code, "\n".join(proc.lines)
 
 
+def llm_env(llm: FakeLLM) -> dict[str, str]:
+    """The settings that point ``loopmesh up``'s loop worker at the fake LLM."""
+    return {
+        "LOOPMESH_LLM__BASE_URL": llm.base_url,
+        "LOOPMESH_LLM__API_KEY": "test",
+        "LOOPMESH_LLM__MODEL": "fake-model",
+    }
+
+
 async def stop_and_check_nothing_left(proc: Proc) -> None:
     below = descendants(proc.proc.pid)
     assert below, "up started no processes?"
@@ -79,9 +88,7 @@ async def test_up_and_run_complete_a_turn_with_an_openai_compatible_endpoint(tmp
     async with FakeLLM(default=auto()) as llm:
         proc, url = await up(
             tmp_path,
-            LOOPMESH_LLM__BASE_URL=llm.base_url,
-            LOOPMESH_LLM__API_KEY="test",
-            LOOPMESH_LLM__MODEL="fake-model",
+            **llm_env(llm),
             LOOPMESH_LLM__MAX_RETRIES="0",
         )
         try:
@@ -104,9 +111,7 @@ async def test_up_is_quiet_serves_the_file_tools_with_fs_root_and_shows_where_to
     async with FakeLLM(default=auto()) as llm:
         proc, url = await up(
             tmp_path,
-            LOOPMESH_LLM__BASE_URL=llm.base_url,
-            LOOPMESH_LLM__API_KEY="test",
-            LOOPMESH_LLM__MODEL="fake-model",
+            **llm_env(llm),
             extra=("--fs-root", str(files)),
         )
         try:

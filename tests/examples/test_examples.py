@@ -10,25 +10,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from loopmesh.testing.durable import ROOT, Proc, connect_fast, provision_short
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
-from tests.loop_worker.durable import Mesh
+from loopmesh.testing.durable import ROOT, Proc
+from tests.loop_worker.durable import Mesh, mesh_on
 
 
 @pytest.fixture
 async def mesh(nats_server) -> AsyncIterator[Mesh]:
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        try:
-            await mesh.tool_worker()
-            await mesh.loop_worker()
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
+    async with mesh_on(nats_server.url, workers=True) as mesh:
+        yield mesh
 
 
 async def test_the_nats_py_example_publishes_a_turn_and_prints_its_events_to_the_end(mesh: Mesh):

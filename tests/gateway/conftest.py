@@ -1,20 +1,25 @@
 """A real nats-server, provisioned, and the gateway served by uvicorn on a free
-loopback port; tests talk to it with httpx over TCP."""
+loopback port; tests talk to it with httpx over TCP, and publish events to it with
+:func:`publish`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
 import pytest
+from nats.aio.client import Client
 
 from gateway.auth import key_hash
 from gateway.server import GatewayServer
 from gateway.settings import ApiKey, GatewayConfig, GatewaySettings
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import connect_fast, provision_short
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
+from schemas import encode
+from schemas.events import ContentDelta
 
 #: Two tenants' keys (the config stores only their SHA-256).
 ACME_KEY = "acme-secret-key-1"
@@ -37,6 +42,38 @@ async def nats_url(nats_server: Any) -> AsyncIterator[str]:
     finally:
         await nc.close()
     yield nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    """A client of the gateway's nats-server (provisioned), reconnecting quickly."""
+    client = await connect_fast(nats_url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def publish(
+    nc: Client,
+    n: int,
+    *,
+    tenant: str = "acme",
+    session: str = "s1",
+    turn: str = "t1",
+    text: str = "x",
+) -> list[int]:
+    """``n`` content deltas of ``turn``, as a worker publishes them; their stream
+    sequences."""
+    js = nc.jetstream()
+    seqs = []
+    for i in range(n):
+        event = ContentDelta(
+            tenant=tenant, session=session, turn_id=turn, iteration=i, text=text, ts=time.time()
+        )
+        ack = await js.publish(SUBJECTS.event(tenant, session, "content_delta"), encode(event))
+        seqs.append(ack.seq)
+    return seqs
 
 
 GatewayFactory = Callable[..., AbstractAsyncContextManager[GatewayServer]]

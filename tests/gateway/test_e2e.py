@@ -12,30 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loopmesh.testing.durable import connect_fast, stream_events
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
+from loopmesh.testing.durable import stream_events
 from loopmesh.testing.sse import Message, messages
-from tests.loop_worker.durable import Mesh
+from tests.loop_worker.durable import Mesh, count_task, mesh_on
 
 
 @pytest.fixture
 async def mesh(nats_url: str) -> AsyncIterator[Mesh]:
-    nc = await connect_fast(nats_url)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_url, llm.base_url, nc)
-        try:
-            await mesh.tool_worker()
-            await mesh.loop_worker()
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
-
-
-def count_task(path: Path, seconds: float = 0.0) -> str:
-    args = {"path": str(path), "label": "a", "seconds": seconds}
-    return f"call local__count {json.dumps(args)}"
+    async with mesh_on(nats_url, provisioned=True, workers=True) as mesh:
+        yield mesh
 
 
 async def until(reader: AsyncIterator[Message], event: str, out: list[Message]) -> Message:

@@ -6,41 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import httpx
-import pytest
 from nats.aio.client import Client
 
-from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.sse import Message, messages
-from schemas import Subjects, encode
-from schemas.events import ContentDelta
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
+from schemas import Subjects
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth, publish
 
 SUBJECTS = Subjects()
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    client = await connect_fast(nats_url)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-async def publish(nc: Client, n: int, *, turn: str = "t1", text: str = "x", session: str = "s1"):
-    """``n`` content deltas of ``turn``; their stream sequences."""
-    js = nc.jetstream()
-    seqs = []
-    for i in range(n):
-        event = ContentDelta(
-            tenant="acme", session=session, turn_id=turn, iteration=i, text=text, ts=time.time()
-        )
-        ack = await js.publish(SUBJECTS.event("acme", session, "content_delta"), encode(event))
-        seqs.append(ack.seq)
-    return seqs
 
 
 async def take(response: httpx.Response, n: int, *, timeout: float = 10.0) -> list[Message]:

@@ -6,43 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import httpx
-import pytest
 from nats.aio.client import Client
 
 from gateway.server import GatewayServer
-from loopmesh.testing.durable import connect_fast
+from loopmesh.testing.durable import wait_for
 from loopmesh.testing.sse import Message, messages
-from schemas import Subjects, encode
-from schemas.events import ContentDelta
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
-
-SUBJECTS = Subjects()
-
-
-@pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    client = await connect_fast(nats_url)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-async def publish(
-    nc: Client, n: int, *, tenant: str = "acme", session: str = "s1", text: str = "x"
-) -> list[int]:
-    js = nc.jetstream()
-    seqs = []
-    for i in range(n):
-        event = ContentDelta(
-            tenant=tenant, session=session, turn_id="t1", iteration=i, text=text, ts=time.time()
-        )
-        ack = await js.publish(SUBJECTS.event(tenant, session, "content_delta"), encode(event))
-        seqs.append(ack.seq)
-    return seqs
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth, publish
 
 
 async def ids(response: httpx.Response, n: int, *, timeout: float = 30.0) -> list[int]:
@@ -61,13 +32,6 @@ def feed_of(gw: GatewayServer, tenant: str = "acme", session: str = "s1"):
     return gw.gateway.fanout._feeds.get((tenant, session))
 
 
-async def wait_for(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
-
-
 async def test_many_clients_on_one_session_share_one_feed_and_get_identical_sequences(
     gateway: GatewayServer, client: httpx.AsyncClient, nc: Client
 ):
@@ -84,7 +48,7 @@ async def test_many_clients_on_one_session_share_one_feed_and_get_identical_sequ
         seqs = await publish(nc, 40)
         got = await asyncio.gather(*(ids(r, 40) for r in streams))
     assert all(g == seqs for g in got)
-    await wait_for(lambda: feed_of(gateway) is None, "the feed outlived its last client")
+    await wait_for(lambda: feed_of(gateway) is None, what="the feed outlived its last client")
 
 
 async def test_a_client_resuming_while_events_flow_misses_none_and_gets_none_twice(
@@ -106,7 +70,9 @@ async def test_a_client_resuming_while_events_flow_misses_none_and_gets_none_twi
             # resume at several points while the publisher runs: each time the shared
             # feed is ahead of the resumed id, so the hand-over is exercised
             for at in (20, 90, 170, 260):
-                await wait_for(lambda at=at: len(seen) > at, "events stopped flowing", 30)
+                await wait_for(
+                    lambda at=at: len(seen) > at, timeout=30, what="events stopped flowing"
+                )
                 last = seen[at]
                 headers = {"Last-Event-ID": str(last)}
                 async with (

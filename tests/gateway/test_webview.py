@@ -19,12 +19,11 @@ import httpx
 import pytest
 
 from gateway.server import GatewayServer
-from loopmesh.testing.durable import connect_fast, stream_events, wait_for
+from loopmesh.testing.durable import stream_events, wait_for
 from loopmesh.testing.fake_llm import FakeLLM, error, text, tool_calls
-from loopmesh.testing.fake_replies import auto
 from tests.gateway.conftest import ACME_KEY, GatewayFactory
 from tests.gateway.proxy import Proxy
-from tests.loop_worker.durable import Mesh, Watch
+from tests.loop_worker.durable import Mesh, Watch, mesh_on
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -44,22 +43,16 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-async def llm() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM(default=auto()) as server:
-        yield server
+async def mesh(nats_url: str) -> AsyncIterator[Mesh]:
+    async with mesh_on(nats_url, provisioned=True, workers=True) as mesh:
+        yield mesh
 
 
 @pytest.fixture
-async def mesh(nats_url: str, llm: FakeLLM) -> AsyncIterator[Mesh]:
-    nc = await connect_fast(nats_url)
-    mesh = Mesh(nats_url, llm.base_url, nc)
-    try:
-        await mesh.tool_worker()
-        await mesh.loop_worker()
-        yield mesh
-    finally:
-        await mesh.close()
-        await nc.close()
+def llm(mesh: Mesh) -> FakeLLM:
+    """The mesh's fake LLM, scripted per test."""
+    assert mesh.fake is not None
+    return mesh.fake
 
 
 @pytest.fixture

@@ -1,11 +1,12 @@
 """Helpers for the durable loop-worker tests: provisioning with short timeouts, a
-minimal in-test tool pool that follows the tool worker's side of the wire, and waiting
-on the events stream."""
+minimal in-test tool pool that follows the tool worker's side of the wire, an
+in-process mesh of services (:func:`mesh_on`), and waiting on the events stream."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -16,14 +17,15 @@ from nats.js import api as js_api
 from loopmesh.nats import connect
 from loopmesh.provision import ensure_consumer
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import (
-    SUBJECTS,
-)
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
 from schemas import (
     Subjects,
     ToolCallRequest,
     ToolResult,
     ToolSpec,
+    Turn,
     catalog_key,
     decode,
     encode,
@@ -99,12 +101,50 @@ async def fake_pool(
         await sub.unsubscribe()
 
 
+def record_replies(nc: Client) -> list[str]:
+    """Wrap ``nc.publish`` to record each publish's reply subject, in order (``""`` for a
+    publish that asks for no ack); the list fills as the client publishes."""
+    publish = nc.publish
+    replies: list[str] = []
+
+    async def recording(
+        subject: str, payload: bytes = b"", reply: str = "", headers: Any = None
+    ) -> None:
+        replies.append(reply)
+        await publish(subject, payload, reply=reply, headers=headers)
+
+    nc.publish = recording  # type: ignore[method-assign]
+    return replies
+
+
 def consumer_config(ack_wait_s: float) -> js_api.ConsumerConfig:
     return js_api.ConsumerConfig(ack_wait=ack_wait_s)
 
 
 def spec(name: str, *, server: str = "local", pool: str = "default", **kw: Any) -> ToolSpec:
     return ToolSpec(server=server, name=name, pool=pool, **kw)
+
+
+def turn(turn_id: str, task: str, *, tenant: str = "acme", session: str = "s1", **kw: Any) -> Turn:
+    """Turn ``turn_id`` of ``tenant``'s ``session``, created now, asking ``task``."""
+    return Turn(
+        id=turn_id, tenant=tenant, session=session, input=task, created_at=time.time(), **kw
+    )
+
+
+def count_task(path: Any, label: str = "a", *, seconds: float = 0.0, tool: str = "count") -> str:
+    """A task the fake LLM (``auto()``) does by calling ``local__<tool>`` (``count`` or
+    ``guarded``, tests/loop_worker/tools.py): it appends ``label`` to the file at
+    ``path``, ``count`` then waits ``seconds``."""
+    args: dict[str, Any] = {"path": str(path), "label": label, "seconds": seconds}
+    if tool != "count":
+        args.pop("seconds")
+    return f"call local__{tool} {json.dumps(args)}"
+
+
+async def turns_left(nc: Client, subjects: Subjects = SUBJECTS) -> int:
+    """Turns still in the turns stream (a turn leaves it once acked or dead-lettered)."""
+    return (await nc.jetstream().stream_info(subjects.turns_stream)).state.messages
 
 
 # -- an in-process mesh: loop workers and a tool worker as tasks, each its own client ----
@@ -130,11 +170,20 @@ class Running:
 class Mesh:
     """NATS, a fake LLM, and services started on demand; tests drive turns through it."""
 
-    def __init__(self, url: str, llm_url: str, nc: Client, *, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        url: str,
+        llm_url: str,
+        nc: Client,
+        *,
+        replicas: int = 1,
+        fake: FakeLLM | None = None,
+    ) -> None:
         self.url = url
         self.llm_url = llm_url
         self.nc = nc
         self.replicas = replicas  # what the services provision with: 3 on a cluster
+        self.fake = fake  # the fake LLM server at llm_url, when the test scripts it
         self.running: list[Running] = []
 
     def config(self, **service: Any) -> Any:
@@ -198,6 +247,30 @@ class Mesh:
             if not running.task.done() or not running.client.is_closed:
                 with contextlib.suppress(Exception):
                     await running.stop()
+
+
+@contextlib.asynccontextmanager
+async def mesh_on(
+    url: str, *, replicas: int = 1, provisioned: bool = False, workers: bool = False
+) -> AsyncIterator[Mesh]:
+    """A :class:`Mesh` on the nats-server (or cluster) at ``url``, provisioned with short
+    timeouts unless ``provisioned`` already, against a fake LLM answering by ``auto()``
+    (``mesh.fake``); with ``workers``, a tool worker and a loop worker already serve."""
+    nc = await connect_fast(url)
+    try:
+        if not provisioned:
+            await provision_short(nc, replicas=replicas)
+        async with FakeLLM(default=auto()) as llm:
+            mesh = Mesh(url, llm.base_url, nc, replicas=replicas, fake=llm)
+            try:
+                if workers:
+                    await mesh.tool_worker()
+                    await mesh.loop_worker()
+                yield mesh
+            finally:
+                await mesh.close()
+    finally:
+        await nc.close()
 
 
 async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -93,6 +94,30 @@ class ScriptedLLM:
 def echo(text: str) -> str:
     """Echo the text back."""
     return text
+
+
+class CountingTools(LocalTools):
+    """``count`` (a side effect, counted by name; its result is ``answer(name)``) and
+    ``wait`` (blocks until released)."""
+
+    def __init__(self, answer: Callable[[str], str] = "counted {}".format) -> None:
+        super().__init__()
+        self.counted: Counter[str] = Counter()
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+
+        @self.tool()
+        async def count(name: str) -> str:
+            """Count fruit of one kind."""
+            self.counted[name] += 1
+            return answer(name)
+
+        @self.tool()
+        async def wait() -> str:
+            """Wait for a while."""
+            self.waiting.set()
+            await self.release.wait()
+            return "released"
 
 
 class Rig:

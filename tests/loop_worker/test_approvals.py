@@ -9,15 +9,14 @@ import time
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.approvals import Approvals
 from loopmesh.nats import connect
 from loopmesh.settings import load
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
+from loopmesh.testing.durable import SUBJECTS
 from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto, tool_calls
+from loopmesh.testing.fake_replies import tool_calls
 from schemas import ApprovalDecision, ToolSpec, Turn
 from schemas.events import ApprovalRequired, LoopEnd
 from tests.loop_worker.durable import Mesh, Running, Watch, send_turn
@@ -91,20 +90,6 @@ def readme_config(tmp_path: Path) -> Path:
     path = tmp_path / "loopmesh.toml"
     path.write_text(block.group(1))
     return path
-
-
-@pytest.fixture
-async def mesh(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        mesh.fake = llm
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
 
 
 async def start_tool_worker(mesh: Mesh, config: ToolWorkerConfig) -> Running:

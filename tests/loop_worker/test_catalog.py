@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
 from loop_worker.catalog import Catalog
 from loop_worker.errors import CatalogNotLoadedError
 from loopmesh.provision import provision
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
-from schemas import Turn, catalog_key, definitions, encode
+from loopmesh.testing.durable import SUBJECTS, connect_fast, wait_for
+from schemas import catalog_key, definitions, encode
 from schemas.events import Error, LoopEnd
-from tests.loop_worker.durable import Mesh, Watch, register_tool, send_turn, spec
+from tests.loop_worker.durable import Watch, register_tool, send_turn, spec, turn
 
 BUCKET = SUBJECTS.catalog_bucket
 
@@ -172,24 +169,6 @@ async def test_the_watch_survives_a_nats_server_restart(nats_server):
 
 
 # -- inside running loop workers ----------------------------------------------------------
-
-
-@pytest.fixture
-async def mesh(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        mesh.fake = llm
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
-
-
-def turn(turn_id: str, task: str) -> Turn:
-    return Turn(id=turn_id, tenant="acme", session="s1", input=task, created_at=time.time())
 
 
 def offered(request: dict) -> list[str]:

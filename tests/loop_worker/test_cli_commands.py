@@ -14,10 +14,8 @@ import pytest
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import Proc, connect_fast, provision_short
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
-from tests.loop_worker.durable import Mesh, Watch
+from loopmesh.testing.durable import Proc
+from tests.loop_worker.durable import Mesh, Watch, mesh_on
 
 pytestmark = pytest.mark.slow
 
@@ -26,17 +24,8 @@ TRANSPORTS = ["nats", "gateway"]
 
 @pytest.fixture
 async def mesh(nats_server) -> AsyncIterator[Mesh]:
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        try:
-            await mesh.tool_worker()
-            await mesh.loop_worker()
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
+    async with mesh_on(nats_server.url, workers=True) as mesh:
+        yield mesh
 
 
 @pytest.fixture

@@ -10,10 +10,8 @@ import pytest
 
 from loopmesh.provision import provision
 from loopmesh.testing.durable import SUBJECTS, connect_fast, wait_for
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
 from schemas import Turn, definitions
-from tests.loop_worker.durable import Mesh, Watch, send_turn
+from tests.loop_worker.durable import Watch, mesh_on, send_turn
 
 MAX_DELIVERIES = 2
 
@@ -21,15 +19,13 @@ MAX_DELIVERIES = 2
 @pytest.fixture
 async def mesh(nats_server):
     nc = await connect_fast(nats_server.url)
-    defs = definitions(SUBJECTS, turn_ack_wait_s=1.0, turn_max_deliver=MAX_DELIVERIES)
-    await provision(nc.jetstream(), defs)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
+    try:
+        defs = definitions(SUBJECTS, turn_ack_wait_s=1.0, turn_max_deliver=MAX_DELIVERIES)
+        await provision(nc.jetstream(), defs)
+    finally:
+        await nc.close()
+    async with mesh_on(nats_server.url, provisioned=True) as mesh:
+        yield mesh
 
 
 async def messages(nc, stream: str) -> int:

@@ -12,11 +12,10 @@ from collections import Counter
 
 import pytest
 
-from loop_worker.engine.inmemory import LocalTools
 from loopmesh.testing.fake_llm import FakeLLM, tool_calls
 from schemas import SessionSnapshot, call_id
 from schemas.events import LoopStart, Message, ToolCallEvent, ToolErrorEvent, ToolResultEvent
-from tests.loop_worker.scripted import Rig, ScriptedLLM, call, done, say
+from tests.loop_worker.scripted import CountingTools, Rig, ScriptedLLM, call, done, say
 
 
 def cid(turn: str, iteration: int, index: int) -> str:
@@ -24,28 +23,7 @@ def cid(turn: str, iteration: int, index: int) -> str:
     return call_id("acme", "s1", turn, iteration, index)
 
 
-class Tools(LocalTools):
-    """``count`` (a side effect, counted by name) and ``wait`` (blocks until released)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counted: Counter[str] = Counter()
-        self.waiting = asyncio.Event()
-        self.release = asyncio.Event()
-
-        @self.tool()
-        async def count(name: str) -> str:
-            self.counted[name] += 1
-            return f"counted {name}"
-
-        @self.tool()
-        async def wait() -> str:
-            self.waiting.set()
-            await self.release.wait()
-            return "released"
-
-
-async def crash_while_waiting(rig: Rig, tools: Tools) -> SessionSnapshot:
+async def crash_while_waiting(rig: Rig, tools: CountingTools) -> SessionSnapshot:
     """Run a turn until the ``wait`` tool blocks, then cut the run task as a dying
     worker would (no loop_end, no final checkpoint); return the stored snapshot."""
     task = asyncio.create_task(rig.run())
@@ -62,7 +40,7 @@ async def crash_while_waiting(rig: Rig, tools: Tools) -> SessionSnapshot:
 
 
 async def test_a_worker_dying_mid_tool_call_is_resumed_without_asking_the_model_again() -> None:
-    tools = Tools()
+    tools = CountingTools()
     first_llm = ScriptedLLM([call(("local__count", {"name": "a"}), ("local__wait", {}))])
     async with Rig(first_llm, tools=tools) as rig:
         stored = await crash_while_waiting(rig, tools)
@@ -104,7 +82,7 @@ async def test_a_worker_dying_mid_tool_call_is_resumed_without_asking_the_model_
 
 
 async def test_a_pending_task_completion_ends_the_resumed_turn_without_a_new_llm_request() -> None:
-    tools = Tools()
+    tools = CountingTools()
     reply = call(("local__wait", {}), ("task_completion", {"result": "finished"}))
     first_llm = ScriptedLLM([reply])
     async with Rig(first_llm, tools=tools) as rig:
@@ -124,7 +102,7 @@ async def test_a_pending_task_completion_ends_the_resumed_turn_without_a_new_llm
 
 
 async def test_a_call_refused_before_the_crash_is_refused_again_not_run() -> None:
-    tools = Tools()
+    tools = CountingTools()
     first_llm = ScriptedLLM([call(("local__count", '{"name": '), ("local__wait", {}))])
     async with Rig(first_llm, tools=tools) as rig:
         stored = await crash_while_waiting(rig, tools)
@@ -139,7 +117,7 @@ async def test_a_call_refused_before_the_crash_is_refused_again_not_run() -> Non
 
 
 async def test_a_text_format_turn_resumes_its_pending_tool_blocks() -> None:
-    tools = Tools()
+    tools = CountingTools()
     block = '<tool>{"server_name": "local", "tool_name": "wait", "arguments": {}}</tool>'
     finish = (
         '<tool>{"server_name": "loop", "tool_name": "task_completion", '
@@ -159,7 +137,7 @@ async def test_a_text_format_turn_resumes_its_pending_tool_blocks() -> None:
 async def test_a_resumed_turn_over_the_openai_client_sends_one_request_per_iteration(
     fake_llm: FakeLLM,
 ) -> None:
-    tools = Tools()
+    tools = CountingTools()
     fake_llm.script(
         tool_calls(("local__count", {"name": "a"}), ("local__wait", {})),
         tool_calls(("task_completion", {"result": "ok"})),
@@ -182,7 +160,7 @@ async def test_a_resumed_turn_over_the_openai_client_sends_one_request_per_itera
 
 
 async def test_a_new_turn_answers_the_calls_a_dead_turn_left_without_results() -> None:
-    tools = Tools()
+    tools = CountingTools()
     async with Rig(ScriptedLLM([call(("local__wait", {}))]), tools=tools) as rig:
         await crash_while_waiting(rig, tools)
         llm = ScriptedLLM([done()])

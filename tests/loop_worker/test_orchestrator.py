@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,6 @@ import msgspec
 import pytest
 
 from loop_worker.client import Printer
-from loop_worker.engine.inmemory import LocalTools
 from loopmesh.testing.fake_llm import FakeLLM, empty, error, text, tool_calls
 from schemas import DecodeError, ToolSpec, Turn, decode, encode
 from schemas.events import (
@@ -27,7 +25,7 @@ from schemas.events import (
     Retry,
     ToolCallEvent,
 )
-from tests.loop_worker.scripted import Rig
+from tests.loop_worker.scripted import CountingTools, Rig
 
 ORCH = {"mode": "orchestrator", "planner_model": "planner", "executor_model": "executor"}
 
@@ -37,27 +35,9 @@ def plan(*steps: str) -> str:
     return f"Here is the plan:\n```json\n{json.dumps(body)}\n```\nI hope it helps."
 
 
-class Tools(LocalTools):
-    """``count`` (a side effect, counted by name) and ``wait`` (blocks until released)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counted: Counter[str] = Counter()
-        self.waiting = asyncio.Event()
-        self.release = asyncio.Event()
-
-        @self.tool()
-        async def count(name: str) -> str:
-            """Count fruit of one kind."""
-            self.counted[name] += 1
-            return f"{len(name)} {name}"
-
-        @self.tool()
-        async def wait() -> str:
-            """Wait for a while."""
-            self.waiting.set()
-            await self.release.wait()
-            return "released"
+def fruit_tools() -> CountingTools:
+    """``count`` answers with the name's length and the name: "6 apples"."""
+    return CountingTools(lambda name: f"{len(name)} {name}")
 
 
 def messages_text(request: dict[str, Any]) -> str:
@@ -65,7 +45,7 @@ def messages_text(request: dict[str, Any]) -> str:
 
 
 async def test_a_three_step_plan_runs_to_a_synthesized_streamed_answer() -> None:
-    tools = Tools()
+    tools = fruit_tools()
     async with FakeLLM() as fake:
         fake.script_for(
             "planner",
@@ -118,7 +98,7 @@ async def test_a_three_step_plan_runs_to_a_synthesized_streamed_answer() -> None
 
 
 async def test_an_unparseable_plan_falls_back_to_the_single_model_loop() -> None:
-    tools = Tools()
+    tools = fruit_tools()
     async with FakeLLM() as fake:
         fake.script_for("planner", text("First I would count the apples, then the pears."))
         fake.script_for(
@@ -141,7 +121,7 @@ async def test_an_unparseable_plan_falls_back_to_the_single_model_loop() -> None
 
 
 async def test_a_step_failing_past_its_retries_falls_back_with_what_was_learnt() -> None:
-    tools = Tools()
+    tools = fruit_tools()
     async with FakeLLM() as fake:
         fake.script_for("planner", text(plan("count the apples", "count the pears")))
         fake.script_for(
@@ -165,7 +145,7 @@ async def test_a_step_failing_past_its_retries_falls_back_with_what_was_learnt()
 
 
 async def test_a_step_without_a_result_within_its_iterations_is_retried_then_falls_back() -> None:
-    tools = Tools()
+    tools = fruit_tools()
     async with FakeLLM() as fake:
         fake.script_for("planner", text(plan("count the apples")))
         fake.script_for(
@@ -218,7 +198,7 @@ def test_a_turn_with_an_invalid_orchestrator_field_is_refused(field: str, value:
 
 
 async def test_a_worker_dying_mid_step_resumes_at_that_step_running_no_call_twice() -> None:
-    tools = Tools()
+    tools = fruit_tools()
     async with FakeLLM() as fake:
         fake.script_for("planner", text(plan("count the apples", "wait", "count the pears")))
         fake.script_for(
@@ -278,7 +258,7 @@ async def test_a_tool_selector_narrows_each_step_s_tools() -> None:
     async with FakeLLM() as fake:
         fake.script_for("planner", text(plan("count the apples")), text("done"))
         fake.script_for("executor", text("6 apples"))
-        async with Rig.openai(fake, tools=Tools(), **ORCH) as rig:
+        async with Rig.openai(fake, tools=fruit_tools(), **ORCH) as rig:
             rig.engine.select_tools = selector
             end = await rig.run("Count")
     assert end.content == "done"
@@ -326,7 +306,7 @@ async def test_the_turn_s_limits_hold_inside_a_step() -> None:
     async with FakeLLM() as fake:
         fake.script_for("planner", text(plan("count the apples")))
         fake.script_for("executor", tool_calls(("local__count", {"wrong": "argument"})))
-        async with Rig.openai(fake, tools=Tools(), **ORCH) as rig:
+        async with Rig.openai(fake, tools=fruit_tools(), **ORCH) as rig:
             end = await rig.run("Count", tool_failure="fail")
     assert end.reason == "tool_failed" and "local.count" in end.content
     assert "orchestrator_fallback" not in rig.types

@@ -14,12 +14,11 @@ import pytest
 from loop_worker.engine.settings import LoopSettings
 from loop_worker.sink import JetStreamEvents
 from loopmesh.server import NatsServer
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto, text, tool_calls
+from loopmesh.testing.durable import SUBJECTS, stream_events
+from loopmesh.testing.fake_replies import text, tool_calls
 from schemas import SessionSnapshot, Turn, decode
 from schemas.events import Error, LoopEnd, PayloadTruncated, ToolCallEvent, ToolErrorEvent
-from tests.loop_worker.durable import Mesh, Watch, send_turn
+from tests.loop_worker.durable import Mesh, Watch, mesh_on, send_turn
 
 MAX_PAYLOAD = 64 * 1024
 REPLY = "".join(f"line {i:06d} of a very long answer\n" for i in range(8_000))  # 264 KB
@@ -29,17 +28,11 @@ REPLY = "".join(f"line {i:06d} of a very long answer\n" for i in range(8_000))  
 async def small_mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
     config = tmp_path / "nats.conf"
     config.write_text(f"max_payload: {MAX_PAYLOAD}\n")
-    async with NatsServer(tmp_path / "nats", extra_args=("-c", str(config))) as server:
-        nc = await connect_fast(server.url)
-        await provision_short(nc)
-        async with FakeLLM(default=auto()) as llm:
-            mesh = Mesh(server.url, llm.base_url, nc)
-            mesh.fake = llm  # type: ignore[attr-defined]
-            try:
-                yield mesh
-            finally:
-                await mesh.close()
-                await nc.close()
+    async with (
+        NatsServer(tmp_path / "nats", extra_args=("-c", str(config))) as server,
+        mesh_on(server.url) as mesh,
+    ):
+        yield mesh
 
 
 async def test_a_reply_larger_than_max_payload_is_cut_in_its_events_and_snapshot(
@@ -47,7 +40,7 @@ async def test_a_reply_larger_than_max_payload_is_cut_in_its_events_and_snapshot
 ) -> None:
     mesh = small_mesh
     assert mesh.nc.max_payload == MAX_PAYLOAD
-    mesh.fake.script(text(REPLY, chunk_size=4096))  # type: ignore[attr-defined]
+    mesh.fake.script(text(REPLY, chunk_size=4096))
     loop = LoopSettings(
         max_iterations=3, message_max_chars=1_000_000, max_no_tool_reminders=0,
         max_continuation_nudges=0, max_deflection_nudges=0,
@@ -69,7 +62,7 @@ async def test_a_reply_larger_than_max_payload_is_cut_in_its_events_and_snapshot
     for i, notice in notices:
         assert notice.size > MAX_PAYLOAD >= notice.kept and notice.max_payload == MAX_PAYLOAD
         assert types[i + 1] == notice.what  # announced just before the event it describes
-    streamed = "".join(e.text for e, _ in stored if e.type == "content_delta")  # type: ignore[attr-defined]
+    streamed = "".join(e.text for e, _ in stored if e.type == "content_delta")
     assert streamed == REPLY  # the deltas carried it whole
     kv = await mesh.nc.jetstream().key_value(SUBJECTS.sessions_bucket)
     snapshot = decode((await kv.get("acme.s1")).value or b"", SessionSnapshot)
@@ -104,7 +97,7 @@ async def test_a_tool_call_whose_arguments_pass_max_payload_gets_an_error_result
     mesh = small_mesh
     big = "x" * (MAX_PAYLOAD + 1000)
     ledger = tmp_path / "n"
-    mesh.fake.script(  # type: ignore[attr-defined]
+    mesh.fake.script(
         tool_calls(("local__echo", {"text": big})),
         tool_calls(("local__count", {"path": str(ledger), "label": "small"})),
     )
@@ -124,6 +117,6 @@ async def test_a_tool_call_whose_arguments_pass_max_payload_gets_an_error_result
     snapshot = decode((await kv.get("acme.s1")).value or b"", SessionSnapshot)
     calls = [c for m in snapshot.messages for c in m.tool_calls if c.name == "local__echo"]
     assert json.loads(calls[0].arguments)["cut_by_loopmesh"].startswith("[cut by loopmesh: ")
-    requests = mesh.fake.requests  # type: ignore[attr-defined]
+    requests = mesh.fake.requests
     tool_messages = [m for m in requests[1]["messages"] if m.get("role") == "tool"]
     assert "payload_too_large" in str(tool_messages[-1]["content"])

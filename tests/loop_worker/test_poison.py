@@ -3,37 +3,9 @@ waiting for a session's order is not a failed delivery. A real nats-server each.
 
 import asyncio
 import json
-import time
 
-import pytest
-
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
-from schemas import Turn
-from tests.loop_worker.durable import Mesh, Watch, send_turn
-
-
-@pytest.fixture
-async def mesh(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
-
-
-def turn(turn_id: str, task: str, session: str = "s1") -> Turn:
-    return Turn(id=turn_id, tenant="acme", session=session, input=task, created_at=time.time())
-
-
-def slow_count(path, label: str, seconds: float = 0.0) -> str:
-    args = {"path": str(path), "label": label, "seconds": seconds}
-    return f"call local__count {json.dumps(args)}"
+from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
+from tests.loop_worker.durable import Watch, count_task, send_turn, turn, turns_left
 
 
 async def dead_letters(nc) -> list[tuple[bytes, dict[str, str]]]:
@@ -44,10 +16,6 @@ async def dead_letters(nc) -> list[tuple[bytes, dict[str, str]]]:
         msg = await js.get_msg(SUBJECTS.deadletter_stream, seq)
         out.append((msg.data or b"", dict(msg.headers or {})))
     return out
-
-
-async def turns_left(nc) -> int:
-    return (await nc.jetstream().stream_info(SUBJECTS.turns_stream)).state.messages
 
 
 async def test_a_turn_waiting_behind_a_long_turn_of_its_session_is_not_given_up(mesh, tmp_path):
@@ -63,10 +31,10 @@ async def test_a_turn_waiting_behind_a_long_turn_of_its_session_is_not_given_up(
         "w1", max_active_turns=1, max_waiting_turns=0, max_deliveries=2, **long
     )
     async with Watch(mesh.nc) as watch:
-        await send_turn(mesh.nc, turn("t1", slow_count(tmp_path / "n", "first", seconds=3.0)))
+        await send_turn(mesh.nc, turn("t1", count_task(tmp_path / "n", "first", seconds=3.0)))
         await watch.wait("loop_start", "t1")
         w2 = await mesh.loop_worker("w2", order_wait_s=0.1, max_deliveries=2, **long)
-        await send_turn(mesh.nc, turn("t2", slow_count(tmp_path / "n", "second")))
+        await send_turn(mesh.nc, turn("t2", count_task(tmp_path / "n", "second")))
         end = await watch.wait("loop_end", "t2", timeout=30)
     assert end.reason == "task_completion"
     assert (tmp_path / "n").read_text() == "first\nsecond\n"

@@ -2,8 +2,6 @@
 nats-server, each with its own client, against the fake OpenAI-compatible server."""
 
 import asyncio
-import json
-import time
 
 import pytest
 from nats.js.errors import KeyNotFoundError
@@ -12,61 +10,42 @@ from loop_worker.controls import send_control
 from loopmesh.provision import provision
 from loopmesh.testing.durable import (
     SUBJECTS,
-    connect_fast,
-    provision_short,
     stream_events,
     wait_for,
 )
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto, text
+from loopmesh.testing.fake_replies import text
 from schemas import (
     ApprovalDecision,
     Cancel,
     Pause,
     Resume,
     SessionSnapshot,
-    Turn,
     decode,
     encode,
 )
 from schemas.events import ContentDelta, LoopEnd
 from schemas.streams import definitions
 from tests.conftest import BOTH
-from tests.loop_worker.durable import Mesh, Watch, fake_pool, register_tool, send_turn, spec
+from tests.loop_worker.durable import (
+    Watch,
+    count_task,
+    fake_pool,
+    mesh_on,
+    register_tool,
+    send_turn,
+    spec,
+    turn,
+    turns_left,
+)
 
 
 @pytest.fixture
 async def mesh(durable):
-    nc = await connect_fast(durable.url)
-    await provision_short(nc, replicas=durable.replicas)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(durable.url, llm.base_url, nc, replicas=durable.replicas)
-        mesh.fake = llm
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
+    async with mesh_on(durable.url, replicas=durable.replicas) as mesh:
+        yield mesh
 
 
 both = pytest.mark.parametrize("durable", BOTH, indirect=True)  # also on the R3 cluster
-
-
-def turn(turn_id: str, task: str, session: str = "s1", **kw) -> Turn:
-    return Turn(
-        id=turn_id, tenant="acme", session=session, input=task, created_at=time.time(), **kw
-    )
-
-
-def count_task(path, label: str = "a", seconds: float = 0.0, tool: str = "count") -> str:
-    args = {"path": str(path), "label": label, "seconds": seconds}
-    if tool != "count":
-        args.pop("seconds")
-    return f"call local__{tool} {json.dumps(args)}"
-
-
-async def turns_left(nc) -> int:
-    return (await nc.jetstream().stream_info(SUBJECTS.turns_stream)).state.messages
 
 
 @both

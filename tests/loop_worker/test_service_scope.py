@@ -3,49 +3,17 @@ loop worker and a real tool worker on one nats-server, against the fake LLM."""
 
 import asyncio
 import json
-import time
 
 import pytest
 
 from loopmesh.testing.durable import (
     SUBJECTS,
-    connect_fast,
-    provision_short,
     stream_events,
     wait_for,
 )
-from loopmesh.testing.fake_llm import FakeLLM
-from loopmesh.testing.fake_replies import auto
 from schemas import Turn, encode
 from schemas.events import Error, LoopEnd, ToolResultEvent
-from tests.loop_worker.durable import Mesh, Watch, send_turn
-
-
-@pytest.fixture
-async def mesh(nats_server):
-    nc = await connect_fast(nats_server.url)
-    await provision_short(nc)
-    async with FakeLLM(default=auto()) as llm:
-        mesh = Mesh(nats_server.url, llm.base_url, nc)
-        mesh.fake = llm
-        try:
-            yield mesh
-        finally:
-            await mesh.close()
-            await nc.close()
-
-
-def turn(turn_id: str, task: str, tenant: str = "acme", session: str = "s3") -> Turn:
-    return Turn(id=turn_id, tenant=tenant, session=session, input=task, created_at=time.time())
-
-
-def count_task(path, label: str, seconds: float = 0.0) -> str:
-    args = {"path": str(path), "label": label, "seconds": seconds}
-    return f"call local__count {json.dumps(args)}"
-
-
-async def turns_left(nc) -> int:
-    return (await nc.jetstream().stream_info(SUBJECTS.turns_stream)).state.messages
+from tests.loop_worker.durable import Watch, count_task, send_turn, turn, turns_left
 
 
 async def refused(watch: Watch, turn_id: str) -> tuple[Error, LoopEnd]:
@@ -73,7 +41,7 @@ async def test_a_turn_whose_body_names_another_tenant_is_refused_on_its_subjects
         assert "names tenant 'other' session 'zz'" in error.message
         assert "published to tenant 'acme' session 's3'" in error.message
         # the worker goes on: acme's next turn runs
-        await send_turn(mesh.nc, turn("t2", "say hi"))
+        await send_turn(mesh.nc, turn("t2", "say hi", session="s3"))
         assert (await watch.wait("loop_end", "t2")).reason != "error"
     assert not (tmp_path / "n").exists()
     assert await stream_events(mesh.nc, "other", "zz") == []

@@ -3,7 +3,13 @@ import os
 import signal
 
 from loop_worker.sink import JetStreamEvents
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
+from loopmesh.testing.durable import (
+    SUBJECTS,
+    connect_fast,
+    provision_short,
+    stream_events,
+    wait_for,
+)
 from schemas.events import (
     ContentDelta,
     LLMRequest,
@@ -12,7 +18,7 @@ from schemas.events import (
     ToolResultEvent,
     tool_event_msg_id,
 )
-from tests.loopmesh.conditions import wait_until
+from tests.loop_worker.durable import record_replies
 
 
 def run_events(turn: str = "t1", *, resumed_at: int | None = None):
@@ -145,14 +151,7 @@ async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
     sink.begin("acme.s1.t1")
-    publish = nc.publish
-    replies: list[str] = []
-
-    async def counting(subject, payload=b"", reply="", headers=None):
-        replies.append(reply)
-        await publish(subject, payload, reply=reply, headers=headers)
-
-    nc.publish = counting  # type: ignore[method-assign]
+    replies = record_replies(nc)
     for event in many_events("t1", 20):
         await sink.emit(event)
     await sink.flush("acme.s1.t1")
@@ -183,7 +182,7 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
         reconnected = client.stats["reconnects"] + 1
         await nats_server.stop()
         await nats_server.start()
-        await wait_until(
+        await wait_for(
             lambda: client.stats["reconnects"] >= reconnected and client.is_connected,
             what="the reconnect",
         )
@@ -205,14 +204,7 @@ async def test_unacked_events_are_bounded_in_bytes(nc):
     await provision_short(nc)
     sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
     sink.begin("acme.s1.t1")
-    publish = nc.publish
-    replies: list[str] = []
-
-    async def counting(subject, payload=b"", reply="", headers=None):
-        replies.append(reply)
-        await publish(subject, payload, reply=reply, headers=headers)
-
-    nc.publish = counting  # type: ignore[method-assign]
+    replies = record_replies(nc)
     base = {"tenant": "acme", "session": "s1", "turn_id": "t1", "iteration": 1}
     for text in ("a", "b" * 40_000, "c" * 40_000, "d"):
         await sink.emit(ContentDelta(**base, text=text))

@@ -7,6 +7,7 @@ from loop_worker.sink import JetStreamEvents
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, stream_events
 from schemas.events import LLMRequest, LoopEnd, LoopStart
 from tests.conftest import BOTH
+from tests.loop_worker.durable import record_replies
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +25,7 @@ async def test_every_event_asks_for_its_ack_on_a_replicated_stream_only(durable)
         sink = JetStreamEvents(nc, SUBJECTS)
         await sink.start()
         assert sink.acks_each == (durable.kind == "cluster")
-        publish = nc.publish
-        replies: list[str] = []
-
-        async def counting(subject, payload=b"", reply="", headers=None):
-            replies.append(reply)
-            await publish(subject, payload, reply=reply, headers=headers)
-
-        nc.publish = counting  # type: ignore[method-assign]
+        replies = record_replies(nc)
         sink.begin("acme.s1.t1")
         for event in events(5):
             await sink.emit(event)

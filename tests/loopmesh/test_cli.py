@@ -10,8 +10,8 @@ import nats
 import pytest
 
 from loopmesh import cli
+from loopmesh.testing.durable import wait_for
 from schemas import Subjects, definitions
-from tests.loopmesh.conditions import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPMESH = [sys.executable, "-m", "loopmesh"]
@@ -52,13 +52,18 @@ def test_commands_that_cannot_import_are_not_listed(monkeypatch, capsys):
     assert " up " in out
 
 
-def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
-    config = tmp_path / "bad.toml"
-    config.write_text('[nats]\nreplicas = "three"\n')
-    result = subprocess.run(
+def up_with(config: Path) -> subprocess.CompletedProcess[str]:
+    """``loopmesh up --config CONFIG``, run to its end (a bad file ends it at once)."""
+    return subprocess.run(
         [*LOOPMESH, "up", "--config", str(config)], cwd=ROOT, env=clean_env(),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
+
+
+def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('[nats]\nreplicas = "three"\n')
+    result = up_with(config)
     assert result.returncode == 1
     assert str(config) in result.stderr
     assert "Expected `int`, got `str` - at `$.nats.replicas`" in result.stderr
@@ -67,10 +72,7 @@ def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
 def test_the_runtime_table_is_read_before_the_command_starts(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('[runtime]\nevent_loop = "trio"\n')
-    result = subprocess.run(
-        [*LOOPMESH, "up", "--config", str(config)], cwd=ROOT, env=clean_env(),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    result = up_with(config)
     assert result.returncode == 1
     assert str(config) in result.stderr
     assert "at `$.runtime.event_loop`" in result.stderr
@@ -165,7 +167,7 @@ async def test_the_embedded_nats_server_dies_with_up_even_when_up_is_killed(tmp_
     finally:
         proc.kill()  # SIGKILL: up cannot stop its children itself
         await proc.wait()
-    await wait_until(lambda: nats_server_pids(store) == [], what="nats-server to exit")
+    await wait_for(lambda: nats_server_pids(store) == [], what="nats-server to exit")
 
 
 def test_commands_people_type_are_quiet_unless_asked_and_services_log_at_info():

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from loopmesh.exporter import Exporter, ExporterSettings
 from loopmesh.provision import ensure_consumer, provision_all
 from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import wait_for
 from schemas.events import (
     LLMRequest,
     LLMResponse,
@@ -21,8 +22,6 @@ from schemas.events import (
 )
 from schemas.streams import pool_consumer
 from schemas.subjects import Subjects
-
-from .conditions import wait_until
 
 S = Subjects()
 
@@ -52,7 +51,7 @@ async def run_until(exporter: Exporter, n: int) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(exporter.run(stop))
     try:
-        await wait_until(lambda: exporter.consumed >= n, 20, f"{n} events consumed")
+        await wait_for(lambda: exporter.consumed >= n, timeout=20, what=f"{n} events consumed")
     finally:
         stop.set()
         await task
@@ -98,8 +97,10 @@ async def test_the_pool_backlog_is_pending_plus_ack_pending(nc):
     stop = asyncio.Event()
     task = asyncio.create_task(exporter.run(stop))
     try:
-        await wait_until(
-            lambda: value(registry, "loopmesh_tool_pool_backlog", pool="slow") == 3, 20, "backlog 3"
+        await wait_for(
+            lambda: value(registry, "loopmesh_tool_pool_backlog", pool="slow") == 3,
+            timeout=20,
+            what="backlog 3",
         )
     finally:
         stop.set()

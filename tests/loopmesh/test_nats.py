@@ -7,7 +7,7 @@ from loopmesh import nats as loopmesh_nats
 from loopmesh.errors import NatsConnectError
 from loopmesh.nats import connect
 from loopmesh.settings import NatsSettings
-from tests.loopmesh.conditions import wait_until
+from loopmesh.testing.durable import wait_for
 
 
 async def test_connect_uses_the_configured_url_and_client_name(nats_server):
@@ -47,19 +47,19 @@ async def test_the_client_keeps_reconnecting_until_the_server_is_back(nats_serve
     nc = await connect(NatsSettings(url=nats_server.url, reconnect_wait_s=0.02))
     try:
         await nats_server.stop()
-        await wait_until(lambda: not nc.is_connected, what="the disconnect")
+        await wait_for(lambda: not nc.is_connected, what="the disconnect")
 
         def failed_attempts() -> int:
             return sum("nats error" in r.getMessage() for r in caplog.records)
 
         # More failed attempts than a first connection is allowed: it did not give up.
-        await wait_until(lambda: failed_attempts() >= 5, what="five failed reconnects")
+        await wait_for(lambda: failed_attempts() >= 5, what="five failed reconnects")
         assert not nc.is_closed
         await nats_server.start()
-        await wait_until(lambda: nc.is_connected, what="the reconnect")
+        await wait_for(lambda: nc.is_connected, what="the reconnect")
         messages = [r.getMessage() for r in caplog.records]
         assert any(m.startswith("nats disconnected") for m in messages)
-        await wait_until(
+        await wait_for(
             lambda: any(r.getMessage().startswith("nats reconnected") for r in caplog.records),
             what="the reconnect log line",
         )
