@@ -34,7 +34,6 @@ from collections.abc import Callable
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from loopmesh.jetstream import KV, Publisher, open_kv, retry
@@ -65,22 +64,20 @@ RECORDER_QUEUE = "loop-workers-control"
 
 
 class RecordedTurnControl(TurnControl):
-    """A :class:`TurnControl` that also finds approval decisions recorded in KV."""
+    """A :class:`TurnControl` that also finds approval decisions recorded in KV (read
+    from the bucket's leader on a cluster: a follower may not have the decision yet)."""
 
-    def __init__(self, turn: Turn, kv: KeyValue) -> None:
+    def __init__(self, turn: Turn, reads: KV) -> None:
         super().__init__()
         self.turn = turn
-        self._kv = kv
+        self._reads = reads
         self.stopped = False  # a cancel or pause reached it (recorded or live)
 
     async def wait_decision(self, call_id: str, timeout: float) -> ApprovalDecision | None:
         if call_id not in self._decisions:
             key = approval_key(self.turn.tenant, self.turn.session, call_id)
-            try:
-                entry = await retry(lambda: self._kv.get(key), f"get {key}", timeout=timeout)
-            except KeyNotFoundError:
-                pass
-            else:
+            entry = await retry(lambda: self._reads.entry(key), f"get {key}", timeout=timeout)
+            if entry is not None and entry.value is not None:
                 try:
                     await self.decide(decode(entry.value or b"", ApprovalDecision))
                 except DecodeError as exc:
@@ -138,11 +135,11 @@ class Controls:
 
     async def open(self, turn: Turn) -> RecordedTurnControl:
         """Register ``turn`` as running and apply what was recorded for it."""
-        control = RecordedTurnControl(turn, self.kv)
-        key = session_key(turn.tenant, turn.session)
-        self._running[key] = control  # live messages from now on
         assert self._reads is not None, "Controls not started"
         reads = self._reads
+        control = RecordedTurnControl(turn, reads)
+        key = session_key(turn.tenant, turn.session)
+        self._running[key] = control  # live messages from now on
         entry = await retry(lambda: reads.entry(key), f"get {key}")
         if entry is None or entry.value is None:
             return control
