@@ -116,7 +116,7 @@ class Engine:
             self.prefilter = Prefilter.from_settings(settings.prefilter)
         # the orchestrator's per-step tools: the pre-filter's choice when it is on
         if select_tools is None and self.prefilter is not None:
-            select_tools = self.prefilter.select_tools
+            select_tools = self.prefilter
         self.select_tools = select_tools or all_tools
 
     def counter_for(self, model: str | None) -> TokenCounter:

@@ -39,7 +39,6 @@ from schemas.events import (
     ThinkingDelta,
     ThinkingEnd,
     ThinkingStart,
-    ToolSelection,
 )
 
 from .errors import LLMError
@@ -337,13 +336,7 @@ class Inference:
             return {}
         return {
             "offered": self.offered,
-            "selection": ToolSelection(
-                method=sel.method,
-                top_k=sel.top_k,
-                candidates=sel.candidates,
-                scores=sel.scores,
-                note=sel.note,
-            ),
+            "selection": sel.report(),
         }
 
     async def retract(self, reason: str) -> None:

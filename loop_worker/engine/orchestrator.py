@@ -13,7 +13,8 @@
 3. **Synthesize.** The planner writes the answer from the results, streamed.
 
 Every LLM call is an iteration of the turn (its number is in the call ids, so they
-are unique per step) and is checkpointed like one: the plan and
+are unique per step), at most ``max_iterations`` of them (past it the turn ends with
+reason ``max_iterations``, as the ordinary loop's does), each checkpointed: the plan and
 :class:`~schemas.messages.OrchestratorState` (the step in progress, its executor's
 conversation) are in the snapshot, and a step's calls are stored before they run, so
 a worker that resumes goes on at the step it was on and re-issues only the calls
@@ -55,6 +56,7 @@ from .limits import Limits
 from .memory import truncate
 from .parser import ToolNames
 from .plan import json_schema, parse_plan
+from .prefilter import Prefilter, Selection
 from .prompt import BUILTIN_SERVER, Prompts, loop_message
 from .protocols import LLM, Completion, ToolSelector
 from .scope import End, TurnScope
@@ -138,6 +140,14 @@ class Orchestrator:
 
     async def run(self) -> End | None:
         """The turn's end, or ``None`` when it fell back to the ordinary loop."""
+        try:
+            return await self._run()
+        except _OutOfIterations:
+            text = self.prompts.nudges.max_iterations.strip().format(iterations=self.run_.limit)
+            await self.scope.emit(Error, code="max_iterations", message=text, fatal=False)
+            return End("max_iterations", content=text)
+
+    async def _run(self) -> End | None:
         if self.run_.snapshot.orchestrator is None:  # not planned yet (or not stored)
             failed = await self._plan()
             if failed is not None:
@@ -191,12 +201,23 @@ class Orchestrator:
             self._set_step(index, status="in_progress")
             await self.scope.emit(PlanUpdate, plan=self.plan)
         specs = [spec for _, spec in self._offered()]
-        picked = await self.scope.race(self.select_tools(step.title, specs))
+        selection: Selection | None = None
+        if isinstance(self.select_tools, Prefilter):  # it says why it chose: reported
+            selection = await self.scope.race(self.select_tools.select(step.title, specs))
+            picked: Sequence[ToolSpec] = selection.tools
+        else:
+            picked = await self.scope.race(self.select_tools(step.title, specs))
         keys = {(s.server, s.name) for s in specs}  # a selector only narrows
         names = ToolNames([s for s in picked if (s.server, s.name) in keys])
         tools = _tools_param(names)
+        report: dict[str, Any] = {}
+        if selection is not None:
+            report = {
+                "offered": tuple(n for n, _ in names.items()),
+                "selection": selection.report(),
+            }
         while True:
-            outcome = await self._attempt(index, names, tools)
+            outcome = await self._attempt(index, names, tools, report)
             if isinstance(outcome, End):
                 return outcome
             if not isinstance(outcome, _Why):
@@ -215,10 +236,15 @@ class Orchestrator:
             await self.scope.emit(Retry, what="step", attempt=attempt, reason=outcome.message)
 
     async def _attempt(
-        self, index: int, names: ToolNames, tools: list[dict[str, Any]]
+        self,
+        index: int,
+        names: ToolNames,
+        tools: list[dict[str, Any]],
+        report: dict[str, Any],
     ) -> str | _Why | End:
         """One attempt at a step: its result, why it failed, or the turn's
-        :class:`End` (a limit was hit)."""
+        :class:`End` (a limit was hit). ``report``: the pre-filter's choice, for
+        ``llm_request``."""
         messages = list(self.state.messages) or self._step_prompt(index)
         if self.run_.snapshot.pending:  # the executor asked before the last worker stopped
             self.scope.iteration = self.run_.snapshot.iteration + 1
@@ -232,7 +258,7 @@ class Orchestrator:
         for _ in range(made, self.settings.step_max_iterations):
             await self._next()
             try:
-                completion = await self._ask(messages, tools, self.executor)
+                completion = await self._ask(messages, tools, self.executor, report=report)
             except LLMError as exc:
                 return _Why(f"the executor model failed: {exc}")
             content, _ = split_thinking(completion.content)
@@ -320,11 +346,14 @@ class Orchestrator:
     # -- pieces -------------------------------------------------------------------------
 
     async def _next(self) -> None:
-        """Start the next iteration (one LLM call)."""
+        """Start the next iteration (one LLM call); raises :class:`_OutOfIterations`
+        when the turn has had ``max_iterations`` of them."""
         scope = self.scope
         scope.check()
         if scope.control.paused:
             await self.inference.pause()
+        if scope.iteration >= self.run_.limit:
+            raise _OutOfIterations
         scope.iteration += 1
         await scope.emit(LoopIteration, max_iterations=self.run_.limit)
 
@@ -334,8 +363,10 @@ class Orchestrator:
         tools: Sequence[dict[str, Any]],
         model: str,
         response_format: dict[str, Any] | None = None,
+        report: dict[str, Any] | None = None,
     ) -> Completion:
-        """One call, not streamed as the answer (a plan, a step's work)."""
+        """One call, not streamed as the answer (a plan, a step's work). ``report``:
+        the ``offered`` and ``selection`` fields of its ``llm_request``."""
         scope = self.scope
         prepared = await self.hooks.before_llm(list(messages))
 
@@ -348,7 +379,9 @@ class Orchestrator:
         if isinstance(prepared, Completion):  # a before_llm hook answered in the model's place
             completion = prepared
         else:
-            await scope.emit(LLMRequest, model=model, messages=len(prepared), tools=len(tools))
+            await scope.emit(
+                LLMRequest, model=model, messages=len(prepared), tools=len(tools), **(report or {})
+            )
             extra: dict[str, Any] = {"response_format": response_format} if response_format else {}
             completion = await scope.race(
                 self.llm.complete(
@@ -418,6 +451,11 @@ class Orchestrator:
             if s.status == "done"
         ]
         return "\n".join(lines) or self.p.no_results
+
+
+class _OutOfIterations(Exception):
+    """The turn's ``max_iterations`` LLM calls are spent (the plan, the steps' calls
+    and the synthesis each count)."""
 
 
 @dataclass

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from schemas import ToolSpec
+from schemas.events import ToolSelection
 
 from .prompt import BUILTIN_SERVER
 from .settings import PrefilterSettings
@@ -118,6 +119,16 @@ class Selection:
     scores: dict[str, float] = field(default_factory=dict)
     note: str = ""
 
+    def report(self) -> ToolSelection:
+        """How the tools were chosen, as the ``llm_request`` event says it."""
+        return ToolSelection(
+            method=self.method,
+            top_k=self.top_k,
+            candidates=self.candidates,
+            scores=self.scores,
+            note=self.note,
+        )
+
 
 def tool_text(spec: ToolSpec) -> str:
     """The text a tool is ranked by: name, title, description and parameter names."""
@@ -165,9 +176,13 @@ class Prefilter:
             await close()
 
     async def select_tools(self, text: str, tools: Sequence[ToolSpec]) -> Sequence[ToolSpec]:
-        """The tools to offer for ``text`` (a request, or one plan step): a
-        :class:`~loop_worker.engine.protocols.ToolSelector`, the orchestrator's per step."""
+        """The tools to offer for ``text`` (a request, or one plan step)."""
         return (await self.select(text, tools)).tools
+
+    async def __call__(self, text: str, tools: Sequence[ToolSpec]) -> Sequence[ToolSpec]:
+        """A pre-filter is a :class:`~loop_worker.engine.protocols.ToolSelector` (the
+        orchestrator's, per step; it reports the :meth:`select` behind its choice)."""
+        return await self.select_tools(text, tools)
 
     async def select(self, query_text: str, tools: Sequence[ToolSpec]) -> Selection:
         k = self.settings.top_k

@@ -263,6 +263,9 @@ async def test_in_continue_mode_the_error_goes_to_the_model_and_the_turn_goes_on
     assert (end.reason, end.content) == ("task_completion", "handled")
     tool_message = [m for m in llm.requests[1].messages if m.role == "tool"]
     assert "disk full" in tool_message[-1].content
+    failed = rig.one(ToolErrorEvent)  # the failure is reported, and ends nothing
+    assert failed.tool == "flaky" and "disk full" in failed.message
+    assert not [e for e in rig.of(Error) if e.fatal]
 
 
 # -- through the real openai client ----------------------------------------------------

@@ -17,7 +17,9 @@ from loopmesh.testing.fake_llm import FakeLLM, empty, error, text, tool_calls
 from schemas import DecodeError, ToolSpec, Turn, decode, encode
 from schemas.events import (
     ContentDelta,
+    Error,
     LoopEnd,
+    LoopIteration,
     LoopStart,
     Message,
     OrchestratorFallback,
@@ -323,3 +325,39 @@ async def test_an_empty_executor_reply_is_asked_again_within_the_step() -> None:
     assert rig.of(PlanUpdate)[-1].plan[0].result == "hi"
     second = fake.requests_for("executor")[1]
     assert [m["role"] for m in second["messages"]] == ["system", "user"]
+
+
+async def test_the_orchestrator_s_own_calls_end_the_turn_at_max_iterations() -> None:
+    tools = fruit_tools()
+    async with FakeLLM() as fake:
+        fake.script_for("planner", text(plan("count the apples", "count the pears")))
+        fake.script_for(
+            "executor",
+            tool_calls(("local__count", {"name": "apples"})),
+            text("6 apples"),
+            tool_calls(("local__count", {"name": "pears"})),
+        )
+        # a step's own bound (6 calls, 1 retry) would allow many more than 4 calls
+        async with Rig.openai(fake, tools=tools, max_iterations=4, **ORCH) as rig:
+            end = await rig.run("Count my fruit")
+    assert (end.reason, end.iterations) == ("max_iterations", 4)
+    assert end.content == "I stopped after 4 iterations without finishing the task."
+    error = rig.one(Error)
+    assert (error.code, error.fatal) == ("max_iterations", False)
+    assert rig.types[-2:] == ["error", "loop_end"]
+    assert "orchestrator_fallback" not in rig.types
+    assert len(fake.requests) == 4 and tools.counted == {"apples": 1, "pears": 1}
+    assert [e.max_iterations for e in rig.of(LoopIteration)] == [4, 4, 4, 4]
+    snapshot = rig.store.get("acme", "s1")
+    assert snapshot is not None and snapshot.status == "idle" and not snapshot.pending
+    assert snapshot.last_end is not None and snapshot.last_end.reason == "max_iterations"
+
+
+async def test_a_turn_s_max_iterations_bounds_the_orchestrator_too() -> None:
+    async with FakeLLM() as fake:
+        fake.script_for("planner", text(plan("say hi")))
+        async with Rig.openai(fake, **ORCH) as rig:
+            end = await rig.run("greet me", max_iterations=1)
+    assert (end.reason, end.iterations) == ("max_iterations", 1)
+    assert len(fake.requests) == 1  # the plan; no executor was asked
+    assert rig.of(PlanUpdate)[-1].plan[0].status == "in_progress"

@@ -198,9 +198,22 @@ async def test_in_orchestrator_mode_each_step_is_offered_the_prefilters_pick() -
             **orchestrator,
         ) as rig:
             assert rig.engine.prefilter is not None
-            assert rig.engine.select_tools == rig.engine.prefilter.select_tools
+            assert rig.engine.select_tools is rig.engine.prefilter
             end = await rig.run("What time is it in Tokyo?")
     assert end.content == "10:00"
     offered = offered_names(fake.requests_for("executor")[0])
     assert "clock__current_time" in offered
     assert len([n for n in offered if n not in LOOP_TOOLS]) == 2
+    # the step's llm_request says what was offered and why, as the single loop's does
+    planner, executor, synthesis = rig.of(LLMRequest)
+    assert executor.model == "executor" and executor.tools == 2
+    assert set(executor.offered) == set(offered)
+    assert executor.selection is not None
+    assert executor.selection.method == "bm25"
+    assert (executor.selection.top_k, executor.selection.candidates) == (2, 60)
+    assert set(executor.selection.scores) == {n.replace("__", ".") for n in offered}
+    best = max(executor.selection.scores, key=executor.selection.scores.__getitem__)
+    assert best == "clock.current_time"
+    # the planner and the synthesis are offered no tools: nothing was selected for them
+    assert planner.selection is None and synthesis.selection is None
+    assert decode_event(encode(executor)) == executor
