@@ -14,7 +14,18 @@ function (grammar-constrained decoding on llama.cpp, vLLM and OpenAI alike):
    a tool list in a long prompt. After a tool has run in this turn, the choice is
    ``task_completion``: one tool per turn, then the answer.
 2. **Fill in.** A short prompt (the request and this turn's tool results) and a forced
-   call of the chosen tool, whose arguments follow its JSON Schema.
+   call of the chosen tool, whose arguments follow its JSON Schema. A URL argument (a
+   string property with ``format: uri`` or named ``url``, ``uri``, ``href``, ``link``
+   or ``*_url``) is narrowed to an ``enum`` of the URLs the request spells out, when it
+   has any (:func:`pin_urls`): a small model copying a URL token by token drops or
+   changes parts of it (``http://`` becomes ``https://``), and the grammar that
+   llama.cpp and others build from the schema then lets it write only those.
+   The loop's own tools (the answer) get a ``maxLength`` on their text
+   (:data:`ANSWER_MAX_CHARS`): a small model that repeats itself would otherwise run
+   into the reply's token limit inside the string, and the cut call is not JSON.
+
+The results a step-2 prompt shows are made plain for a small model
+(:func:`readable`): a JSON object as ``key: value`` lines, markup (HTML) as its text.
 
 Replies without tools (the forced summary, memory summaries) go through unchanged.
 :class:`ConstrainedLLM` wraps any LLM whose ``complete`` takes ``tool_choice`` (such as
@@ -24,7 +35,10 @@ so the engine does not know it is there.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
+from html.parser import HTMLParser
 from typing import Any, Protocol
 
 import msgspec
@@ -44,6 +58,9 @@ LOOP = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
 NOT_CHOSEN = frozenset({"update_plan"})
 #: Characters of one tool result shown to the model in step 2.
 RESULT_MAX_CHARS = 1500
+#: Characters of the text a loop tool (the answer) may have: well within the
+#: embedded model's 256 reply tokens, so that the forced call always closes.
+ANSWER_MAX_CHARS = 400
 
 ARGUMENTS_SYSTEM = "Call the tool with the arguments the request gives. Copy values exactly."
 ANSWER_SYSTEM = "Answer the user with the tool's result."
@@ -90,7 +107,9 @@ class ConstrainedLLM:
             )
         turn = TurnView.of(messages)
         chosen, latency = await self._choose(turn, functions, model, on_retry)
-        spec = functions[chosen]
+        spec = pin_urls(functions[chosen], urls_in(turn.request))
+        if chosen in LOOP:
+            spec = bound_text(spec, ANSWER_MAX_CHARS)
         system = ANSWER_SYSTEM if chosen == ANSWER else ARGUMENTS_SYSTEM
         prompt = [
             ChatMessage(role="system", content=system),
@@ -188,6 +207,7 @@ class TurnView(msgspec.Struct, frozen=True, kw_only=True):
         """Step 2's user message: the request, then each result."""
         parts = [self.request]
         for name, text in self.results:
+            text = readable(text)
             text = text if len(text) <= RESULT_MAX_CHARS else text[:RESULT_MAX_CHARS] + "…"
             parts.append(f"{_label(name)} says: {text}")
         return "\n\n".join(parts)
@@ -221,3 +241,130 @@ def _chosen_label(completion: Completion, labels: dict[str, str]) -> str:
         if isinstance(value, dict) and isinstance(value.get("tool"), str):
             return str(value["tool"])
     return ""
+
+
+# -- URL arguments ------------------------------------------------------------------------
+
+#: A URL as written in a request: a scheme, ``://``, then anything up to a space, a
+#: quote or a bracket (a sentence's closing punctuation is taken off after).
+_URL = re.compile(r"""\b[A-Za-z][A-Za-z0-9+.-]*://[^\s<>"'`]+""")
+_URL_NAMES = frozenset({"url", "uri", "href", "link"})
+_URL_FORMATS = frozenset({"uri", "url", "iri", "uri-reference", "iri-reference"})
+
+
+def urls_in(text: str) -> list[str]:
+    """The URLs in ``text``, in order, each once."""
+    found = (m.group().rstrip(".,;:!?)]}'\"") for m in _URL.finditer(text))
+    return list(dict.fromkeys(u for u in found if not u.endswith("://")))
+
+
+def is_url_property(name: str, schema: Any) -> bool:
+    """Whether the argument ``name`` with JSON Schema ``schema`` takes a URL."""
+    if not isinstance(schema, dict):
+        return False
+    lowered = name.lower()
+    named = lowered in _URL_NAMES or lowered.endswith(("_url", "_uri"))
+    return schema.get("format") in _URL_FORMATS or named
+
+
+def pin_urls(spec: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
+    """``spec`` (a ``tools`` entry) with each string URL argument limited to ``urls``
+    (its alternatives of type string, in an ``anyOf``); unchanged when ``urls`` is
+    empty or it takes no URL."""
+    parameters = spec.get("function", {}).get("parameters")
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not urls or not isinstance(properties, dict):
+        return spec
+    pinned = {
+        name: _pinned(schema, urls) if is_url_property(name, schema) else schema
+        for name, schema in properties.items()
+    }
+    if pinned == properties:
+        return spec
+    assert isinstance(parameters, dict)
+    function = {**spec["function"], "parameters": {**parameters, "properties": pinned}}
+    return {**spec, "function": function}
+
+
+def _pinned(schema: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
+    if schema.get("type") == "string" and "enum" not in schema:
+        return {**schema, "enum": list(urls)}
+    alternatives = schema.get("anyOf")
+    if isinstance(alternatives, list):
+        return {
+            **schema,
+            "anyOf": [_pinned(a, urls) if isinstance(a, dict) else a for a in alternatives],
+        }
+    return schema
+
+
+def bound_text(spec: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """``spec`` with a ``maxLength`` of ``max_chars`` on each string argument that has none."""
+    parameters = spec.get("function", {}).get("parameters")
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return spec
+    bounded = {
+        name: {**schema, "maxLength": max_chars}
+        if isinstance(schema, dict) and schema.get("type") == "string" and "maxLength" not in schema
+        else schema
+        for name, schema in properties.items()
+    }
+    assert isinstance(parameters, dict)
+    function = {**spec["function"], "parameters": {**parameters, "properties": bounded}}
+    return {**spec, "function": function}
+
+
+# -- results, made plain -------------------------------------------------------------------
+
+_MARKUP = re.compile(r"<(?:!DOCTYPE|html|body|head|div|p|h[1-6]|span|br|a|ul|li|table)\b", re.I)
+
+
+def readable(text: str) -> str:
+    """A tool result as a small model reads it best: a JSON object as ``key: value``
+    lines (strings unquoted), and HTML as its text; anything else as it is."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and value:
+        lines = [
+            f"{key}: {plain(item) if isinstance(item, str) else json.dumps(item)}"
+            for key, item in value.items()
+        ]
+        return "\n".join(lines)
+    return plain(text)
+
+
+def plain(text: str) -> str:
+    """``text``'s words without its markup when it is HTML."""
+    if not _MARKUP.search(text):
+        return text
+    parser = _Text()
+    try:
+        parser.feed(text)
+        parser.close()
+    except Exception:  # not markup after all: as it is
+        return text
+    return " ".join(" ".join(parser.parts).split())
+
+
+class _Text(HTMLParser):
+    """The text of an HTML document, without its scripts and styles."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "style"):
+            self._skip += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip:
+            self.parts.append(data)

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from loop_worker.engine.constrained import ConstrainedLLM
+from loop_worker.engine.constrained import (
+    ConstrainedLLM,
+    bound_text,
+    is_url_property,
+    pin_urls,
+    readable,
+    urls_in,
+)
+from loop_worker.engine.inmemory import LocalTools
 from loop_worker.engine.llm import OpenAILLM
 from loop_worker.engine.settings import LLMSettings
 from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
@@ -88,3 +96,150 @@ async def test_the_constrained_strategy_sends_seed_and_temperature(fake_llm):
     assert (end.reason, end.content) == ("converse", "hello!")
     assert all(r["seed"] == 7 and r["temperature"] == 0 for r in fake_llm.requests)
     assert not [e for e in rig.of(ToolCallEvent) if e.server != "loop"]
+
+
+def fetching_tools() -> LocalTools:
+    tools = LocalTools()
+
+    @tools.tool()
+    def fetch(url: str, max_chars: int | None = None) -> dict[str, Any]:
+        """Fetch http(s) URL: read a web page and return its text."""
+        html = "<html><body><h1>Notes</h1><p>The code is &#52;417.</p></body></html>"
+        return {"url": url, "status": 200, "content": html, "truncated": False}
+
+    @tools.tool()
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return "391"
+
+    return tools
+
+
+async def test_a_url_argument_is_pinned_to_the_urls_the_request_spells_out(fake_llm):
+    page = "http://127.0.0.1:8123/notes.html"
+    fake_llm.script(
+        tool_calls(("choose_tool", {"tool": "fetch"})),
+        tool_calls(("local__fetch", {"url": page})),
+        tool_calls(("task_completion", {"result": "It says the code is 4417."})),
+    )
+    async with constrained_rig(fake_llm, tools=fetching_tools()) as rig:
+        end = await rig.run(
+            f"Fetch {page} and tell me what it says. Not https://example.com/a?b=1."
+        )
+    assert (end.reason, end.content) == ("task_completion", "It says the code is 4417.")
+    [result] = [e for e in rig.of(ToolResultEvent) if e.server == "local"]
+    assert f'"url":"{page}"' in result.content  # the call had the URL as written
+    _, fill, answer = fake_llm.requests
+    assert named(fill) == "local__fetch"
+    [spec] = fill["tools"]
+    properties = spec["function"]["parameters"]["properties"]
+    # the URLs in the request, in order, a sentence's full stop left out
+    assert properties["url"]["enum"] == [page, "https://example.com/a?b=1"]
+    assert properties["url"]["type"] == "string"
+    assert "enum" not in str(properties["max_chars"])  # other arguments are left as they are
+    assert spec["function"]["parameters"]["required"] == ["url"]
+    # the answer's prompt shows the result plainly; its text is bounded, so it closes
+    assert answer["messages"][-1]["content"].endswith(
+        f"fetch says: url: {page}\nstatus: 200\ncontent: Notes The code is 4417.\ntruncated: false"
+    )
+    [done] = answer["tools"]
+    assert done["function"]["parameters"]["properties"]["result"]["maxLength"] == 400
+
+
+async def test_without_a_url_in_the_request_the_schema_is_sent_unchanged(fake_llm):
+    fake_llm.script(
+        tool_calls(("choose_tool", {"tool": "fetch"})),
+        tool_calls(("local__fetch", {"url": "http://example.org/"})),
+        tool_calls(("task_completion", {"result": "done"})),
+    )
+    tools = fetching_tools()
+    async with constrained_rig(fake_llm, tools=tools) as rig:
+        await rig.run("Fetch the example page.")
+    [spec] = fake_llm.requests[1]["tools"]
+    [fetch] = [s for s in await tools.tools() if s.name == "fetch"]
+    assert spec["function"]["parameters"] == fetch.input_schema
+
+
+def test_urls_are_read_from_the_request_as_written() -> None:
+    text = (
+        "See http://127.0.0.1:8080/notes.html, then (https://example.com/a?b=1&c=2). "
+        "Again: http://127.0.0.1:8080/notes.html! Also <ftp://files.example/x.txt> "
+        'and "https://q.example/path#frag". Not a URL: https:// or example.com.'
+    )
+    assert urls_in(text) == [
+        "http://127.0.0.1:8080/notes.html",
+        "https://example.com/a?b=1&c=2",
+        "ftp://files.example/x.txt",
+        "https://q.example/path#frag",
+    ]
+    assert urls_in("What is 17 * 23?") == []
+
+
+def test_url_arguments_are_known_by_format_or_name_and_pinned_in_any_of() -> None:
+    urls = ["http://a.example/"]
+    spec = {
+        "type": "function",
+        "function": {
+            "name": "get",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "target": {"type": "string", "format": "uri"},
+                    "page_url": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "link": {"type": "string", "enum": ["http://b.example/"]},  # already fixed
+                    "title": {"type": "string"},
+                    "url": {"type": "array", "items": {"type": "string"}},  # not a string
+                },
+            },
+        },
+    }
+    pinned = pin_urls(spec, urls)["function"]["parameters"]["properties"]
+    assert pinned["target"] == {"type": "string", "format": "uri", "enum": urls}
+    assert pinned["page_url"] == {"anyOf": [{"type": "string", "enum": urls}, {"type": "null"}]}
+    assert pinned["link"]["enum"] == ["http://b.example/"]
+    assert pinned["title"] == {"type": "string"}
+    assert pinned["url"] == {"type": "array", "items": {"type": "string"}}
+    assert spec["function"]["parameters"]["properties"]["target"] == {  # not changed in place
+        "type": "string",
+        "format": "uri",
+    }
+    assert pin_urls(spec, []) is spec
+    assert is_url_property("homepage_url", {"type": "string"})
+    assert not is_url_property("urlencoded", {"type": "string"})
+
+
+def test_results_are_made_plain_for_a_small_model() -> None:
+    page = '<!DOCTYPE html><html><head><style>p {color: red}</style><script>var x = "<p>";</script>'
+    page += (
+        "</head><body><h1>Title</h1>\n<p>One &amp; two.</p><ul><li>three</li></ul></body></html>"
+    )
+    assert readable(page) == "Title One & two. three"
+    assert readable('{"status": 200, "items": [1, 2], "text": "<p>hi</p>"}') == (
+        "status: 200\nitems: [1, 2]\ntext: hi"
+    )
+    for unchanged in ("391", "2026-11-23T04:12:01+00:00", "a < b and c > d", "[1, 2]", "{}"):
+        assert readable(unchanged) == unchanged
+
+
+def test_string_arguments_get_a_max_length_unless_they_have_one() -> None:
+    spec = {
+        "type": "function",
+        "function": {
+            "name": "task_completion",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "result": {"type": "string"},
+                    "short": {"type": "string", "maxLength": 10},
+                    "count": {"type": "integer"},
+                },
+            },
+        },
+    }
+    properties = bound_text(spec, 400)["function"]["parameters"]["properties"]
+    assert properties == {
+        "result": {"type": "string", "maxLength": 400},
+        "short": {"type": "string", "maxLength": 10},
+        "count": {"type": "integer"},
+    }
+    assert "maxLength" not in spec["function"]["parameters"]["properties"]["result"]
