@@ -20,9 +20,8 @@ function (grammar-constrained decoding on llama.cpp, vLLM and OpenAI alike):
    has any (:func:`pin_urls`): a small model copying a URL token by token drops or
    changes parts of it (``http://`` becomes ``https://``), and the grammar that
    llama.cpp and others build from the schema then lets it write only those.
-   The loop's own tools (the answer) get a ``maxLength`` on their text
-   (:data:`ANSWER_MAX_CHARS`): a small model that repeats itself would otherwise run
-   into the reply's token limit inside the string, and the cut call is not JSON.
+   A call cut by the reply's token limit inside a string (a small model that repeats
+   itself does this to its answer) is closed (:func:`closed`), so it keeps what it wrote.
 
 The results a step-2 prompt shows are made plain for a small model
 (:func:`readable`): a JSON object as ``key: value`` lines, markup (HTML) as its text.
@@ -58,9 +57,6 @@ LOOP = frozenset({"task_completion", "ask_question", "converse", "update_plan"})
 NOT_CHOSEN = frozenset({"update_plan"})
 #: Characters of one tool result shown to the model in step 2.
 RESULT_MAX_CHARS = 1500
-#: Characters of the text a loop tool (the answer) may have: well within the
-#: embedded model's 256 reply tokens, so that the forced call always closes.
-ANSWER_MAX_CHARS = 400
 
 ARGUMENTS_SYSTEM = "Call the tool with the arguments the request gives. Copy values exactly."
 ANSWER_SYSTEM = "Answer the user with the tool's result."
@@ -108,8 +104,6 @@ class ConstrainedLLM:
         turn = TurnView.of(messages)
         chosen, latency = await self._choose(turn, functions, model, on_retry)
         spec = pin_urls(functions[chosen], urls_in(turn.request))
-        if chosen in LOOP:
-            spec = bound_text(spec, ANSWER_MAX_CHARS)
         system = ANSWER_SYSTEM if chosen == ANSWER else ARGUMENTS_SYSTEM
         prompt = [
             ChatMessage(role="system", content=system),
@@ -122,7 +116,9 @@ class ConstrainedLLM:
             on_retry=on_retry,
             tool_choice=_named(chosen),
         )
-        calls = completion.tool_calls[:1] or (ToolCall(id="call_0", name=chosen, arguments="{}"),)
+        calls = tuple(closed(c) for c in completion.tool_calls[:1]) or (
+            ToolCall(id="call_0", name=chosen, arguments="{}"),
+        )
         return msgspec.structs.replace(
             completion,
             content="",
@@ -298,21 +294,22 @@ def _pinned(schema: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
     return schema
 
 
-def bound_text(spec: dict[str, Any], max_chars: int) -> dict[str, Any]:
-    """``spec`` with a ``maxLength`` of ``max_chars`` on each string argument that has none."""
-    parameters = spec.get("function", {}).get("parameters")
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    if not isinstance(properties, dict):
-        return spec
-    bounded = {
-        name: {**schema, "maxLength": max_chars}
-        if isinstance(schema, dict) and schema.get("type") == "string" and "maxLength" not in schema
-        else schema
-        for name, schema in properties.items()
-    }
-    assert isinstance(parameters, dict)
-    function = {**spec["function"], "parameters": {**parameters, "properties": bounded}}
-    return {**spec, "function": function}
+def closed(call: ToolCall) -> ToolCall:
+    """``call`` with its arguments closed when they were cut inside a string or an
+    object (``{"result": "The code is 4417. The code is``); as it is otherwise."""
+    try:
+        msgspec.json.decode(call.arguments or "{}")
+        return call
+    except msgspec.DecodeError:
+        pass
+    for end in ('"}', "}"):
+        try:
+            value = msgspec.json.decode(call.arguments + end)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(value, dict):
+            return msgspec.structs.replace(call, arguments=call.arguments + end)
+    return call
 
 
 # -- results, made plain -------------------------------------------------------------------

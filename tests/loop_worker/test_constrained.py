@@ -8,7 +8,7 @@ from typing import Any
 
 from loop_worker.engine.constrained import (
     ConstrainedLLM,
-    bound_text,
+    closed,
     is_url_property,
     pin_urls,
     readable,
@@ -18,7 +18,7 @@ from loop_worker.engine.inmemory import LocalTools
 from loop_worker.engine.llm import OpenAILLM
 from loop_worker.engine.settings import LLMSettings
 from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
-from schemas import ChatMessage
+from schemas import ChatMessage, ToolCall
 from schemas.events import ToolCallEvent, ToolResultEvent
 from tests.loop_worker.scripted import Rig
 
@@ -138,12 +138,10 @@ async def test_a_url_argument_is_pinned_to_the_urls_the_request_spells_out(fake_
     assert properties["url"]["type"] == "string"
     assert "enum" not in str(properties["max_chars"])  # other arguments are left as they are
     assert spec["function"]["parameters"]["required"] == ["url"]
-    # the answer's prompt shows the result plainly; its text is bounded, so it closes
+    # the answer's prompt shows the result plainly
     assert answer["messages"][-1]["content"].endswith(
         f"fetch says: url: {page}\nstatus: 200\ncontent: Notes The code is 4417.\ntruncated: false"
     )
-    [done] = answer["tools"]
-    assert done["function"]["parameters"]["properties"]["result"]["maxLength"] == 400
 
 
 async def test_without_a_url_in_the_request_the_schema_is_sent_unchanged(fake_llm):
@@ -221,25 +219,27 @@ def test_results_are_made_plain_for_a_small_model() -> None:
         assert readable(unchanged) == unchanged
 
 
-def test_string_arguments_get_a_max_length_unless_they_have_one() -> None:
-    spec = {
-        "type": "function",
-        "function": {
-            "name": "task_completion",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "result": {"type": "string"},
-                    "short": {"type": "string", "maxLength": 10},
-                    "count": {"type": "integer"},
-                },
-            },
-        },
-    }
-    properties = bound_text(spec, 400)["function"]["parameters"]["properties"]
-    assert properties == {
-        "result": {"type": "string", "maxLength": 400},
-        "short": {"type": "string", "maxLength": 10},
-        "count": {"type": "integer"},
-    }
-    assert "maxLength" not in spec["function"]["parameters"]["properties"]["result"]
+async def test_an_answer_cut_by_the_token_limit_inside_its_text_is_closed(fake_llm):
+    cut = '{"result": "The code is 4417. The code is 4417. The'
+    fake_llm.script(
+        tool_calls(("choose_tool", {"tool": "calculator"})),
+        tool_calls(("local__calculator", {"expression": "17 * 23"})),
+        tool_calls(("task_completion", cut)),
+    )
+    async with constrained_rig(fake_llm, tools=fetching_tools()) as rig:
+        end = await rig.run("What is 17 * 23?")
+    assert (end.reason, end.content) == (
+        "task_completion",
+        "The code is 4417. The code is 4417. The",
+    )
+
+
+def test_cut_arguments_are_closed_and_others_left_alone() -> None:
+    def args(text: str) -> str:
+        return closed(ToolCall(id="c", name="f", arguments=text)).arguments
+
+    assert args('{"result": "cut her') == '{"result": "cut her"}'
+    assert args('{"n": 3') == '{"n": 3}'
+    assert args('{"result": "whole"}') == '{"result": "whole"}'
+    assert args('{"a": [1, 2') == '{"a": [1, 2'  # not closed by a quote or a brace: left
+    assert args("") == ""
