@@ -22,3 +22,9 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     assert config.loop.prefilter.enabled and config.loop.prefilter.top_k == 8
     assert config.loop.retriever is None  # shown commented out: it names no real module
     assert config.loop.prefilter.embeddings_base_url is None  # BM25
+    # the orchestrator and the per-turn limits are shown, with values a service accepts
+    loop = config.loop
+    assert (loop.mode, loop.planner_model, loop.executor_model) == ("loop", "gpt-4o", "gpt-4o-mini")
+    assert (loop.plan_max_steps, loop.step_max_iterations, loop.step_retries) == (8, 6, 1)
+    assert (loop.deadline_s, loop.max_tool_calls, loop.max_parallel_tools) == (120, 30, 8)
+    assert (loop.tool_failure, loop.max_iterations) == ("continue", 20)

@@ -18,6 +18,8 @@ ORCHESTRATOR = {
     "LOOPMESH_LOOP__MODE": "orchestrator",
     "LOOPMESH_LOOP__PLANNER_MODEL": "planner",
     "LOOPMESH_LOOP__EXECUTOR_MODEL": "executor",
+    # the plan, two executor calls for each of three steps, the synthesis: 8 LLM calls
+    "LOOPMESH_LOOP__MAX_ITERATIONS": "12",
 }
 
 
