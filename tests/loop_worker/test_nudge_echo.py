@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 
 from loop_worker.client import NO_TOOL_RAN, Printer
-from loop_worker.engine.engine import NOT_AN_ANSWER
 from loop_worker.engine.nudges import echoes_loop
 from loop_worker.engine.prompt import load_prompts
+from loop_worker.engine.run import NOT_AN_ANSWER
 from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
 from schemas.events import Error, Event, LoopEnd, Message, ToolCallEvent
 from tests.loop_worker.scripted import Rig

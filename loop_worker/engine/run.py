@@ -1,0 +1,461 @@
+"""One turn's run of the agent loop (:class:`TurnRun`), made by :class:`~.engine.Engine`:
+its iterations, the orchestrated mode's hand-over, tool calls and their results,
+the loop-breaking tools, and the checkpoints. ``engine.py`` describes the loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import msgspec
+
+from schemas import (
+    ChatMessage,
+    Passage,
+    PlanStep,
+    SessionSnapshot,
+    ToolResult,
+    TurnEnd,
+    WireError,
+)
+from schemas.events import (
+    EndReason,
+    Error,
+    HookErrorEvent,
+    LoopEnd,
+    LoopStart,
+    Message,
+    PlanUpdate,
+    Question,
+    TurnAccepted,
+)
+
+from .context import bound, passage_text
+from .inference import Conversation, Inference
+from .limits import Limits
+from .nudges import echoes_loop
+from .orchestrator import Orchestrator
+from .parser import ToolNames, has_text_call
+from .prompt import BUILTIN_SERVER, builtin_specs, loop_message
+from .scope import End, TurnCancelled, TurnDeadline, TurnScope
+from .tokens import TokenCounter
+from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+#: Loop-breaking tools: name -> (end reason, the argument carrying the text).
+LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
+    "task_completion": ("task_completion", "result"),
+    "ask_question": ("ask_question", "question"),
+    "converse": ("converse", "message"),
+}
+
+
+#: The error a loop-breaking call gets when its text only repeats the loop's reminders.
+NOT_AN_ANSWER = "this only repeats the loop's reminder; give your own answer for the user"
+
+
+class TurnRun:
+    """One turn's state between iterations."""
+
+    def __init__(self, engine: Engine, scope: TurnScope, snapshot: SessionSnapshot) -> None:
+        self.e = engine
+        self.scope = scope
+        self.turn = scope.turn
+        self.settings = engine.settings
+        self.resumed = snapshot.turn_id == self.turn.id
+        self.limit = self.turn.max_iterations or self.settings.max_iterations
+        self.conversation = Conversation(list(snapshot.messages), snapshot, self.limit)
+        if not self.resumed:
+            # a turn that never finished may have left calls without results
+            self._close_pending("interrupted", "the turn was interrupted before it finished")
+            self.messages.append(
+                ChatMessage(role="user", content=self.turn.input, parts=self.turn.parts)
+            )
+            self.snapshot = msgspec.structs.replace(
+                self.snapshot,
+                status="running",
+                turn_id=self.turn.id,
+                iteration=0,
+                turn_started_at=scope.clock(),
+                turn_tool_calls=0,
+                orchestrator=None,
+            )
+        self.limits = Limits.of(self.turn, self.settings)
+        state = self.snapshot.orchestrator
+        if state is not None and state.phase == "fallback":  # its iterations came first
+            self.limit = self.conversation.limit = self.limit + state.offset
+        if self.limits.deadline_s is not None:  # a resumed turn keeps its first start
+            started = self.snapshot.turn_started_at or scope.clock()
+            scope.deadline = started + self.limits.deadline_s
+        self.model = self.turn.model or engine.model
+        self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
+        self.end: End | None = None
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        return self.conversation.messages
+
+    @messages.setter
+    def messages(self, messages: list[ChatMessage]) -> None:
+        self.conversation.messages = messages
+
+    @property
+    def snapshot(self) -> SessionSnapshot:
+        return self.conversation.snapshot
+
+    @snapshot.setter
+    def snapshot(self, snapshot: SessionSnapshot) -> None:
+        self.conversation.snapshot = snapshot
+
+    async def run(self) -> LoopEnd:
+        scope = self.scope
+        try:
+            self.end = await self._loop()
+        except TurnCancelled as exc:
+            self.end = End("cancelled", error=str(exc) or "cancelled")
+            self._close_pending("cancelled", "the turn was cancelled")
+        except TurnDeadline:
+            text = self.limits.deadline_message()
+            await scope.emit(Error, code="deadline", message=text, fatal=True)
+            self.end = End("deadline", content=text, error=text)
+            self._close_pending("deadline", text)
+        except Exception as exc:
+            await scope.emit(Error, code="internal", message=describe(exc), fatal=True)
+            self.end = End("error", error=describe(exc))
+            self._close_pending("interrupted", f"the turn ended with an error: {self.end.error}")
+        end = self.end
+        try:
+            await self._checkpoint(status="idle", end=end)
+        except Exception as exc:
+            await scope.emit(Error, code="checkpoint", message=describe(exc), fatal=True)
+            end.error = end.error or describe(exc)
+        event = scope.make(
+            LoopEnd,
+            reason=end.reason,
+            content=end.content,
+            iterations=scope.iteration,
+            error=end.error,
+        )
+        failed = await self.e.hooks.around_turn("after_turn", self.turn, event)
+        if failed is not None:
+            await scope.emit(HookErrorEvent, hook=failed[0], message=failed[1])
+        await scope.sink.emit(event)
+        return event
+
+    async def _loop(self) -> End:
+        scope, e = self.scope, self.e
+        start = self.snapshot.iteration + 1 if self.resumed else 1
+        scope.iteration = start - 1
+        if not self.resumed:  # what was asked, for whoever watches only the events
+            await scope.emit(TurnAccepted, input=self.turn.input)
+        await scope.emit(
+            LoopStart,
+            max_iterations=self.limit,
+            model=self.model or "",
+            resumed=self.resumed,
+            worker=e.worker,
+        )
+        await self._checkpoint()
+        if not self.resumed:
+            failed = await e.hooks.around_turn("before_turn", self.turn)
+            if failed is not None:
+                hook, message = failed
+                await scope.emit(HookErrorEvent, hook=hook, message=message, fatal=True)
+                return End("error", error=f"the before_turn hook {hook} failed: {message}")
+        specs = [*builtin_specs(e.prompts), *(await scope.race(e.tools.tools()))]
+        names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
+        context = await self._context()
+        inference = Inference(
+            llm=e.llm,
+            hooks=e.hooks,
+            settings=self.settings,
+            prompts=e.prompts,
+            model=e.model,
+            fallback_message=e.fallback_message,
+            scope=scope,
+            names=names,
+            context=context,
+            counter=self._counter(),
+            offered=self.limits.allows,
+            prefilter=e.prefilter,
+        )
+        runner = ToolRunner(
+            scope=scope,
+            settings=self.settings,
+            tools=e.tools,
+            hooks=e.hooks,
+            builtin=self._builtin,
+            parallel=self.limits.max_parallel_tools,
+        )
+        if self._orchestrated():
+            end = await self._orchestrate(inference, runner, names)
+            if end is not None:
+                return end
+            # fell back: the ordinary loop goes on after the orchestrator's iterations
+            self.limit = self.conversation.limit = self.limit + self.snapshot.iteration
+            start = self.snapshot.iteration + 1
+        if self.snapshot.pending:  # the model answered before the last worker stopped
+            scope.check()
+            if scope.control.paused:
+                await inference.pause()
+            scope.iteration = start
+            calls = [Call.restore(i, c, names) for i, c in enumerate(self.snapshot.pending)]
+            end = await self._run_calls(calls, runner)
+            if end is not None:
+                return end
+            await self._checkpoint()
+            start += 1
+        for iteration in range(start, self.limit + 1):
+            scope.check()
+            if scope.control.paused:
+                await inference.pause()
+            scope.iteration = iteration
+            end = await self._iteration(iteration, inference, runner, names)
+            if end is not None:
+                return end
+            await self._checkpoint()
+        text = e.prompts.nudges.max_iterations.strip().format(iterations=self.limit)
+        await scope.emit(Error, code="max_iterations", message=text, fatal=False)
+        return End("max_iterations", content=text)
+
+    def _orchestrated(self) -> bool:
+        """A turn in ``orchestrator`` mode that has not fallen back to this loop."""
+        if (self.turn.mode or self.settings.mode) != "orchestrator":
+            return False
+        state = self.snapshot.orchestrator
+        return state is None or state.phase != "fallback"
+
+    async def _orchestrate(
+        self, inference: Inference, runner: ToolRunner, names: ToolNames
+    ) -> End | None:
+        """Plan, execute, synthesize (see ``orchestrator.py``); ``None``: fell back."""
+        e, s, turn = self.e, self.settings, self.turn
+        model = turn.model or e.model
+
+        async def save(iteration: int) -> None:
+            await self._checkpoint(iteration=iteration)
+
+        return await Orchestrator(
+            llm=e.llm,
+            hooks=e.hooks,
+            settings=s,
+            prompts=e.prompts,
+            scope=self.scope,
+            names=names,
+            runner=runner,
+            limits=self.limits,
+            run=self.conversation,
+            inference=inference,
+            select_tools=e.select_tools,
+            planner=turn.planner_model or s.planner_model or model,
+            executor=turn.executor_model or s.executor_model or model,
+            save=save,
+        ).run()
+
+    async def _iteration(
+        self, iteration: int, inference: Inference, runner: ToolRunner, names: ToolNames
+    ) -> End | None:
+        e, s = self.e, self.settings
+        end = await inference.begin(self.conversation)
+        if end is not None:
+            return end
+        reply = await inference.reply(self.conversation)
+        if isinstance(reply, End):
+            return reply
+        completion, content = reply
+        text_format = s.tool_format == "text" and not completion.tool_calls
+        if completion.tool_calls:
+            calls = native_calls(completion.tool_calls, names, self.turn, iteration)
+        elif text_format and has_text_call(content):
+            calls = text_calls(content, names, self.turn, iteration, e.prompts)
+        else:
+            return await inference.without_tools(self.conversation, content)
+        used = self.limits.police(calls, self.snapshot.turn_tool_calls)
+        self.messages.append(
+            ChatMessage(
+                role="assistant",
+                content=content[: s.message_max_chars],
+                tool_calls=() if text_format else tuple(c.history_call() for c in calls),
+            )
+        )
+        pending = tuple(c.pending() for c in calls)
+        self.snapshot = msgspec.structs.replace(
+            self.snapshot, pending=pending, turn_tool_calls=used
+        )
+        await self._checkpoint(iteration=iteration - 1)  # before the calls: see the docstring
+        return await self._run_calls(calls, runner)
+
+    async def _run_calls(self, calls: list[Call], runner: ToolRunner) -> End | None:
+        """Run the pending calls (the last message asked for them) and add their results."""
+        outcomes = await self.scope.race(runner.run(calls))
+        self._add_results(outcomes)
+        if self.end is None:
+            ends: tuple[tuple[EndReason, str | None], ...] = (
+                ("tool_failed", self.limits.failed(outcomes)),
+                ("max_tool_calls", self.limits.over_cap(calls)),
+            )
+            for code, text in ends:
+                if text is not None:
+                    await self.scope.emit(Error, code=code, message=text, fatal=True)
+                    return End(code, content=text, error=text)
+        for outcome in outcomes:
+            count = self.breaker.record(outcome)
+            if self.breaker.tripped(count):
+                return await self._circuit_open(outcome, count)
+        return self.end
+
+    def _close_pending(self, code: str, message: str) -> None:
+        """Answer calls that will never run, so the history has no call without a result."""
+        if self.snapshot.pending:
+            calls = [Call.restore(i, c) for i, c in enumerate(self.snapshot.pending)]
+            self._add_results([_failed(c, code, message) for c in calls])
+
+    def _add_results(self, outcomes: list[Outcome]) -> None:
+        """The results of the pending calls, after the assistant message that made them
+        (in the text format, that message has no native ``tool_calls``)."""
+        self.snapshot = msgspec.structs.replace(self.snapshot, pending=())
+        if self.messages and self.messages[-1].tool_calls:
+            for o in outcomes:
+                self.messages.append(
+                    ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id)
+                )
+            return
+        template = self.e.prompts.nudges.text_result.strip()
+        blocks = [
+            template.format(
+                server=o.call.server or "?",
+                tool=o.call.tool or o.call.name,
+                status=o.result.status,
+                content=o.text,
+            )
+            for o in outcomes
+        ]
+        self.messages.append(loop_message("\n\n".join(blocks)))
+
+    async def _circuit_open(self, outcome: Outcome, count: int) -> End:
+        call = outcome.call
+        message = outcome.result.error.message if outcome.result.error else outcome.result.status
+        text = self.e.prompts.nudges.circuit_open.strip().format(
+            server=call.server or "?", tool=call.tool or call.name, count=count, message=message
+        )
+        await self.scope.emit(Error, code="circuit_open", message=text, fatal=True)
+        return End("circuit_open", content=text, error=message)
+
+    async def _builtin(self, call: Call) -> ToolResult:
+        """The loop's own tools. Loop-breaking ones set :attr:`end` (the first wins)."""
+        args = call.arguments or {}
+        if call.tool == "update_plan":
+            try:
+                steps = msgspec.convert(
+                    [{"title": s} if isinstance(s, str) else s for s in args.get("steps", [])],
+                    tuple[PlanStep, ...],
+                )
+            except (msgspec.ValidationError, TypeError) as exc:
+                return _error(call, "invalid_arguments", f"update_plan: {exc}")
+            self.snapshot = msgspec.structs.replace(self.snapshot, plan=steps)
+            await self.scope.emit(PlanUpdate, plan=steps)
+            return ToolResult(
+                call_id=call.call_id,
+                server=call.server,
+                tool=call.tool,
+                content=f"plan updated: {len(steps)} steps",
+            )
+        reason, field = LOOP_BREAKING[call.tool]
+        value = args.get(field)
+        if value is None or value == "":
+            return _error(call, "invalid_arguments", f"{call.tool} needs a {field!r} argument")
+        text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        if echoes_loop(text, self.e.prompts):
+            return _error(call, "invalid_arguments", f"{call.tool}: {NOT_AN_ANSWER}")
+        if self.end is None:
+            self.end = End(reason, content=text[: self.settings.message_max_chars])
+            if call.tool == "ask_question":
+                await self.scope.emit(Question, text=self.end.content)
+            else:
+                await self.scope.emit(Message, content=self.end.content)
+        return ToolResult(
+            call_id=call.call_id, server=call.server, tool=call.tool, content="delivered"
+        )
+
+    async def _context(self) -> list[str]:
+        """The retrieved-context section: the turn's passages, then the retrievers'
+        (bounded in tokens). A retriever that fails is reported, and the turn goes on."""
+        turn, scope = self.turn, self.scope
+        own = list(turn.context)
+        if legacy := turn.metadata.get("context"):
+            own.insert(0, Passage(text=legacy))
+        try:
+            found = await scope.race(self.e.hooks.retrieve(turn))
+        except (TurnCancelled, TurnDeadline):
+            raise
+        except Exception as exc:
+            await scope.emit(HookErrorEvent, hook="retrieve", message=describe(exc))
+            found = []
+        counter = self._counter()
+        kept = bound(found, self.settings.retrieved_max_tokens, counter.count_text_cached)
+        return [passage_text(p) for p in [*own, *kept]]
+
+    def _counter(self) -> TokenCounter:
+        return self.e.counter_for(self.model or None)
+
+    async def _checkpoint(
+        self, status: str = "running", *, iteration: int | None = None, end: End | None = None
+    ) -> None:
+        snapshot = msgspec.structs.replace(
+            self.snapshot,
+            messages=tuple(self.messages),
+            iteration=self.scope.iteration if iteration is None else iteration,
+            updated_at=self.scope.clock(),
+            last_end=None,
+        )
+        if status == "idle":
+            last_end = None
+            if end is not None:
+                last_end = TurnEnd(
+                    reason=end.reason,
+                    content=end.content,
+                    iterations=self.scope.iteration,
+                    error=end.error,
+                )
+            snapshot = msgspec.structs.replace(
+                snapshot, status="idle", turns=snapshot.turns + 1, last_end=last_end
+            )
+        await self.e.store.save(snapshot)
+        self.snapshot = snapshot
+
+
+async def ended_again(scope: TurnScope, end: TurnEnd | None) -> LoopEnd | None:
+    """A turn delivered again after it finished: its ``loop_end`` once more, since a
+    crash between the last checkpoint and that event may have lost it (its fixed msg id
+    makes the stream drop a second copy). Nothing else is emitted or asked. ``None``
+    when the snapshot does not say how the turn ended."""
+    if end is None:
+        return None
+    scope.iteration = end.iterations
+    return await scope.emit(
+        LoopEnd,
+        reason=cast(EndReason, end.reason),
+        content=end.content,
+        iterations=end.iterations,
+        error=end.error,
+    )
+
+
+def _error(call: Call, code: str, message: str) -> ToolResult:
+    return ToolResult(
+        call_id=call.call_id,
+        status="error",
+        error=WireError(code=code, message=message),
+        server=call.server,
+        tool=call.tool,
+    )
+
+
+def _failed(call: Call, code: str, message: str) -> Outcome:
+    return Outcome(call, _error(call, code, message), f"Error ({code}): {message}")
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
