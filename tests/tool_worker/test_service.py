@@ -3,17 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from loopmesh.testing.durable import connect_fast, kv_read
 from schemas import ToolCallRequest, ToolResult, decode, encode, new_id
 from schemas.events import ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
+from tests.conftest import BOTH_SHARED, Durable
 from tool_worker import Registry, load_module, to_tool, tool
 from tool_worker.builtins import builtin_tools
 
 from .harness import SUBJECTS, EventLog, Requester, running
+
+pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
+
+
+@pytest.fixture
+async def nc(durable: Durable) -> AsyncIterator[Client]:
+    client = await connect_fast(durable.url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def replicas(durable: Durable) -> int:
+    return durable.replicas
 
 
 def sample_registry() -> Registry:
@@ -39,8 +59,8 @@ async def test_the_result_is_recorded_as_an_effect_before_the_ack(
 ) -> None:
     async with running(nc, sample_registry()):
         result = await requester.call("local", "echo", {"text": "hi"})
-    entry = await (await js.key_value(SUBJECTS.effects_bucket)).get(result.call_id)
-    assert decode(entry.value, ToolResult) == result
+    recorded = await kv_read(nc, SUBJECTS.effects_bucket, result.call_id)  # the leader's
+    assert recorded is not None and decode(recorded, ToolResult) == result
     info = await js.consumer_info(SUBJECTS.tools_stream, SUBJECTS.pool_consumer("default"))
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
