@@ -18,6 +18,7 @@ starts from nothing::
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Coroutine
@@ -51,29 +52,33 @@ class SharedCluster:
     async def clear(self) -> None:
         """Bring every node back (one a failed test left stopped or paused), then forget
         what the test before left, and wait until every replica has: a direct get
-        answered by a follower must not see it either. A bucket that held anything is
-        purged and loses its consumers; any other stream that did is deleted (the msg
-        ids it deduplicates outlive a purge), and the next test provisions it again.
-        Deleting every stream instead made that provisioning take over a second."""
+        answered by a follower must not see it either. Every consumer is deleted (with
+        the pull requests its dead workers left waiting); a bucket that held anything is
+        purged; any other stream that did is deleted (the msg ids it deduplicates outlive
+        a purge), and the next test provisions it again. Deleting every stream instead
+        made that provisioning take over a second."""
         await self.run(self._heal())
         nc = await nats.connect(servers=self.cluster.urls)
         try:
             js = nc.jetstream()
-            for info in await js.streams_info():
-                stream = info.config.name or ""
-                if not info.state.last_seq:  # never held a message: nothing to forget
-                    continue
-                if not stream.startswith("KV_"):
-                    await js.delete_stream(stream)
-                    continue
+            # by name, then each from its leader: a listing of infos may leave some out
+            names = json.loads((await nc.request("$JS.API.STREAM.NAMES", b"{}", 10)).data)
+            for stream in names.get("streams") or []:
                 for consumer in await js.consumers_info(stream):
                     await js.delete_consumer(stream, consumer.name)
-                await js.purge_stream(stream)
+                info = await js.stream_info(stream)
+                if not info.state.last_seq:  # never held a message: nothing to forget
+                    continue
+                if stream.startswith("KV_"):
+                    await js.purge_stream(stream)
+                else:
+                    await js.delete_stream(stream)
         finally:
             await nc.close()
         await self.run(self._emptied())
 
     async def _emptied(self, timeout: float = 30.0) -> None:
+        """Until no node holds a message or a consumer of any stream."""
         deadline = time.monotonic() + timeout
         async with httpx.AsyncClient(timeout=5.0) as http:
             while True:
@@ -83,7 +88,7 @@ class SharedCluster:
                     for account in r.json().get("account_details") or []:
                         for stream in account.get("stream_detail") or []:
                             state = stream.get("state") or {}
-                            if state.get("messages"):
+                            if state.get("messages") or state.get("consumer_count"):
                                 left.append(f"{node.name}: {stream.get('name')} {state}")
                 if not left:
                     return
@@ -91,11 +96,27 @@ class SharedCluster:
                     raise NatsServerError(f"streams not emptied: {left}")
                 await asyncio.sleep(0.02)  # polling a monitor: there is no event to wait on
 
-    async def _heal(self) -> None:
+    async def _heal(self, timeout: float = 30.0) -> None:
+        """Every node running, healthy, and known to the meta leader as a current peer
+        (before that, placing a stream on three fails: "peer offline")."""
         for node in self.cluster.nodes:
             node.resume()
             await node.start()  # a no-op on a running node
         await self.cluster.wait_ready()
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                peers: list[dict[str, Any]] = []
+                for node in self.cluster.nodes:
+                    meta = (await http.get(f"{node.monitor_url}/jsz")).json().get("meta_cluster")
+                    if meta and meta.get("leader") == node.name:  # the leader's view
+                        peers = meta.get("replicas") or []
+                whole = [p for p in peers if p.get("current") and not p.get("offline")]
+                if len(whole) == len(self.cluster.nodes) - 1:
+                    return
+                if time.monotonic() > deadline:
+                    raise NatsServerError(f"meta peers not all current: {peers}")
+                await asyncio.sleep(0.05)  # polling a monitor: there is no event to wait on
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
