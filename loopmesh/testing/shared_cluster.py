@@ -1,18 +1,19 @@
 """One 3-node cluster for many tests: a :class:`~loopmesh.cluster.NatsCluster` run by an
 event loop of its own, in a thread.
 
-Starting a cluster costs a few seconds; a test module whose tests each need one can
-share it. But pytest-asyncio gives every test a loop of its own, and a node is an
+A new cluster, and the R3 streams and buckets created on it, cost a test about two
+seconds; a test module whose tests each need one can share it, emptied between tests
+(half a second). But pytest-asyncio gives every test a loop of its own, and a node is an
 asyncio subprocess of the loop that started it (stopping it, or restarting it, must run
 there). So the cluster lives on a loop that outlives the tests, in a thread, and a test
 reaches it from its own loop with :meth:`SharedCluster.run`; :meth:`SharedCluster.clear`
-empties every bucket and deletes every other stream that held anything, so each test
-starts from nothing::
+deletes every consumer, empties every bucket and deletes every other stream that held
+anything, so each test starts from nothing::
 
     with SharedCluster(root) as shared:           # a module-scoped fixture
         await shared.clear()                      # in each test, before provisioning
-        nc = await nats.connect(shared.cluster.url)
-        await shared.run(shared.cluster.restart(node))
+        nc = await nats.connect(servers=shared.cluster.urls)
+        await shared.run(shared.cluster.restart(node))  # from the test's loop
 """
 
 from __future__ import annotations
