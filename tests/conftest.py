@@ -3,9 +3,10 @@ a fake LLM per test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import nats
 import pytest
@@ -15,6 +16,9 @@ from nats.aio.client import Client
 from loopmesh.cluster import NatsCluster
 from loopmesh.server import NatsServer
 from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.shared_cluster import SharedCluster
+
+T = TypeVar("T")
 
 # Fuzz tests without their own ``@settings`` run this many examples: modest in CI;
 # ``pytest --hypothesis-profile=deep`` runs many more.
@@ -79,26 +83,74 @@ class Durable:
     replicas: int
     server: NatsServer | None = None
     cluster: NatsCluster | None = None
+    shared: SharedCluster | None = None  # the cluster's own loop, when a module shares it
+    _stopped: NatsServer | None = field(default=None, repr=False)
 
     async def restart(self, stream: str = "LOOPMESH_TURNS") -> None:
         """Restart the server, or the cluster node that leads ``stream``."""
         if self.server is not None:
             await self.server.restart()
         else:
+            await self.stop(stream)
+            await self.start()
+
+    async def stop(self, stream: str = "LOOPMESH_TURNS") -> None:
+        """Stop the server, or the cluster node that leads ``stream``, until :meth:`start`."""
+        if self.server is not None:
+            self._stopped = self.server
+        else:
             assert self.cluster is not None
-            leader = self.cluster.node(await self.cluster.leader_of(stream))
-            await self.cluster.restart(leader)
+            self._stopped = self.cluster.node(await self.cluster.leader_of(stream))
+        await self._on_loop(self._stopped.stop())
+
+    async def start(self) -> None:
+        """Start what :meth:`stop` stopped, with its store; on the cluster, wait until
+        every node is healthy again."""
+        assert self._stopped is not None, "nothing stopped"
+        stopped, self._stopped = self._stopped, None
+        await self._on_loop(stopped.start())
+        if self.cluster is not None:
+            await self._on_loop(self.cluster.wait_ready())
+
+    async def follower(self, stream: str) -> NatsServer:
+        """A node that does not lead ``stream`` (the server itself on one server)."""
+        if self.server is not None:
+            return self.server
+        assert self.cluster is not None
+        leader = await self.cluster.leader_of(stream)
+        return next(n for n in self.cluster.nodes if n.name != leader)
+
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await (self.shared.run(coro) if self.shared is not None else coro)
 
 
 #: ``@pytest.mark.parametrize("durable", BOTH, indirect=True)``: once on one server,
-#: once on the cluster.
+#: once on the cluster (started for the test).
 BOTH = ["single", "cluster"]
+
+#: As :data:`BOTH`, but the module's tests share one cluster (``shared_cluster``): each
+#: gets it with every bucket emptied and every other stream that held anything deleted,
+#: so none sees what another left (a bucket's sequence numbers go on, though).
+BOTH_SHARED = ["single", pytest.param("shared", id="cluster")]
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
+    """One 3-node cluster for a module's tests (``BOTH_SHARED``), on a loop of its own."""
+    with SharedCluster(tmp_path_factory.mktemp("cluster")) as shared:
+        yield shared
 
 
 @pytest.fixture
 async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Durable]:
-    """One nats-server, or (parametrized ``"cluster"``) three, with replicas to match."""
-    if getattr(request, "param", "single") == "cluster":
+    """One nats-server, or (parametrized ``"cluster"``, or ``"shared"``: the module's
+    cluster, emptied) three, with replicas to match."""
+    kind = getattr(request, "param", "single")
+    if kind == "shared":
+        shared: SharedCluster = request.getfixturevalue("shared_cluster")
+        await shared.clear()
+        yield Durable("cluster", shared.cluster.url, 3, cluster=shared.cluster, shared=shared)
+    elif kind == "cluster":
         async with NatsCluster(tmp_path / "cluster") as cluster:
             yield Durable("cluster", cluster.url, 3, cluster=cluster)
     else:

@@ -4,6 +4,7 @@ as real processes (by module name: nothing here imports a service).
 
     await provision_short(nc)              # AckWait and lease TTL of 2 s
     events = await stream_events(nc, "acme", "s1")
+    snapshot = await kv_read(nc, SUBJECTS.sessions_bucket, "acme.s1")   # from the leader
     worker = await Proc("-m", "loop_worker", env=worker_env(url, llm_url)).start("serving")
 """
 
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
+from loopmesh.jetstream import KVEntry
 from loopmesh.nats import connect
 from loopmesh.provision import has_msg_ttl, provision
 from loopmesh.settings import NatsSettings
@@ -73,6 +76,26 @@ async def stream_events(
         seq = msg.seq or last
         out.append((decode(msg.data or b"", AnyEvent), dict(msg.headers or {})))
     return out
+
+
+async def kv_entry(nc: Client, bucket: str, key: str) -> KVEntry | None:
+    """The last revision of ``key`` in ``bucket`` as the bucket's stream leader has it
+    (its ``value`` is ``None`` for a delete marker), or ``None``. Tests read here: on a
+    replicated bucket a KV get is a direct get, which a follower that has not applied
+    the last write yet may answer (docs/ARCHITECTURE.md, "On a cluster")."""
+    try:
+        msg = await nc.jetstream().get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except NotFoundError:
+        return None
+    deleted = bool(msg.headers and msg.headers.get("KV-Operation"))
+    return KVEntry(msg.seq or 0, None if deleted else msg.data or b"")
+
+
+async def kv_read(nc: Client, bucket: str, key: str) -> bytes | None:
+    """The value of ``key`` in ``bucket`` as its leader has it (:func:`kv_entry`), or
+    ``None`` (no key, or a delete marker)."""
+    entry = await kv_entry(nc, bucket, key)
+    return None if entry is None else entry.value
 
 
 async def wait_for(

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.approvals import Approvals
@@ -19,7 +20,8 @@ from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import tool_calls
 from schemas import ApprovalDecision, ToolSpec, Turn
 from schemas.events import ApprovalRequired, LoopEnd
-from tests.loop_worker.durable import Mesh, Running, Watch, send_turn
+from tests.conftest import BOTH_SHARED
+from tests.loop_worker.durable import Mesh, Running, Watch, mesh_on, send_turn
 from tests.loop_worker.scripted import Rig
 from tool_worker.config import ToolWorkerConfig
 
@@ -92,6 +94,14 @@ def readme_config(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+async def mesh(durable):
+    """The mesh on ``durable``: one server, or the module's cluster for the test that
+    asks for it."""
+    async with mesh_on(durable.url, replicas=durable.replicas) as mesh:
+        yield mesh
+
+
 async def start_tool_worker(mesh: Mesh, config: ToolWorkerConfig) -> Running:
     """A tool worker built from ``config`` as ``loopmesh tool-worker`` builds it."""
     from tool_worker.cli import build
@@ -111,6 +121,7 @@ async def start_tool_worker(mesh: Mesh, config: ToolWorkerConfig) -> Running:
     return running
 
 
+@pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # the decision is recorded
 async def test_the_readme_example_makes_fs_write_wait_for_a_persons_approval(mesh, tmp_path):
     path = readme_config(tmp_path)
     loop_config = load(LoopWorkerConfig, path, env={})

@@ -5,12 +5,24 @@ import pytest
 
 from loop_worker.errors import LeaseLostError
 from loop_worker.lease import Leases
-from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
+from tests.conftest import BOTH_SHARED
+
+pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
 
 @pytest.fixture
-async def leases(nc):
-    await provision_short(nc, lease_ttl_s=1.0)
+async def nc(durable):
+    client = await connect_fast(durable.url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def leases(nc, durable):
+    await provision_short(nc, lease_ttl_s=1.0, replicas=durable.replicas)
 
     async def make(owner: str) -> Leases:
         leases = Leases(nc, SUBJECTS, owner=owner)

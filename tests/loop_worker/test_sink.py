@@ -2,6 +2,8 @@ import asyncio
 import os
 import signal
 
+import pytest
+
 from loop_worker.sink import JetStreamEvents
 from loopmesh.testing.durable import (
     SUBJECTS,
@@ -18,7 +20,28 @@ from schemas.events import (
     ToolResultEvent,
     tool_event_msg_id,
 )
+from tests.conftest import BOTH_SHARED
 from tests.loop_worker.durable import record_replies
+
+pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
+
+BARRIERS = "one server only: on a replicated events stream every event asks for its ack"
+
+
+@pytest.fixture
+async def nc(durable):
+    client = await connect_fast(durable.url)
+    try:
+        await provision_short(client, replicas=durable.replicas)
+        yield client
+    finally:
+        await client.close()
+
+
+async def started(sink: JetStreamEvents) -> JetStreamEvents:
+    """As the service starts it: on a replicated stream it asks for every event's ack."""
+    await sink.start()
+    return sink
 
 
 def run_events(turn: str = "t1", *, resumed_at: int | None = None):
@@ -38,20 +61,27 @@ def run_events(turn: str = "t1", *, resumed_at: int | None = None):
     ]
 
 
-async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order(nats_server, nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS)
-    sink.begin("acme.s1.t1")
-    os.kill(nats_server.pid, signal.SIGSTOP)  # the server acks nothing until it continues
+async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order(durable, nc):
+    """On the cluster every event asks for its ack, and still none is waited for; the
+    node paused is the sink's, one that does not lead the events stream."""
+    node = await durable.follower(SUBJECTS.events_stream)
+    assert node.pid is not None
+    client = await connect_fast(node.url)
     try:
-        async with asyncio.timeout(10):  # an emit that waited for its ack would not return
-            for event in run_events():
-                await sink.emit(event)
-        assert sink.pending("acme.s1.t1") == 6  # none stored yet
+        sink = await started(JetStreamEvents(client, SUBJECTS))
+        sink.begin("acme.s1.t1")
+        os.kill(node.pid, signal.SIGSTOP)  # the server acks nothing until it continues
+        try:
+            async with asyncio.timeout(10):  # an emit that waited for its ack would not return
+                for event in run_events():
+                    await sink.emit(event)
+            assert sink.pending("acme.s1.t1") == 6  # none stored yet
+        finally:
+            os.kill(node.pid, signal.SIGCONT)
+        await sink.flush("acme.s1.t1")
+        assert sink.pending("acme.s1.t1") == 0
     finally:
-        os.kill(nats_server.pid, signal.SIGCONT)
-    await sink.flush("acme.s1.t1")
-    assert sink.pending("acme.s1.t1") == 0
+        await client.close()
     stored = await stream_events(nc, "acme", "s1")
     assert [e.type for e, _ in stored] == [
         "loop_start", "llm_request", "content_delta", "content_delta", "tool_result", "loop_end"
@@ -60,12 +90,11 @@ async def test_emit_returns_before_the_ack_and_flush_stores_every_event_in_order
 
 
 async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
-    await provision_short(nc)
-    first = JetStreamEvents(nc, SUBJECTS)
+    first = await started(JetStreamEvents(nc, SUBJECTS))
     for event in run_events()[:4]:  # the worker dies here
         await first.emit(event)
     await first.flush()
-    second = JetStreamEvents(nc, SUBJECTS)  # another worker replays iteration 1
+    second = await started(JetStreamEvents(nc, SUBJECTS))  # another worker replays iteration 1
     second.begin("acme.s1.t1", delivery=2)
     for event in run_events():
         await second.emit(event)
@@ -77,8 +106,7 @@ async def test_a_replayed_iteration_does_not_duplicate_its_events(nc):
 
 
 async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS)
+    sink = await started(JetStreamEvents(nc, SUBJECTS))
     sink.begin("acme.s1.t1", delivery=2)
     await sink.emit(run_events(resumed_at=1)[0])
     for _ in range(2):
@@ -92,8 +120,7 @@ async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
 
 
 async def test_tool_outcome_events_share_the_tool_workers_msg_id(nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS)
+    sink = await started(JetStreamEvents(nc, SUBJECTS))
     event = run_events()[4]
     msg_id = tool_event_msg_id("t1-1-0", "tool_result")
     from schemas import encode
@@ -107,15 +134,15 @@ async def test_tool_outcome_events_share_the_tool_workers_msg_id(nc):
     assert [h["Nats-Msg-Id"] for _, h in stored] == [msg_id]
 
 
-async def test_flush_stores_events_emitted_while_the_server_was_down(nats_server, nc):
-    await provision_short(nc)
-    client = await connect_fast(nats_server.url)
+async def test_flush_stores_events_emitted_while_the_server_was_down(durable, nc):
+    """On the cluster, the node that leads the events stream is down."""
+    client = await connect_fast(durable.url)
     try:
-        sink = JetStreamEvents(client, SUBJECTS)
-        await nats_server.stop()
+        sink = await started(JetStreamEvents(client, SUBJECTS))
+        await durable.stop(SUBJECTS.events_stream)
         for event in run_events():
             await sink.emit(event)
-        await nats_server.start()
+        await durable.start()
         await sink.flush()
         stored = await stream_events(client, "acme", "s1")
     finally:
@@ -130,8 +157,8 @@ def many_events(turn: str, n: int):
 
 
 async def test_events_published_without_acks_are_all_stored_after_flush(nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=4)
+    """On the cluster each is acked: still all stored, ``loop_end`` once."""
+    sink = await started(JetStreamEvents(nc, SUBJECTS, barrier_every=4))
     sink.begin("acme.s1.t1")
     events = many_events("t1", 10)
     for event in events[:-1]:  # no loop_end: flush publishes the barrier itself
@@ -147,9 +174,10 @@ async def test_events_published_without_acks_are_all_stored_after_flush(nc):
     assert len(stored) == 12
 
 
-async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
+async def test_a_barriers_ack_vouches_for_the_events_before_it(durable, nc):
+    if durable.kind == "cluster":
+        pytest.skip(f"{BARRIERS} (test_sink_cluster.py)")
+    sink = await started(JetStreamEvents(nc, SUBJECTS, barrier_every=1000))
     sink.begin("acme.s1.t1")
     replies = record_replies(nc)
     for event in many_events("t1", 20):
@@ -160,11 +188,12 @@ async def test_a_barriers_ack_vouches_for_the_events_before_it(nc):
     assert len(await stream_events(nc, "acme", "s1")) == 22
 
 
-async def test_events_lost_before_a_reconnect_are_published_again_once(nats_server, nc):
-    await provision_short(nc)
-    client = await connect_fast(nats_server.url)
+async def test_events_lost_before_a_reconnect_are_published_again_once(durable, nc):
+    if durable.kind == "cluster":
+        pytest.skip(f"{BARRIERS}: none goes out unacked, to be lost")
+    client = await connect_fast(durable.url)
     try:
-        sink = JetStreamEvents(client, SUBJECTS, barrier_every=1000)
+        sink = await started(JetStreamEvents(client, SUBJECTS, barrier_every=1000))
         sink.begin("acme.s1.t1")
         events = many_events("t1", 6)
         publish = client.publish
@@ -180,8 +209,7 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
         for event in events[:4]:
             await sink.emit(event)
         reconnected = client.stats["reconnects"] + 1
-        await nats_server.stop()
-        await nats_server.start()
+        await durable.restart()
         await wait_for(
             lambda: client.stats["reconnects"] >= reconnected and client.is_connected,
             what="the reconnect",
@@ -200,9 +228,10 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(nats_serv
     assert sorted(ids) == sorted(expected)  # none missing, none twice
 
 
-async def test_unacked_events_are_bounded_in_bytes(nc):
-    await provision_short(nc)
-    sink = JetStreamEvents(nc, SUBJECTS, barrier_every=1000)
+async def test_unacked_events_are_bounded_in_bytes(durable, nc):
+    if durable.kind == "cluster":
+        pytest.skip(BARRIERS)
+    sink = await started(JetStreamEvents(nc, SUBJECTS, barrier_every=1000))
     sink.begin("acme.s1.t1")
     replies = record_replies(nc)
     base = {"tenant": "acme", "session": "s1", "turn_id": "t1", "iteration": 1}

@@ -1,12 +1,14 @@
 import asyncio
 
 import pytest
-from nats.js.errors import KeyNotFoundError
 
 from loop_worker.engine.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
+from loopmesh.testing.durable import SUBJECTS, connect_fast, kv_read, provision_short, wait_for
 from schemas import ChatMessage, SessionSnapshot, decode, encode
+from tests.conftest import BOTH_SHARED
+
+pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
 
 def snapshot(**kw) -> SessionSnapshot:
@@ -14,8 +16,17 @@ def snapshot(**kw) -> SessionSnapshot:
 
 
 @pytest.fixture
-async def store(nc):
-    await provision_short(nc)
+async def nc(durable):
+    client = await connect_fast(durable.url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def store(nc, durable):
+    await provision_short(nc, replicas=durable.replicas)
     store = KVSessionStore(nc, SUBJECTS)
     await store.start()
     return store
@@ -51,13 +62,14 @@ async def test_a_first_save_never_overwrites_an_existing_session(nc, store):
         await store.save(snapshot(iteration=1))
 
 
-async def test_a_save_goes_through_a_nats_server_restart(nats_server, store):
-    client = await connect_fast(nats_server.url)
+async def test_a_save_goes_through_a_nats_server_restart(durable, store):
+    """On the cluster, a restart of the node that leads the sessions bucket."""
+    client = await connect_fast(durable.url)
     try:
         store = KVSessionStore(client, SUBJECTS)
         await store.start()
         await store.save(snapshot(iteration=1))
-        await nats_server.restart()
+        await durable.restart(f"KV_{SUBJECTS.sessions_bucket}")
         await store.save(snapshot(iteration=2))
         assert (await store.load("acme", "s1")).iteration == 2
     finally:
@@ -65,33 +77,29 @@ async def test_a_save_goes_through_a_nats_server_restart(nats_server, store):
 
 
 @pytest.fixture
-async def pipelined(nc):
-    await provision_short(nc)
+async def pipelined(nc, durable):
+    await provision_short(nc, replicas=durable.replicas)
     store = KVSessionStore(nc, SUBJECTS, pipelined=True, commit_after_s=0.05)
     await store.start()
     return store
 
 
 async def stored(nc) -> tuple[int, SessionSnapshot | None]:
-    """(messages in the sessions bucket, what acme.s1 holds)."""
-    js = nc.jetstream()
-    info = await js.stream_info(f"KV_{SUBJECTS.sessions_bucket}")
-    kv = await js.key_value(SUBJECTS.sessions_bucket)
-    try:
-        entry = await kv.get("acme.s1")
-    except KeyNotFoundError:
-        return info.state.last_seq, None
-    return info.state.last_seq, decode(entry.value, SessionSnapshot)
+    """(the sessions bucket's last sequence, what acme.s1 holds), as its leader has them."""
+    info = await nc.jetstream().stream_info(f"KV_{SUBJECTS.sessions_bucket}")
+    value = await kv_read(nc, SUBJECTS.sessions_bucket, "acme.s1")
+    return info.state.last_seq, None if value is None else decode(value, SessionSnapshot)
 
 
 async def test_a_pipelined_save_is_kept_until_commit_and_the_next_save_replaces_it(nc, pipelined):
+    before, _ = await stored(nc)  # 0, but on a shared cluster the bucket was emptied
     assert await pipelined.load("acme", "s1") is None
     await pipelined.save(snapshot(iteration=1))
     await pipelined.save(snapshot(iteration=2))
-    assert await stored(nc) == (0, None)  # nothing on the wire yet
+    assert await stored(nc) == (before, None)  # nothing on the wire yet
     await pipelined.commit("acme", "s1")  # the dispatcher does this before a tool call
     await pipelined.flush("acme", "s1")
-    assert await stored(nc) == (1, snapshot(iteration=2))  # one write, the latest
+    assert await stored(nc) == (before + 1, snapshot(iteration=2))  # one write, the latest
     await pipelined.save(snapshot(iteration=3))
     await pipelined.flush("acme", "s1")
     assert (await stored(nc))[1] == snapshot(iteration=3)

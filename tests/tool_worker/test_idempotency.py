@@ -15,8 +15,9 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from loopmesh.server import NatsServer
+from loopmesh.testing.durable import connect_fast
 from schemas import call_id
+from tests.conftest import BOTH_SHARED, Durable
 from tool_worker import Registry, ToolContext, load_module, to_tool, tool
 from tool_worker.builtins import http_fetch_tool
 from tool_worker.errors import RegistryError, ToolError
@@ -25,6 +26,23 @@ from tool_worker.mcp import McpServer, McpServerSettings
 from .harness import Requester, WorkerProcess, running
 
 DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
+
+# A call re-run after a kill, also on the cluster (R3): its redelivery and effect record.
+both = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)
+
+
+@pytest.fixture
+async def nc(durable: Durable) -> AsyncIterator[Client]:
+    client = await connect_fast(durable.url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def replicas(durable: Durable) -> int:
+    return durable.replicas
 
 
 def a_call_id(index: int = 0) -> str:
@@ -147,8 +165,9 @@ async def test_http_fetch_sends_the_key_as_an_idempotency_key_header(
 
 
 @pytest.mark.slow
+@both
 async def test_a_call_rerun_after_its_worker_is_killed_carries_the_same_key(
-    nats_server: NatsServer,
+    durable: Durable,
     js: JetStreamContext,
     requester: Requester,
     holding_ledger: Ledger,
@@ -160,7 +179,7 @@ async def test_a_call_rerun_after_its_worker_is_killed_carries_the_same_key(
     }
 
     def worker() -> WorkerProcess:
-        return WorkerProcess(nats_server.url, "--no-provision", env=env)
+        return WorkerProcess(durable.url, "--no-provision", env=env)
 
     first, second = await worker().start(), worker()
     url = f"http://127.0.0.1:{holding_ledger.port}/transfer"
@@ -187,14 +206,15 @@ async def test_a_call_rerun_after_its_worker_is_killed_carries_the_same_key(
 
 
 @pytest.mark.slow
+@both
 async def test_a_local_tool_rerun_after_a_kill_sees_the_same_key_on_its_second_attempt(
-    nats_server: NatsServer, js: JetStreamContext, requester: Requester, tmp_path: Path
+    durable: Durable, js: JetStreamContext, requester: Requester, tmp_path: Path
 ) -> None:
     env = {"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_TOOL_WORKER__BUILTINS": "calculator"}
 
     def worker() -> WorkerProcess:
         args = ("--module", "tests.tool_worker.sample_tools", "--no-provision")
-        return WorkerProcess(nats_server.url, *args, env=env)
+        return WorkerProcess(durable.url, *args, env=env)
 
     first, second = await worker().start(), worker()
     log = tmp_path / "keys.txt"

@@ -3,17 +3,52 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo
 
+from loopmesh.testing.durable import connect_fast, kv_read, wait_for
 from schemas import ToolCallRequest, ToolResult, decode, encode, new_id
 from schemas.events import ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
+from tests.conftest import BOTH_SHARED, Durable
 from tool_worker import Registry, load_module, to_tool, tool
 from tool_worker.builtins import builtin_tools
 
 from .harness import SUBJECTS, EventLog, Requester, running
+
+pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
+
+
+@pytest.fixture
+async def nc(durable: Durable) -> AsyncIterator[Client]:
+    client = await connect_fast(durable.url)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def replicas(durable: Durable) -> int:
+    return durable.replicas
+
+
+async def acked(js: JetStreamContext) -> ConsumerInfo:
+    """The pool consumer's info once no delivery awaits its ack. (On a cluster, the
+    worker's ack and this request reach the consumer's leader by different routes.)"""
+    infos: list[ConsumerInfo] = []
+
+    async def settled() -> bool:
+        consumer = SUBJECTS.pool_consumer("default")
+        infos.append(await js.consumer_info(SUBJECTS.tools_stream, consumer))
+        return infos[-1].num_ack_pending == 0
+
+    await wait_for(settled, what="no delivery awaiting its ack")
+    return infos[-1]
 
 
 def sample_registry() -> Registry:
@@ -39,10 +74,10 @@ async def test_the_result_is_recorded_as_an_effect_before_the_ack(
 ) -> None:
     async with running(nc, sample_registry()):
         result = await requester.call("local", "echo", {"text": "hi"})
-    entry = await (await js.key_value(SUBJECTS.effects_bucket)).get(result.call_id)
-    assert decode(entry.value, ToolResult) == result
-    info = await js.consumer_info(SUBJECTS.tools_stream, SUBJECTS.pool_consumer("default"))
-    assert info.num_ack_pending == 0 and info.num_pending == 0
+    recorded = await kv_read(nc, SUBJECTS.effects_bucket, result.call_id)  # the leader's
+    assert recorded is not None and decode(recorded, ToolResult) == result
+    info = await acked(js)
+    assert info.num_pending == 0
 
 
 async def test_the_same_call_id_twice_runs_the_tool_once(
@@ -171,8 +206,8 @@ async def test_an_undecodable_request_is_terminated_and_answered(
         assert result.error.code == "invalid_request"
         assert "ToolCallRequest" in result.error.message
         assert worker.stats["rejected"] == 1
-    info = await js.consumer_info(SUBJECTS.tools_stream, SUBJECTS.pool_consumer("default"))
-    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+    info = await acked(js)
+    assert info.num_redelivered == 0
 
 
 async def test_calls_longer_than_ack_wait_are_kept_with_in_progress_acks(
