@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
@@ -52,6 +53,7 @@ BURIED = Counter("loopmesh_loop_turns_dead_lettered", "Turns given up on", ["rea
 QUEUE = "loopmesh-deadletter"
 _FETCH_S = 5.0  # a pull for advisories waits this long before asking again
 _RETRY_S = 5.0  # an advisory whose handling failed is handed back for this long
+_REFETCH_S = 1.0  # after a fetch the cluster refused (503 while electing, 409 at a restart)
 
 
 class _Advisory(msgspec.Struct, frozen=True):
@@ -94,6 +96,10 @@ class DeadLetters:
                 try:
                     msgs = await sub.fetch(16, timeout=_FETCH_S)
                 except TimeoutError:
+                    msgs = []
+                except nats.errors.Error as exc:  # a leader change, a node restarting
+                    log.warning("fetching dead-letter advisories failed error=%r", exc)
+                    await asyncio.sleep(_REFETCH_S)
                     msgs = []
                 raise_if_cancelled()
                 for msg in msgs:

@@ -66,6 +66,7 @@ from .dispatch import NatsToolDispatcher
 from .embeddings import KVEmbeddingCache
 from .engine.approvals import Approvals
 from .engine.engine import Engine
+from .engine.errors import StaleSessionError
 from .engine.prefilter import Prefilter
 from .engine.protocols import LLM
 from .errors import LeaseLostError
@@ -73,7 +74,7 @@ from .lease import Leases
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
-from .turn import HELD, HandBack, TurnRun, first_turn
+from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turn, gone
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
 
@@ -381,8 +382,8 @@ class LoopWorker:
         delay = 0.02
         while True:
             first = await self._first_turn(turn)
-            if first is None:
-                return
+            if gone(first, held.seq):
+                raise DoneElsewhere
             first_seq = first or held.seq
             if first_seq >= held.seq:
                 return
@@ -416,10 +417,21 @@ class LoopWorker:
     async def _events_stored(self, snapshot: SessionSnapshot) -> None:
         """On a cluster a checkpoint does not vouch for the events emitted before it
         (another stream, another leader): a worker that died right after it would leave
-        them lost, since the next one resumes past them. So they are stored first."""
-        if self.events.acks_each and snapshot.turn_id:
-            key = turn_msg_id(snapshot.tenant, snapshot.session, snapshot.turn_id)
+        them lost, since the next one resumes past them. So they are stored first.
+
+        Nor is a checkpoint of a turn whose events are muted (its lease was lost, or a
+        checkpoint lost its race) committed: the events it stands for were dropped, and
+        a worker resuming from it would skip them. The lease may have lapsed with no
+        one writing the session yet, so the revision check alone would let it through."""
+        if not snapshot.turn_id:
+            return
+        key = turn_msg_id(snapshot.tenant, snapshot.session, snapshot.turn_id)
+        if self.events.acks_each:
             await self.events.flush(key)
+        session = session_key(snapshot.tenant, snapshot.session)
+        held = self._running.get(session)
+        if self.events.muted(key) or (held is not None and held.lost is not None):
+            raise StaleSessionError(session)
 
     def _on_stale(self, key: str) -> None:
         """A checkpoint lost its race: someone else runs the session now."""

@@ -16,7 +16,10 @@ asks for its ack, and each is vouched for by its own (docs/ARCHITECTURE.md, "On 
 cluster"). :meth:`JetStreamEvents.flush` sends a barrier for the turn's last events if
 it has none, waits for the acks and publishes again, with acks, whatever is still
 pending; the service flushes before it acks the
-turn, so a turn is never done while one of its events is not stored.
+turn, so a turn is never done while one of its events is not stored. A ``loop_end``
+goes out only once the turn's other events are stored (on a replicated stream, or
+after a failed publish or a reconnect, it flushes first), so a reader that stops at a
+turn's ``loop_end`` has seen every event its worker emitted before it.
 
 An event larger than one NATS message (``nc.max_payload``) is cut to fit, after a
 ``payload_truncated`` event that says so (:mod:`loopmesh.payload`); one with no long
@@ -88,6 +91,8 @@ class _Turn:
     reconnects: int = 0  # when the first of ``unacked`` was published
     barriers: list[_Barrier] = field(default_factory=list)  # not settled yet
     subjects: dict[str, str] = field(default_factory=dict)  # by event type
+    deferred: bool = False  # a publish failed: flush publishes it again
+    first_reconnects: int = -1  # the client's reconnect count at the turn's first event
     where: tuple[str, str] = ("", "")  # the tenant and session ``subjects`` are for
 
 
@@ -168,6 +173,10 @@ class JetStreamEvents:
         if subject is None or turn.where != (event.tenant, event.session):
             turn.where = (event.tenant, event.session)
             subject = turn.subjects[kind] = self._subjects.event(event.tenant, event.session, kind)
+        if turn.first_reconnects < 0:
+            turn.first_reconnects = self._reconnects()
+        if kind == "loop_end" and turn.pending and self._out_of_order(turn):
+            await self._flush_turn(turn)  # the turn's other events are stored first
         item = _Pending(subject, payload, msg_id)
         turn.pending[msg_id] = item
         if (
@@ -182,6 +191,7 @@ class JetStreamEvents:
             await self._nc.publish(subject, item.payload, headers={"Nats-Msg-Id": msg_id})
         except Exception as exc:  # flush publishes it again
             log.debug("event publish deferred msg_id=%s error=%r", msg_id, exc)
+            turn.deferred = True
             return
         if not turn.unacked:
             turn.reconnects = reconnects
@@ -226,6 +236,7 @@ class JetStreamEvents:
             )
         except Exception as exc:  # flush publishes them again
             log.debug("event publish deferred msg_id=%s error=%r", item.msg_id, exc)
+            turn.deferred = True
             return
         item.future = future
         turn.barriers.append(barrier)
@@ -241,6 +252,15 @@ class JetStreamEvents:
         if barrier.covers and self._reconnects() == barrier.reconnects:
             for item in barrier.covers:
                 turn.pending.pop(item.msg_id, None)
+
+    def _out_of_order(self, turn: _Turn) -> bool:
+        """Whether an event of ``turn`` not stored yet could be stored after a
+        ``loop_end`` published now: on a replicated stream any (a new leader stores
+        what reaches it, what went to the old one is published again by a flush); on
+        one server, one whose publish failed or went out before a reconnect."""
+        if self.acks_each:
+            return True
+        return turn.deferred or self._reconnects() != turn.first_reconnects
 
     def _reconnects(self) -> int:
         return int(self._nc.stats["reconnects"])
@@ -277,6 +297,7 @@ class JetStreamEvents:
                 timeout=self._timeout,
             )
             turn.pending.pop(item.msg_id, None)
+        turn.deferred = False
 
     def _msg_id(self, turn: _Turn, key: str, event: Event, kind: str) -> str:
         if kind in _TOOL_OUTCOMES:

@@ -110,6 +110,22 @@ DURATION = Histogram(
 )
 
 
+class DoneElsewhere(Exception):
+    """This delivery's turn is no longer in the stream: another delivery of it finished
+    and acked it (it was delivered again while it ran, past AckWait). Running it again
+    would run it twice, after its session's next turns if they went on meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__("acked by another delivery")
+
+
+def gone(first: int | None, seq: int) -> bool:
+    """Whether the turn at stream sequence ``seq`` has left the turns stream, given
+    ``first``, its session's oldest turn still there (a work queue: a turn leaves it
+    once acked, or dead-lettered)."""
+    return first is None or (first > seq > 0)
+
+
 class HandBack(Exception):
     """A turn this worker will not run now; it goes back to the stream."""
 
@@ -183,6 +199,9 @@ class TurnRun:
             await self._leased(turn, meta.num_delivered)
             if not self.acked:
                 await self._ack(turn)
+        except DoneElsewhere:
+            outcome = "done_elsewhere"
+            log.warning("turn acked by another delivery; not run again turn=%s", self.turn_id)
         except HandBack as back:
             outcome = "handed_back"
             w.stats["handed_back"] += 1
@@ -224,6 +243,8 @@ class TurnRun:
         room = w._tenant_slot(turn.tenant) if tenant_limited else contextlib.nullcontext()
         async with room:
             lease = self.lease = early or await w.leases.acquire(turn.tenant, turn.session, turn.id)
+            if early is None:  # the lease was waited for: the turn may be done meanwhile
+                await self._still_queued(turn, lease)
             key = session_key(turn.tenant, turn.session)
             finished = False
             try:
@@ -263,12 +284,25 @@ class TurnRun:
             first_turn(w.publisher, w.subjects, turn),
             w.leases.try_acquire(turn.tenant, turn.session, turn.id),
         )
-        if first is None or (first or self.seq) >= self.seq:
+        if gone(first, self.seq):
+            if lease is not None:
+                await lease.release()
+            raise DoneElsewhere
+        if (first or self.seq) >= self.seq:
             return lease
         if lease is not None:
             await lease.release()
         await w._wait_turn_order(self, turn)
         return None
+
+    async def _still_queued(self, turn: Turn, lease: Lease) -> None:
+        """Raise :class:`DoneElsewhere` (giving the lease back) if the turn left the
+        stream while this worker waited for the session's lease: the holder was running
+        another delivery of it, and the session's next turn may have run since."""
+        w = self._w
+        if gone(await first_turn(w.publisher, w.subjects, turn), self.seq):
+            await lease.release()
+            raise DoneElsewhere
 
     async def _run_engine(self, turn: Turn, delivery: int, lease: Lease) -> LoopEnd | None:
         """Start (controls and snapshot at once), run the engine, store the last

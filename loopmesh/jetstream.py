@@ -29,9 +29,10 @@ from nats.js.client import JetStreamContext
 from .aio import quietly
 from .kv import KV, WRONG_LAST_SEQUENCE, KVEntry, kv_values, open_kv, replicated
 from .publisher import PubAck, Publisher, acked, answered, settled
-from .retry import is_transient, retry
+from .retry import IN_PROCESS_ERR_CODE, is_transient, retry
 
 __all__ = [
+    "IN_PROCESS_ERR_CODE",
     "KV",
     "WRONG_LAST_SEQUENCE",
     "KVEntry",

@@ -31,7 +31,16 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from .retry import IN_PROCESS_ERR_CODE
+
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
+
+#: What a duplicate ack of sequence 0 (nats-server 2.10) means: the error 2.11+ send.
+IN_PROCESS: dict[str, Any] = {
+    "code": 409,
+    "err_code": IN_PROCESS_ERR_CODE,
+    "description": "duplicate message id is in process (acked as a duplicate of sequence 0)",
+}
 
 
 class PubAck(msgspec.Struct):
@@ -237,9 +246,12 @@ class Publisher:
         except msgspec.DecodeError as exc:
             future.set_exception(nats.js.errors.APIError(description=f"bad ack: {exc}"))
             return
-        if reply.error is not None:
+        error = reply.error
+        if error is None and reply.duplicate and not reply.seq:
+            error = IN_PROCESS  # nats-server 2.10: a first copy proposed (or lost), not stored
+        if error is not None:
             try:
-                _raise(reply.error)
+                _raise(error)
             except nats.js.errors.APIError as exc:
                 future.set_exception(exc)
             return

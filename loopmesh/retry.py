@@ -37,11 +37,23 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
+#: "duplicate message id is in process": a message whose ``Nats-Msg-Id`` the stream's
+#: leader has seen but not stored. nats-server 2.11+ says so with this error; 2.10 acks
+#: it as a duplicate of sequence 0 (:class:`~loopmesh.publisher.Publisher` turns that
+#: into this error). A leader that lost its leadership with the first copy still
+#: proposed kept the id (2.10 until the duplicate window passes), so acking such a copy
+#: as stored lost it: it is transient, published again until the stream stores it or
+#: truly has it.
+IN_PROCESS_ERR_CODE = 10158
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away by itself once the connection is back."""
     if isinstance(exc, _TRANSIENT):
         return True
     if isinstance(exc, nats.js.errors.APIError):
+        if getattr(exc, "err_code", None) == IN_PROCESS_ERR_CODE:
+            return True  # its first copy is still proposed, or was lost with a leader
         return getattr(exc, "code", None) == 503  # JetStream not ready yet after a restart
     return False
 

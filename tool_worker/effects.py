@@ -16,13 +16,14 @@ is delivered and decodes and validates the request meanwhile.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from loopmesh.jetstream import PubAck, Publisher, replicated
+from loopmesh.jetstream import PubAck, Publisher, acked, is_transient, replicated, retry, settled
 from schemas import DecodeError, Subjects, ToolResult, decode
 
 
@@ -97,6 +98,27 @@ class Effects:
     async def put(self, call_id: str, encoded: bytes) -> asyncio.Future[PubAck]:
         """Publish ``encoded`` under ``call_id``; the future completes once it is stored."""
         return await self._publisher.publish(self._pre + call_id, encoded)
+
+    async def stored(
+        self, call_id: str, encoded: bytes, first: asyncio.Future[PubAck], *, timeout: float
+    ) -> None:
+        """Until the record :meth:`put` published is stored, publishing it again while
+        that fails for a passing reason (its ack lost in a reconnect, a stream electing
+        its leader), for up to ``timeout`` seconds. A call that ran is then not run
+        again for want of its record. Raises what is not passing, or the last error."""
+        deadline = time.monotonic() + timeout
+        try:
+            await settled(first, min(self._timeout, timeout))
+            return
+        except Exception as exc:
+            if not (isinstance(exc, TimeoutError) or is_transient(exc)):
+                raise
+        first.cancel()
+        await retry(
+            lambda: acked(self._publisher, self._pre + call_id, encoded),
+            f"record effect {call_id}",
+            timeout=max(0.1, deadline - time.monotonic()),
+        )
 
 
 class _StoredMsg(msgspec.Struct):

@@ -25,8 +25,14 @@ once. For each request:
 5. ack once the effect is stored.
 
 A worker that dies before step 3 finishes leaves the request unacked: it is redelivered
-after AckWait. On stop it stops pulling, naks what is delivered afterwards, lets
-in-flight calls finish within a deadline and naks the rest.
+after AckWait. So is a call whose in-progress acks did not get through for longer than
+AckWait (the cluster stalled): a worker that gets a call it is still running does not
+run it again, it acks the redelivery once the first run is acked (calls in flight are
+kept by call id). Delivered to another worker, the call runs again there: at least once
+for a call in flight at a crash or a stall past AckWait (docs/ARCHITECTURE.md).
+
+On stop it stops pulling, naks what is delivered afterwards, lets in-flight calls finish
+within a deadline and naks the rest.
 """
 
 from __future__ import annotations
@@ -130,7 +136,7 @@ class ToolWorker:
         self.confirm_events = confirm_events
         self.name = name or worker_name()
         self.ready = asyncio.Event()
-        self.stats = {"calls": 0, "recorded": 0, "rejected": 0, "naked": 0}
+        self.stats = {"calls": 0, "recorded": 0, "rejected": 0, "naked": 0, "joined": 0}
 
         self._js = nc.jetstream()
         self._consumer = pool_consumer(subjects, pool, ack_wait_s=ack_wait_s)
@@ -139,6 +145,8 @@ class ToolWorker:
         self._threshold = max(1, concurrency // 16)
         self._outstanding = 0  # messages asked for and not yet delivered
         self._running: dict[str, tuple[Msg, float, asyncio.Task[None]]] = {}
+        # by call id: whether the first run of a call running here ended acked
+        self._calls: dict[str, asyncio.Future[bool]] = {}
         self._last_activity = 0.0
         self._stopping = False
         self._busy = 0  # delivered calls whose result is not known yet
@@ -330,6 +338,41 @@ class ToolWorker:
                 f"request for {request.server}.{request.tool} was published on {msg.subject}",
             )
             return
+        running = self._calls.get(request.call_id)
+        if running is not None:  # delivered again while it runs here: no second run
+            await self._join(msg, request, running, free)
+            return
+        first = self._calls[request.call_id] = asyncio.get_running_loop().create_future()
+        acked = False
+        try:
+            acked = await self._run(msg, request, free)
+        finally:
+            del self._calls[request.call_id]
+            first.set_result(acked)
+
+    async def _join(
+        self,
+        msg: Msg,
+        request: ToolCallRequest,
+        running: asyncio.Future[bool],
+        free: Callable[[], None],
+    ) -> None:
+        """A redelivery of a call this worker is still running: the cluster stalled past
+        the consumer's AckWait, so in-progress acks did not get through. It waits for
+        the first run (in-progress acks keep going for both deliveries) and is acked
+        with it: acks and naks name the stream sequence, not the delivery. A first run
+        that was handed back has nakked the message already."""
+        self.stats["joined"] += 1
+        log.warning(
+            "call delivered again (%d) while it runs here; not run twice call_id=%s",
+            msg.metadata.num_delivered, request.call_id,
+        )  # fmt: skip
+        free()
+        if await asyncio.shield(running):
+            await msg.ack()
+
+    async def _run(self, msg: Msg, request: ToolCallRequest, free: Callable[[], None]) -> bool:
+        """Answer the call from its record, or run it and record it; True once acked."""
         assert self._effects is not None
         recorded = None
         if not (request.first_attempt and msg.metadata.num_delivered == 1):
@@ -358,9 +401,11 @@ class ToolWorker:
             await self.nc.publish(request.reply_to, payload)
         await self._emit(request, result)
         if stored is not None:
-            async with asyncio.timeout(self.store_timeout_s):
-                await stored
+            await self._effects.stored(
+                request.call_id, payload, stored, timeout=self.store_timeout_s
+            )
         await msg.ack()
+        return True
 
     async def execute(self, request: ToolCallRequest, *, attempt: int = 1) -> ToolResult:
         """Run one call and describe its outcome; never raises for a tool's failure.

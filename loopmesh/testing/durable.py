@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import nats.js.errors
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
@@ -59,23 +60,24 @@ async def provision_short(
 async def stream_events(
     nc: Client, tenant: str, session: str, subjects: Subjects = SUBJECTS
 ) -> list[tuple[Event, dict[str, str]]]:
-    """Every stored event of a session, in stream order, with its headers."""
+    """Every stored event of a session, in stream order, with its headers, read from the
+    stream's leader until it has no further one. Any other error is raised (a reader
+    that stopped at a timeout would report events lost that are stored)."""
     js = nc.jetstream()
     out: list[tuple[Event, dict[str, str]]] = []
-    info = await js.stream_info(subjects.events_stream)
-    last = info.state.last_seq
     seq = 0
-    while seq < last:
+    while True:
         try:
             msg = await js.get_msg(
                 subjects.events_stream, seq=seq + 1,
                 subject=subjects.session_events(tenant, session), next=True,
             )  # fmt: skip
-        except Exception:
-            break
-        seq = msg.seq or last
+        except nats.js.errors.NotFoundError:
+            return out
+        if not msg.seq or msg.seq <= seq:
+            raise AssertionError(f"events stream answered sequence {msg.seq} after {seq}")
+        seq = msg.seq
         out.append((decode(msg.data or b"", AnyEvent), dict(msg.headers or {})))
-    return out
 
 
 async def kv_entry(nc: Client, bucket: str, key: str) -> KVEntry | None:

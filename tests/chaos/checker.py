@@ -62,22 +62,23 @@ class Verdict:
     checkpoints: list[str] = field(default_factory=list)
     reruns: int = 0  # executions excused: in flight at a tool-worker kill
     late: list[str] = field(default_factory=list)
+    crashes: list[str] = field(default_factory=list)  # workers that died unkilled (the run's)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicates or self.gaps or self.checkpoints)
+        return not (self.lost or self.duplicates or self.gaps or self.checkpoints or self.crashes)
 
     def summary(self) -> str:
         return (
             f"turns {self.turns}, ended {self.ended}, lost {len(self.lost)}, "
             f"duplicates {len(self.duplicates)}, gaps {len(self.gaps)}, "
-            f"checkpoint mismatches {len(self.checkpoints)}, "
+            f"checkpoint mismatches {len(self.checkpoints)}, crashes {len(self.crashes)}, "
             f"reruns in flight at a tool-worker kill {self.reruns}, "
             f"late events after a loop_end {len(self.late)}"
         )
 
     def problems(self) -> list[str]:
-        return [*self.lost, *self.duplicates, *self.gaps, *self.checkpoints]
+        return [*self.lost, *self.duplicates, *self.gaps, *self.checkpoints, *self.crashes]
 
 
 def check(

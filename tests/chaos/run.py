@@ -76,6 +76,18 @@ class _Workers:
         self.generation = 0
         self.dead: list[Proc] = []
         self.kills: list[Kill] = []
+        self.crashed: list[str] = []  # workers that exited without being killed
+
+    def check_alive(self) -> None:
+        """Note every worker that exited on its own (a crash is a failure of the run)."""
+        for kind, slots in (("loop", self.loop), ("tool", self.tool)):
+            for i, proc in enumerate(slots):
+                if proc is not None and proc.proc is not None:
+                    code = proc.proc.returncode
+                    if code is not None:
+                        self.crashed.append(f"{kind} worker #{i} exited by itself (code {code})")
+                        self.dead.append(proc)
+                        slots[i] = None
 
     async def start_loop(self, i: int) -> None:
         self.generation += 1
@@ -101,8 +113,10 @@ class _Workers:
 
     async def kill(self, kind: str, i: int) -> int:
         slots = self.loop if kind == "loop" else self.tool
+        self.check_alive()
         proc = slots[i]
-        assert proc is not None and proc.proc is not None
+        if proc is None or proc.proc is None:
+            return 0  # it crashed: check_alive noted it
         pid = proc.proc.pid
         proc.kill()
         await proc.proc.wait()
@@ -186,6 +200,7 @@ async def run(
 
             await asyncio.gather(workload(), nemesis())
             await _until_ended(nc, accepted, deadline_s)
+            workers.check_alive()
             stored = {s: await _events(nc, s) for s in {a.session for a in accepted}}
             outcome.verdict = check(
                 accepted,
@@ -194,6 +209,7 @@ async def run(
                 workers.kills,
                 {s: await _snapshot(nc, s) for s in {a.session for a in accepted}},
             )
+            outcome.verdict.crashes = workers.crashed
             outcome.trail = _trail(outcome.verdict, stored)
         finally:
             logs = workers.logs()

@@ -226,6 +226,7 @@ async def test_events_lost_before_a_reconnect_are_published_again_once(durable, 
     expected = [f"{t1}:0:loop_start:0", *(f"{t1}:1:content_delta:{i}" for i in range(6))]
     expected.append(f"{t1}:loop_end")
     assert sorted(ids) == sorted(expected)  # none missing, none twice
+    assert ids[-1] == f"{t1}:loop_end"  # stored after the events published again
 
 
 async def test_unacked_events_are_bounded_in_bytes(durable, nc):

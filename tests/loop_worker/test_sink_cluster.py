@@ -75,7 +75,8 @@ async def test_events_sent_while_the_events_leader_is_paused_are_all_stored(nats
         await sink.flush(key)
         stored = await stream_events(admin, "acme", "s1")
         ids = [h["Nats-Msg-Id"] for _, h in stored]
-        assert len(ids) == len(set(ids)) == 13
+        assert len(ids) == len(set(ids)) == 13, ids
+        assert ids[-1] == "acme.s1.t1:loop_end"  # after the events published again
     finally:
         await nc.close()
         await admin.close()
