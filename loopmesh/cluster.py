@@ -181,6 +181,27 @@ class NatsCluster:
                 if time.monotonic() > deadline:
                     raise NatsServerError(f"cluster not ready: {last}")
                 await asyncio.sleep(0.05)  # polling a monitor: there is no event to wait on
+            while not await self._meta_whole(http):
+                # the meta leader must know every node (nats-server 2.10 refuses to place
+                # an R3 stream with "no suitable peers" until it does)
+                if time.monotonic() > deadline:
+                    raise NatsServerError("cluster not ready: the meta leader lacks a peer")
+                await asyncio.sleep(0.05)
+
+    async def _meta_whole(self, http: httpx.AsyncClient) -> bool:
+        """Whether the meta leader, as the nodes up see it, lists every other node up as
+        a current peer."""
+        up = self.up
+        for node in up:
+            try:
+                meta = (await http.get(f"{node.monitor_url}/jsz")).json().get("meta_cluster")
+            except (httpx.HTTPError, ValueError):
+                return False
+            if not meta or meta.get("leader") != node.name:
+                continue  # not the leader's own view
+            current = {r.get("name") for r in meta.get("replicas") or () if r.get("current")}
+            return {n.name for n in up} - {node.name} <= current
+        return len(up) <= 1
 
     async def leader_of(self, stream: str, *, other_than: str = "") -> str:
         """The name of the node that leads ``stream`` as the nodes up see it (waits out an

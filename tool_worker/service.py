@@ -75,6 +75,7 @@ from schemas.events import (
 
 from . import metrics, traces
 from .catalog import Catalog
+from .claims import Claims
 from .context import ToolContext, calling
 from .effects import Effects
 from .errors import ToolError, Unavailable, UnknownTool
@@ -136,7 +137,9 @@ class ToolWorker:
         self.confirm_events = confirm_events
         self.name = name or worker_name()
         self.ready = asyncio.Event()
-        self.stats = {"calls": 0, "recorded": 0, "rejected": 0, "naked": 0, "joined": 0}
+        self.stats = {
+            "calls": 0, "recorded": 0, "rejected": 0, "naked": 0, "joined": 0, "left": 0,
+        }  # fmt: skip
 
         self._js = nc.jetstream()
         self._consumer = pool_consumer(subjects, pool, ack_wait_s=ack_wait_s)
@@ -153,6 +156,7 @@ class ToolWorker:
         self._capacity = asyncio.Event()  # set when a pull may be due
         self._tg: asyncio.TaskGroup | None = None
         self._effects: Effects | None = None
+        self._claims: Claims | None = None
         self._publisher = Publisher(nc)
         self._naks: set[asyncio.Future[None]] = set()  # deliveries handed back on stop
 
@@ -163,6 +167,7 @@ class ToolWorker:
         await ensure_consumer(self._js, self._consumer)
         await self._publisher.start()
         self._effects = await Effects.open(self.nc, self._publisher, self.subjects)
+        self._claims = await Claims.open(self.nc, self._publisher, self.subjects, self.name)
         sub = await self.nc.subscribe(self._deliver, cb=self._on_delivery)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -382,6 +387,16 @@ class ToolWorker:
             self.stats["recorded"] += 1
             stored = None
         else:
+            assert self._claims is not None
+            meta = msg.metadata
+            seq, delivery = meta.sequence.stream, meta.num_delivered
+            if not await self._claims.take(request.call_id, seq=seq, delivery=delivery):
+                self.stats["left"] += 1
+                log.warning(
+                    "call claimed by another delivery (%d); left to it call_id=%s",
+                    delivery, request.call_id,
+                )  # fmt: skip
+                return False
             with traces.tool_span(request, msg.headers, self.pool) as span:  # off: a no-op
                 result = await self.execute(request, attempt=msg.metadata.num_delivered)
                 tracing.tool_result(span, result)

@@ -23,7 +23,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from loopmesh.jetstream import KVEntry
+from loopmesh.errors import ProvisionError
+from loopmesh.jetstream import KVEntry, retry
 from loopmesh.nats import connect
 from loopmesh.provision import has_msg_ttl, provision
 from loopmesh.settings import NatsSettings
@@ -54,24 +55,40 @@ async def provision_short(
     defs = definitions(
         subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, replicas=replicas
     )
-    await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
+    deadline = time.monotonic() + START_S
+    while True:
+        try:
+            await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
+            return
+        except ProvisionError as exc:
+            # A cluster just started may not know its peers' JetStream resources yet
+            # (nats-server: "no suitable peers for placement"): it does in a moment.
+            if replicas == 1 or "no suitable peers" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def stream_events(
     nc: Client, tenant: str, session: str, subjects: Subjects = SUBJECTS
 ) -> list[tuple[Event, dict[str, str]]]:
     """Every stored event of a session, in stream order, with its headers, read from the
-    stream's leader until it has no further one. Any other error is raised (a reader
-    that stopped at a timeout would report events lost that are stored)."""
+    stream's leader until it has no further one. A passing error (a leader being
+    elected) is retried, any other raised: a reader that stopped at the first error
+    would report events lost that are stored."""
     js = nc.jetstream()
     out: list[tuple[Event, dict[str, str]]] = []
+    subject = subjects.session_events(tenant, session)
     seq = 0
     while True:
         try:
-            msg = await js.get_msg(
-                subjects.events_stream, seq=seq + 1,
-                subject=subjects.session_events(tenant, session), next=True,
-            )  # fmt: skip
+            msg = await retry(
+                lambda after=seq: js.get_msg(  # type: ignore[misc]
+                    subjects.events_stream, seq=after + 1, subject=subject, next=True
+                ),
+                f"read the events of {tenant}.{session}",
+            )
         except nats.js.errors.NotFoundError:
             return out
         if not msg.seq or msg.seq <= seq:

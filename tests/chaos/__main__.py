@@ -21,9 +21,10 @@ def main() -> int:
     args = parser.parse_args()
     seeds = args.seed or list(range(1, args.seeds + 1))
     failed = 0
-    for seed in seeds:
+    for n, seed in enumerate(seeds):
         with tempfile.TemporaryDirectory(prefix=f"chaos-{seed}-") as tmp:
-            root = args.keep / f"seed-{seed}" if args.keep else Path(tmp)
+            again = f"-run{n + 1}" if seeds.count(seed) > 1 else ""  # --seed 1 --seed 1
+            root = args.keep / f"seed-{seed}{again}" if args.keep else Path(tmp)
             outcome = asyncio.run(
                 run(seed, root, turns=args.turns, say=lambda line: print(line, flush=True))
             )
