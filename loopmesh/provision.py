@@ -24,6 +24,7 @@ from schemas.streams import ConsumerDef, Definitions, KVDef, StreamDef, definiti
 from schemas.subjects import Subjects
 
 from .errors import ProvisionError
+from .jetstream import retry
 from .settings import NatsSettings
 
 _RETENTION = {
@@ -204,8 +205,10 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef, *, msg_ttl: bool = True)
 
 
 async def _stream_info(js: JetStreamContext, name: str) -> js_api.StreamInfo | None:
+    """The stream's info, or None when there is none. A stream electing its leader (a
+    cluster's node restarting) times out or answers 503 for a while: that is retried."""
     try:
-        return await js.stream_info(name)
+        return await retry(lambda: js.stream_info(name), f"{name} info")
     except NotFoundError:
         return None
 

@@ -7,5 +7,5 @@ recorded) are apart, so the checker serves a longer soak run too.
 
     python -m tests.chaos --seeds 3          # three seeds; a failure prints its seed
     python -m tests.chaos --seed 1234        # replay one
-    pytest tests/chaos                       # CI: one seed ($LOOPMESH_CHAOS_SEED or 1)
+    pytest tests/chaos                       # CI: seed 1 (with --chaos also 2 and 3)
 """

@@ -163,7 +163,10 @@ async def run(
     ledger = root / "ledger.jsonl"
     ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger.touch()
-    async with NatsCluster(root / "cluster") as cluster, FakeLLM(default=auto()) as llm:
+    # a node killed or restarted on the floor's nats-server 2.10 takes up to a minute on a
+    # loaded machine to be current with the meta leader again
+    cluster = NatsCluster(root / "cluster", ready_timeout=120.0)
+    async with cluster, FakeLLM(default=auto()) as llm:
         nc = await connect_fast(cluster.url, name="chaos")
         workers = _Workers(cluster.url, llm.base_url, ledger)
         try:
