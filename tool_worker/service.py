@@ -11,9 +11,11 @@ once. For each request:
    a request marked ``first_attempt``, which cannot have one (a turn's first run asks
    for each call once, and the stream keeps one copy per call id);
 2. if there is an effect record, that is the result;
-3. otherwise validate the arguments against the tool's JSON Schema, run the tool under
-   its timeout (with in-progress acks while it runs; the tool sees the call's id as its
-   idempotency key, :mod:`tool_worker.context`) and publish the result to the effects
+3. otherwise (on a cluster, once this delivery has claimed the call:
+   :mod:`tool_worker.claims`) validate the arguments against the tool's JSON Schema,
+   run the tool under its timeout (with in-progress acks while it runs; the tool sees
+   the call's id as its idempotency key, :mod:`tool_worker.context`) and publish the
+   result to the effects
    bucket — cut to fit in one NATS message if it is larger, with a
    ``payload_truncated`` event (:mod:`loopmesh.payload`);
 4. core-publish the result to ``reply_to`` and publish the ``tool_result`` /
