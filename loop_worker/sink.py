@@ -18,8 +18,9 @@ it has none, waits for the acks and publishes again, with acks, whatever is stil
 pending; the service flushes before it acks the
 turn, so a turn is never done while one of its events is not stored. A ``loop_end``
 goes out only once the turn's other events are stored (on a replicated stream, or
-after a failed publish or a reconnect, it flushes first), so a reader that stops at a
-turn's ``loop_end`` has seen every event its worker emitted before it.
+after a failed publish or a reconnect, :meth:`JetStreamEvents.flush` publishes it after
+storing them; ``emit`` still never waits), so a reader that stops at a turn's
+``loop_end`` has seen every event its worker emitted before it.
 
 An event larger than one NATS message (``nc.max_payload``) is cut to fit, after a
 ``payload_truncated`` event that says so (:mod:`loopmesh.payload`); one with no long
@@ -93,6 +94,7 @@ class _Turn:
     subjects: dict[str, str] = field(default_factory=dict)  # by event type
     deferred: bool = False  # a publish failed: flush publishes it again
     first_reconnects: int = -1  # the client's reconnect count at the turn's first event
+    held_end: _Pending | None = None  # a loop_end published by flush, after the rest
     where: tuple[str, str] = ("", "")  # the tenant and session ``subjects`` are for
 
 
@@ -147,6 +149,7 @@ class JetStreamEvents:
             turn.unacked.clear()
             turn.unacked_bytes = 0
             turn.barriers.clear()
+            turn.held_end = None
 
     def muted(self, key: str) -> bool:
         return key in self._muted
@@ -175,9 +178,10 @@ class JetStreamEvents:
             subject = turn.subjects[kind] = self._subjects.event(event.tenant, event.session, kind)
         if turn.first_reconnects < 0:
             turn.first_reconnects = self._reconnects()
-        if kind == "loop_end" and turn.pending and self._out_of_order(turn):
-            await self._flush_turn(turn)  # the turn's other events are stored first
         item = _Pending(subject, payload, msg_id)
+        if kind == "loop_end" and turn.pending and self._out_of_order(turn):
+            turn.pending[msg_id] = turn.held_end = item  # flush stores the rest first
+            return
         turn.pending[msg_id] = item
         if (
             kind == "loop_end"
@@ -274,6 +278,24 @@ class JetStreamEvents:
                 await self._flush_turn(turn)
 
     async def _flush_turn(self, turn: _Turn) -> None:
+        end = turn.held_end
+        if end is None:
+            await self._store_pending(turn)
+            return
+        del turn.pending[end.msg_id]
+        try:
+            await self._store_pending(turn)
+        finally:
+            turn.pending[end.msg_id] = end  # pending until stored
+        await retry(
+            lambda: acked(self._publisher, end.subject, end.payload, {"Nats-Msg-Id": end.msg_id}),
+            f"publish event {end.msg_id}",
+            timeout=self._timeout,
+        )
+        turn.pending.pop(end.msg_id, None)
+        turn.held_end = None
+
+    async def _store_pending(self, turn: _Turn) -> None:
         if turn.unacked:  # the last events have no barrier yet: publish the last again
             await self._barrier(turn, turn.unacked[-1])
         waiting = [p.future for p in turn.pending.values() if p.future is not None]
