@@ -2,6 +2,7 @@
 
     python -m bench [--iterations 20] [--sessions 1,64,256] [--turns 256]
                     [--systems inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph]
+                    [--recovery-runs 3] [--no-durable-path] [--no-tools]
                     [--write docs/PERFORMANCE.md]
 
 (``make bench`` installs the ``bench`` extra into .venv-bench and runs this.) Every
@@ -11,8 +12,13 @@ answered with a call of an ``echo`` tool, then a final LLM call that ends it. Pr
 per-iteration time p50/p99 at one session and its overhead over loopmesh's in-process
 engine, sessions/s (one echo iteration each) at each concurrency, and the CPU time per
 such session summed over the bench process and all its descendants (servers and
-workers included; the fake LLM excluded). The servers are started by the bench; a
-missing one is reported with how to install it.
+workers included; the fake LLM excluded, its own CPU reported beside). Then: recovery
+from kill -9 mid-turn for loopmesh, Temporal and LangGraph (``bench/recovery.py``);
+loopmesh's durable path alone (``bench/durable_path.py``: memory per active session,
+the ``bench/floor.py`` bound beside the real loop worker, JetStream writes per turn);
+tool dispatch beside FastStream and Celery, and tool-pool scaling (``bench/dispatch.py``);
+and the issue's goals, each with its figure and a verdict (``bench/goals.py``). The
+servers are started by the bench; a missing one is reported with how to install it.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from bench.recovery import Recovery
 INPROCESS = "loopmesh in-process"
 DEFAULT = "loopmesh (default sync)"
 ALWAYS = "loopmesh (sync always)"
-TEMPORAL = "Temporal (local LLM act.)"  # the tuned set-up: the peer to beat
+TEMPORALS = ("Temporal (local LLM act.)", "Temporal (activities)")  # each goal: the better
 LANGGRAPH = "LangGraph + Postgres"
 ACK_WAIT_S = 2.0  # the recovery runs' AckWait
 
@@ -36,7 +36,7 @@ def table(
     def row(measure: str, goal: str, figure: Callable[[], tuple[str, bool]]) -> None:
         try:
             text, ok = figure()
-        except (KeyError, ZeroDivisionError, TypeError, IndexError, AttributeError):
+        except (KeyError, ValueError, ZeroDivisionError, TypeError, IndexError, AttributeError):
             rows.append((measure, goal, "-", "not measured"))
             return
         rows.append((measure, goal, text, _verdict(ok)))
@@ -44,17 +44,22 @@ def table(
     def over(name: str) -> float:
         return by[name].p50 - by[INPROCESS].p50
 
+    def temporal(key: Callable[[Figures], float], high: bool) -> str:
+        """The Temporal set-up that does best on ``key`` (the conservative reference)."""
+        ran = [by[n] for n in TEMPORALS if n in by]
+        return (max if high else min)(ran, key=key).name
+
     def overhead_ratio(peer: str, limit: float) -> tuple[str, bool]:
         mine, theirs = over(ALWAYS), over(peer)
         if theirs <= 0:
             raise ZeroDivisionError
-        text = f"{mine:+.1f} vs {theirs:+.1f} ms: {mine / theirs:.2f}x (sync always)"
+        text = f"{mine:+.1f} vs {theirs:+.1f} ms ({peer}): {mine / theirs:.2f}x (sync always)"
         return text, mine / theirs <= limit
 
     row(
         "overhead p50 per iteration",
         "<= 1/30 of Temporal's",
-        lambda: overhead_ratio(TEMPORAL, 1 / 30),
+        lambda: overhead_ratio(temporal(lambda f: f.p50, False), 1 / 30),
     )
     row(
         "overhead p50 per iteration",
@@ -73,15 +78,21 @@ def table(
 
     def throughput(peer: str, limit: float) -> tuple[str, bool]:
         mine, theirs = by[ALWAYS].throughput[top], by[peer].throughput[top]
-        text = f"{mine:.0f} vs {theirs:.0f} sessions/s: {mine / theirs:.1f}x (sync always)"
+        text = f"{mine:.0f} vs {theirs:.0f} sessions/s ({peer}): {mine / theirs:.1f}x (sync always)"
         return text, mine / theirs >= limit
 
-    row(f"throughput at {top}", ">= 10x Temporal's", lambda: throughput(TEMPORAL, 10))
+    row(
+        f"throughput at {top}",
+        ">= 10x Temporal's",
+        lambda: throughput(temporal(lambda f: f.throughput[top], True), 10),
+    )
     row(f"throughput at {top}", ">= 3x LangGraph+Postgres's", lambda: throughput(LANGGRAPH, 3))
 
     def cpu() -> tuple[str, bool]:
-        mine, theirs = by[ALWAYS].cpu_ms_per_turn, by[TEMPORAL].cpu_ms_per_turn
-        text = f"{mine:.1f} vs {theirs:.1f} ms per session: {mine / theirs:.2f}x (sync always)"
+        peer = temporal(lambda f: f.cpu_ms_per_turn, False)
+        mine, theirs = by[ALWAYS].cpu_ms_per_turn, by[peer].cpu_ms_per_turn
+        text = f"{mine:.1f} vs {theirs:.1f} ms per session ({peer}): {mine / theirs:.2f}x"
+        text += " (sync always)"
         return text, mine / theirs <= 0.2
 
     row("CPU per iteration, all processes", "<= 1/5 of Temporal's", cpu)
