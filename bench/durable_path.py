@@ -29,6 +29,7 @@ class DurablePath:
     errors: list[str]
     writes: list[writes.Writes]
     stream_rates: dict[int, float]  # stored messages/s over 1, 2, 4 streams, sync always
+    always: tuple[float, dict[str, float]] | None = None  # turns/s, CPU ms per turn by process
 
     @property
     def real_ratio(self) -> float | None:
@@ -77,6 +78,13 @@ class DurablePath:
             )
             lines.append(
                 f"- CPU per turn in those runs, ms: {cpu}; the in-process engine {local * 1000:.3f}"
+            )
+        if self.always is not None:
+            rate, cpu = self.always
+            shares = ", ".join(f"{name} {ms:.3f}" for name, ms in cpu.items())
+            lines.append(
+                f"- the same with `sync_interval: always`, one run at {self.sessions} sessions: "
+                f"{rate:.0f} turns/s; CPU per turn, ms: {shares}"
             )
         if self.floor is not None:
             f = self.floor
@@ -138,6 +146,13 @@ async def measure(memory_sessions: int = 256, sessions: int = 256) -> DurablePat
             real = await distributed.measure(args, Path(tmp) / "d")
         except Exception as e:
             errors.append(f"distributed: failed: {type(e).__name__}: {e}")
+    print("durable path: sync always ...", file=sys.stderr, flush=True)
+    always = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
+            always = await sync_always(Path(tmp), sessions)
+    except Exception as e:
+        errors.append(f"sync always: failed: {type(e).__name__}: {e}")
     print("durable path: bench/floor.py ...", file=sys.stderr, flush=True)
     try:
         bound = await floor.measure(argparse.Namespace(turns=8192, concurrency=sessions))
@@ -151,4 +166,37 @@ async def measure(memory_sessions: int = 256, sessions: int = 256) -> DurablePat
         rates = await writes.stream_rates()
     except Exception as e:
         errors.append(f"writes: failed: {type(e).__name__}: {e}")
-    return DurablePath(memory_kb, memory_sessions, bound, real, sessions, errors, counted, rates)
+    return DurablePath(
+        memory_kb, memory_sessions, bound, real, sessions, errors, counted, rates, always
+    )
+
+
+async def sync_always(store: Path, sessions: int) -> tuple[float, dict[str, float]]:
+    """Turns/s of one loop-worker process (zero-latency model) at ``sessions`` with
+    ``sync_interval: always``, and each process's CPU per turn."""
+    import os
+
+    from bench.harness import CpuMeter, Ends, Load, Mesh, pid_of
+    from loopmesh.server import NatsServer
+
+    conf = store / "sync.conf"
+    conf.write_text("jetstream { sync_interval: always }\n")
+    mesh = Mesh(store, ack_wait_s=30, lease_ttl_s=30)
+    mesh.server = NatsServer(store, extra_args=("-c", str(conf)))
+    async with mesh:
+        tools = await mesh.tool_worker()
+        worker = await mesh.instant_worker("a1", 4)
+        ends = Ends(mesh.nc)
+        await ends.start()
+        load = Load(TURNS_EACH, sessions * TURNS_EACH)
+        await load.warm_up(ends.run, "w")
+        assert mesh.server.pid is not None
+        meter = CpuMeter(
+            {"loop worker": pid_of(worker), "tool worker": pid_of(tools),
+             "nats-server": mesh.server.pid, "load generator (bench)": os.getpid()}
+        )  # fmt: skip
+        meter.start()
+        rate = await load.run(ends.run, sessions, "a")
+        meter.stop()
+    turns = sessions * load.turns_each(sessions)
+    return rate, {name: spent / turns * 1000 for name, spent in meter.spent.items()}
