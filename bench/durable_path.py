@@ -20,6 +20,15 @@ TURNS_EACH = 4  # turns per client in the throughput runs (one session of 4 each
 
 
 @dataclass(frozen=True)
+class Always:
+    """One loop worker with ``sync_interval: always``."""
+
+    gaps: list[float]  # per-iteration times, ms (as bench/distributed.py section 1)
+    rate: float  # turns/s at the throughput runs' concurrency
+    cpu: dict[str, float]  # CPU ms per turn, by process
+
+
+@dataclass(frozen=True)
 class DurablePath:
     memory_kb: float | None  # loop-worker RSS per active session
     memory_sessions: int
@@ -29,7 +38,7 @@ class DurablePath:
     errors: list[str]
     writes: list[writes.Writes]
     stream_rates: dict[int, float]  # stored messages/s over 1, 2, 4 streams, sync always
-    always: tuple[float, dict[str, float]] | None = None  # turns/s, CPU ms per turn by process
+    always: Always | None = None
 
     @property
     def real_ratio(self) -> float | None:
@@ -80,11 +89,16 @@ class DurablePath:
                 f"- CPU per turn in those runs, ms: {cpu}; the in-process engine {local * 1000:.3f}"
             )
         if self.always is not None:
-            rate, cpu = self.always
-            shares = ", ".join(f"{name} {ms:.3f}" for name, ms in cpu.items())
+            a = self.always
+            shares = ", ".join(f"{name} {ms:.3f}" for name, ms in a.cpu.items())
+            over = ""
+            if self.real is not None:
+                local = statistics.median(self.real.local_gaps)
+                over = f" (overhead {statistics.median(a.gaps) - local:+.3f} ms)"
             lines.append(
-                f"- the same with `sync_interval: always`, one run at {self.sessions} sessions: "
-                f"{rate:.0f} turns/s; CPU per turn, ms: {shares}"
+                f"- the same with `sync_interval: always`: per-iteration p50 "
+                f"{statistics.median(a.gaps):.3f} ms{over}; one run at {self.sessions} "
+                f"sessions: {a.rate:.0f} turns/s; CPU per turn, ms: {shares}"
             )
         if self.floor is not None:
             f = self.floor
@@ -171,9 +185,9 @@ async def measure(memory_sessions: int = 256, sessions: int = 256) -> DurablePat
     )
 
 
-async def sync_always(store: Path, sessions: int) -> tuple[float, dict[str, float]]:
-    """Turns/s of one loop-worker process (zero-latency model) at ``sessions`` with
-    ``sync_interval: always``, and each process's CPU per turn."""
+async def sync_always(store: Path, sessions: int) -> Always:
+    """One loop-worker process (zero-latency model) with ``sync_interval: always``: its
+    per-iteration time, its turns/s at ``sessions`` and each process's CPU per turn."""
     import os
 
     from bench.harness import CpuMeter, Ends, Load, Mesh, pid_of
@@ -185,9 +199,10 @@ async def sync_always(store: Path, sessions: int) -> tuple[float, dict[str, floa
     mesh.server = NatsServer(store, extra_args=("-c", str(conf)))
     async with mesh:
         tools = await mesh.tool_worker()
-        worker = await mesh.instant_worker("a1", 4)
+        worker = await mesh.instant_worker("a1", 50)
         ends = Ends(mesh.nc)
         await ends.start()
+        gaps = await distributed.distributed_iteration(mesh, ends, 50)
         load = Load(TURNS_EACH, sessions * TURNS_EACH)
         await load.warm_up(ends.run, "w")
         assert mesh.server.pid is not None
@@ -199,4 +214,5 @@ async def sync_always(store: Path, sessions: int) -> tuple[float, dict[str, floa
         rate = await load.run(ends.run, sessions, "a")
         meter.stop()
     turns = sessions * load.turns_each(sessions)
-    return rate, {name: spent / turns * 1000 for name, spent in meter.spent.items()}
+    cpu = {name: spent / turns * 1000 for name, spent in meter.spent.items()}
+    return Always(gaps, rate, cpu)

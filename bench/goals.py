@@ -71,7 +71,7 @@ def table(
         parts = [f"{over(DEFAULT):+.1f} (default) / {over(ALWAYS):+.1f} (always) ms over HTTP"]
         worst = max(over(DEFAULT), over(ALWAYS))
         if durable is not None and durable.overhead_p50 is not None:
-            parts.append(f"{durable.overhead_p50:+.2f} ms with the model in the worker")
+            parts.append(f"{durable.overhead_p50:+.2f} ms (default) with the model in the worker")
         return "; ".join(parts), worst <= 1.5
 
     row("overhead p50 per iteration", "<= +1.5 ms", absolute)
