@@ -129,7 +129,7 @@ async def loopmesh(store: Path, runs: int) -> Recovery:
     out = Recovery("loopmesh (AckWait 2 s, lease TTL 2 s)", how, "loopmesh")
     mark = store / "mark"
     async with Mesh(store) as mesh, FakeLLM(default=auto()) as llm:
-        await mesh.tool_worker(concurrency=64, module="bench.tools")
+        await mesh.tool_worker(concurrency=64, module="bench.held")
         ends = Ends(mesh.nc)
         await ends.start()
         alive = await mesh.loop_worker_process(llm.base_url, "k0")

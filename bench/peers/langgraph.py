@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from bench.common import Missing, chat, free_port, need_binary
-from bench.tools import released
+from bench.held import mark as _mark
+from bench.held import released
 
 HINT = "apt-get install postgresql (Debian's PostgreSQL 15)"
 PG_BIN = ("/usr/lib/postgresql/15/bin",)
@@ -174,12 +175,6 @@ async def _runner(args: argparse.Namespace) -> None:
     print("done", flush=True)
     await client.close()
     await pool.close()
-
-
-def _mark(path: str) -> None:
-    """A line in the file at ``path``: the recovery bench sees the tool start."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(f"{os.getpid()}\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Missing, chat, free_port, need_binary
-from bench.tools import released
+from bench.held import mark as _mark
+from bench.held import released
 
 TOOLS_QUEUE = "tools"
 AGENT_QUEUE = "agent"
@@ -177,12 +178,6 @@ async def _serve_agent(address: str, llm_url: str, sticky_s: float | None) -> No
     )  # fmt: skip
     print("agent worker ready", flush=True)
     await worker.run()
-
-
-def _mark(path: str) -> None:
-    """A line in the file at ``path``: the recovery bench sees the tool start."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(f"{os.getpid()}\n")
 
 
 if __name__ == "__main__":
