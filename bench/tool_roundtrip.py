@@ -7,8 +7,10 @@ in flight, and throughput at 64 in flight, for:
 - ``floor``: a minimal durable round trip in plain nats-py (JetStream work-queue publish
   → pull → KV effect put → core reply → ack), the floor for any design that keeps a
   call when a process dies;
-- ``worker``: loopmesh's ToolWorker (effect lookup, schema validation, timeout, effect
-  put, event publish, reply, ack).
+- ``worker``: loopmesh's ToolWorker (schema validation, timeout, effect put, event
+  publish, reply, ack; the requests are marked ``first_attempt``, as the loop worker
+  marks the calls of a turn's first run, so the worker skips the effect lookup a
+  redelivered call makes).
 
 Then the scaling of a 50 ms sleep tool with 64 calls in flight across 1, 2 and 4 worker
 processes. Every responder runs in its own process; the requester is the same for all
@@ -199,6 +201,7 @@ class Requester:
             req = ToolCallRequest(
                 call_id=call_id, tenant="bench", session="s", turn_id="t", server="local",
                 tool=tool, arguments=arguments, reply_to=reply_to,
+                first_attempt=True,  # as the loop worker marks a turn's first run's calls
             )  # fmt: skip
             await self.nc.publish(
                 S.tool(pool, "local", tool), encode(req), reply=self.acks,
