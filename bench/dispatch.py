@@ -139,10 +139,14 @@ async def measure_all(calls: int, scale_s: float = 4.0) -> Dispatch:
                 out["FastStream NATS RPC (not durable)"] = await _faststream(server.url, calls)
             except Missing as e:
                 out[f"FastStream: {e}"] = {}
+            except Exception as e:  # a peer that fails is reported, not the whole run lost
+                out[f"FastStream: failed: {type(e).__name__}: {e}"] = {}
         try:
             out["Celery + Redis"] = await _celery(Path(tmp), calls)
         except Missing as e:
             out[f"Celery + Redis: {e}"] = {}
+        except Exception as e:
+            out[f"Celery + Redis: failed: {type(e).__name__}: {e}"] = {}
     return Dispatch(out, scaled)
 
 
