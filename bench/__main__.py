@@ -2,6 +2,7 @@
 
     python -m bench [--iterations 20] [--sessions 1,64,256] [--turns 256]
                     [--systems inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph]
+                    [--recovery-runs 3] [--no-durable-path] [--no-tools]
                     [--write docs/PERFORMANCE.md]
 
 (``make bench`` installs the ``bench`` extra into .venv-bench and runs this.) Every
@@ -11,8 +12,13 @@ answered with a call of an ``echo`` tool, then a final LLM call that ends it. Pr
 per-iteration time p50/p99 at one session and its overhead over loopmesh's in-process
 engine, sessions/s (one echo iteration each) at each concurrency, and the CPU time per
 such session summed over the bench process and all its descendants (servers and
-workers included; the fake LLM excluded). The servers are started by the bench; a
-missing one is reported with how to install it.
+workers included; the fake LLM excluded, its own CPU reported beside). Then: recovery
+from kill -9 mid-turn for loopmesh, Temporal and LangGraph (``bench/recovery.py``);
+loopmesh's durable path alone (``bench/durable_path.py``: memory per active session,
+the ``bench/floor.py`` bound beside the real loop worker, JetStream writes per turn);
+tool dispatch beside FastStream and Celery, and tool-pool scaling (``bench/dispatch.py``);
+and the issue's goals, each with its figure and a verdict (``bench/goals.py``). The
+servers are started by the bench; a missing one is reported with how to install it.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import goals, recovery
 from bench.common import Figures, LLMServer, Missing, loadavg, measure
+from bench.recovery import Recovery
 
 ALL = "inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph"
 
@@ -59,9 +67,10 @@ def make(key: str, llm: str, store: Path) -> Any:
     raise SystemExit(f"unknown system {key!r}; known: {ALL}")
 
 
-async def run_all(args: argparse.Namespace) -> list[Figures]:
+async def run_all(args: argparse.Namespace) -> tuple[list[Figures], list[Recovery]]:
     sessions = [int(s) for s in args.sessions.split(",")]
     out: list[Figures] = []
+    recoveries: list[Recovery] = []
     async with LLMServer() as llm:
         for key in args.systems.split(","):
             with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
@@ -78,7 +87,11 @@ async def run_all(args: argparse.Namespace) -> list[Figures]:
                     fig = Figures(key, "", error=f"failed: {type(e).__name__}: {e}")
                 out.append(fig)
                 print(f"  {line(fig, out[0], sessions)}", file=sys.stderr, flush=True)
-    return out
+        if args.recovery_runs:
+            recoveries = await recovery.run_all(llm.base_url, args.recovery_runs)
+            for r in recoveries:
+                print(f"  {r.line()}", file=sys.stderr, flush=True)
+    return out, recoveries
 
 
 def line(f: Figures, base: Figures, sessions: list[int]) -> str:
@@ -88,7 +101,7 @@ def line(f: Figures, base: Figures, sessions: list[int]) -> str:
     tput = " | ".join(f"{f.throughput.get(c, 0):.0f}" for c in sessions)
     return (
         f"| {f.name} | {f.p50:.1f} / {f.p(0.99):.1f} | {over50:+.1f} / {over99:+.1f} | {tput} "
-        f"| {f.cpu_ms_per_turn:.1f} | {f.durability} |"
+        f"| {f.cpu_ms_per_turn:.1f} | {f.llm_cpu_ms_per_turn:.2f} | {f.durability} |"
     )
 
 
@@ -96,9 +109,10 @@ def table(figs: list[Figures], sessions: list[int]) -> str:
     cols = " | ".join(f"sessions/s @{c}" for c in sessions)
     head = (
         f"| system | iteration p50 / p99 ms | overhead vs in-process p50 / p99 ms | {cols} "
-        "| CPU ms per session (all processes) | durability |"
+        "| CPU ms per session (all processes) | fake LLM's CPU ms per session (not counted) "
+        "| durability |"
     )
-    rule = "|" + " --- |" * (5 + len(sessions))
+    rule = "|" + " --- |" * (6 + len(sessions))
     return "\n".join([head, rule, *(line(f, figs[0], sessions) for f in figs)])
 
 
@@ -217,23 +231,44 @@ def main() -> None:
     parser.add_argument("--write", metavar="MD", help="write the report (docs/PERFORMANCE.md)")
     parser.add_argument("--no-tools", dest="tools", action="store_false", help="skip dispatch")
     parser.add_argument("--tool-calls", type=int, default=2000, help="calls at 64 in flight")
+    parser.add_argument(
+        "--recovery-runs", type=int, default=3, help="kill -9 runs per system (0: none)"
+    )
+    parser.add_argument(
+        "--no-durable-path", dest="durable", action="store_false",
+        help="skip loopmesh's memory per session and its floor bound vs the real worker",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sessions = [int(s) for s in args.sessions.split(",")]
     load_before = loadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    figs = asyncio.run(run_all(args))
-    load_after = loadavg()
-    tools_md = ""
+    figs, recoveries = asyncio.run(run_all(args))
+    durable = None
+    if args.durable:
+        from bench.durable_path import measure as measure_durable
+        from loopmesh.aio import run
+
+        durable = run(measure_durable())
+    dispatch = None
     if args.tools:
         from bench.dispatch import run as run_tools
 
-        tools_md = run_tools(args)
+        dispatch = run_tools(args)
+    load_after = loadavg()
     text = table(figs, sessions)
+    sections = {"fake LLM": fake_llm(figs)}
+    if recoveries:
+        sections["Recovery"] = recovery.table(recoveries)
+    if durable is not None:
+        sections["loopmesh's durable path"] = durable.markdown()
+    if dispatch is not None:
+        sections["Tool round trip"] = dispatch.markdown()
+    sections["Goals"] = goals.table(figs, max(sessions), dispatch, durable, recoveries)
     print(text)
     print(ratios(figs, sessions))
-    if tools_md:
-        print(tools_md)
+    for title, body in sections.items():
+        print(f"\n## {title}\n\n{body}")
     print(f"load average before {load_before}, after {load_after}")
     if args.write:
         from bench.report import write
@@ -244,8 +279,27 @@ def main() -> None:
             Path(args.write), command=" ".join(["python -m bench", *sys.argv[1:]]),
             started=started, machine=machine(), load=(load_before, load_after),
             versions=versions(), table=text, ratios=ratios(figs, sessions),
-            tools=tools_md, chart=png.name if has_chart else None, args=args,
+            sections=sections, chart=png.name if has_chart else None, args=args,
         )  # fmt: skip
+
+
+def fake_llm(figs: list[Figures]) -> str:
+    """What the one fake LLM server cost, per system: it is in no system's CPU column."""
+    ok = [f for f in figs if not f.error and f.llm_requests_per_turn]
+    lines = [
+        "The fake LLM server's own CPU during each system's largest throughput run (not in "
+        "the CPU column above):",
+        "",
+        "| system | requests per session | fake LLM CPU ms per session | per request |",
+        "| --- | --- | --- | --- |",
+    ]
+    for f in ok:
+        per = f.llm_cpu_ms_per_turn / f.llm_requests_per_turn
+        lines.append(
+            f"| {f.name} | {f.llm_requests_per_turn:.2f} | {f.llm_cpu_ms_per_turn:.2f} "
+            f"| {per:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ class LLMServer:
         r = await self.http.get(f"http://127.0.0.1:{self.port}/bench/gaps")
         return list(r.json()["gaps_ms"])
 
+    async def stats(self) -> tuple[int, float]:
+        """(requests served, CPU seconds the server's process has used) so far."""
+        r = (await self.http.get(f"http://127.0.0.1:{self.port}/bench/stats")).json()
+        return int(r["requests"]), float(r["cpu_s"])
+
 
 # -- the systems and the driver --------------------------------------------------------
 
@@ -120,6 +125,8 @@ class Figures:
     gaps: list[float] = field(default_factory=list)
     throughput: dict[int, float] = field(default_factory=dict)
     cpu_ms_per_turn: float = 0.0
+    llm_cpu_ms_per_turn: float = 0.0  # the fake LLM's, not counted in cpu_ms_per_turn
+    llm_requests_per_turn: float = 0.0
     error: str = ""
 
     def p(self, q: float) -> float:
@@ -157,11 +164,16 @@ async def measure(
     for c in concurrency:
         if c == top:
             before = tree_cpu({llm.proc.pid})
+            requests, llm_cpu = await llm.stats()
         n = max(turns, c)
         fig.throughput[c] = await drive(lambda s: system.session(s, 1), c, n, f"t{c}")
         if c == top:
             spent = tree_cpu({llm.proc.pid}) - before
-            fig.cpu_ms_per_turn = spent / (c * max(1, n // c)) * 1000
+            sessions = c * max(1, n // c)
+            fig.cpu_ms_per_turn = spent / sessions * 1000
+            requests_after, llm_cpu_after = await llm.stats()
+            fig.llm_cpu_ms_per_turn = (llm_cpu_after - llm_cpu) / sessions * 1000
+            fig.llm_requests_per_turn = (requests_after - requests) / sessions
     return fig
 
 

@@ -21,7 +21,9 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT, Missing, free_port, need_binary
 
@@ -89,7 +91,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
-async def measure_all(calls: int) -> dict[str, dict[int, dict[str, float]]]:
+async def measure_all(calls: int, scale_s: float = 4.0) -> Dispatch:
     from bench import tool_roundtrip as rt
     from loopmesh.provision import ensure_consumer, provision
     from loopmesh.server import NatsServer
@@ -123,16 +125,65 @@ async def measure_all(calls: int) -> dict[str, dict[int, dict[str, float]]]:
                         out[label][n] = r
                 finally:
                     responder.stop()
+            await ensure_consumer(js, pool_consumer(rt.S, "scale"))
+            scaled = {
+                "I/O-bound (50 ms sleep), 8 at once per worker": await rt.scaling(
+                    req, server.url, "sleep50", 8, scale_s
+                ),
+                "CPU-bound (10 ms of CPU), 8 at once per worker": await rt.scaling(
+                    req, server.url, "spin10", 8, scale_s
+                ),
+            }
             await nc.close()
             try:
                 out["FastStream NATS RPC (not durable)"] = await _faststream(server.url, calls)
             except Missing as e:
                 out[f"FastStream: {e}"] = {}
+            except Exception as e:  # a peer that fails is reported, not the whole run lost
+                out[f"FastStream: failed: {type(e).__name__}: {e}"] = {}
         try:
             out["Celery + Redis"] = await _celery(Path(tmp), calls)
         except Missing as e:
             out[f"Celery + Redis: {e}"] = {}
-    return out
+        except Exception as e:
+            out[f"Celery + Redis: failed: {type(e).__name__}: {e}"] = {}
+    return Dispatch(out, scaled)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    results: dict[str, dict[int, dict[str, float]]]  # by dispatch, then calls in flight
+    scaling: dict[str, list[Any]]  # bench.tool_roundtrip.Scaled at 1, 2, 4 workers
+
+    def markdown(self) -> str:
+        floor = self.results["durable floor (hand-written)"]
+        lines = [
+            "| dispatch | p50 / p99 ms, 1 in flight | p50 / p99 ms, 64 in flight "
+            "| calls/s at 64 | p50 vs durable floor (1 / 64) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, r in self.results.items():
+            if not r:
+                lines.append(f"| {name} | not run | | | |")
+                continue
+            lines.append(
+                f"| {name} | {r[1]['p50']:.3f} / {r[1]['p99']:.3f} | {r[64]['p50']:.3f} / "
+                f"{r[64]['p99']:.3f} | {r[64]['rate']:.0f} | "
+                f"{r[1]['p50'] / floor[1]['p50']:.2f}x / {r[64]['p50'] / floor[64]['p50']:.2f}x |"
+            )
+        lines += [
+            "",
+            "Tool-pool scaling: loopmesh tool-worker processes on one pool, 64 calls in flight "
+            f"({os.cpu_count()} cores):",
+            "",
+            "| tool | 1 worker calls/s | 2 workers | 4 workers | efficiency at 2 / 4 |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, runs in self.scaling.items():
+            rates = " | ".join(f"{r.rate:.0f}" for r in runs)
+            eff = " / ".join(f"{r.efficiency:.0%}" for r in runs[1:])
+            lines.append(f"| {name} | {rates} | {eff} |")
+        return "\n".join(lines)
 
 
 async def _faststream(url: str, calls: int) -> dict[int, dict[str, float]]:
@@ -208,24 +259,8 @@ async def _celery(tmp: Path, calls: int) -> dict[int, dict[str, float]]:
         await _stop(server)
 
 
-def run(args: argparse.Namespace) -> str:
-    results = asyncio.run(measure_all(args.tool_calls))
-    floor = results["durable floor (hand-written)"]
-    lines = [
-        "| dispatch | p50 / p99 ms, 1 in flight | p50 / p99 ms, 64 in flight "
-        "| calls/s at 64 | p50 vs durable floor (1 / 64) |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for name, r in results.items():
-        if not r:
-            lines.append(f"| {name} | not run | | | |")
-            continue
-        lines.append(
-            f"| {name} | {r[1]['p50']:.3f} / {r[1]['p99']:.3f} | {r[64]['p50']:.3f} / "
-            f"{r[64]['p99']:.3f} | {r[64]['rate']:.0f} | {r[1]['p50'] / floor[1]['p50']:.2f}x / "
-            f"{r[64]['p50'] / floor[64]['p50']:.2f}x |"
-        )
-    return "\n".join(lines)
+def run(args: argparse.Namespace) -> Dispatch:
+    return asyncio.run(measure_all(args.tool_calls))
 
 
 if __name__ == "__main__":

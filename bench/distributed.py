@@ -33,7 +33,7 @@ run (so every ratio is a same-run comparison):
 3. loop-worker memory per active session: a ``python -m loop_worker`` process with N
    sessions waiting on a slow tool, RSS over an idle baseline (goal: <= 100 KB);
 4. the time from kill -9 of a loop worker mid-turn to the turn finishing on another
-   (AckWait and lease TTL 2 s here).
+   (AckWait and lease TTL 2 s here; ``bench/recovery.py``).
 
 Everything is local: an embedded nats-server, tool and loop workers as processes, and
 for sections 3 and 4 the fake OpenAI-compatible server (``loopmesh.testing.fake_llm``). Sections 1
@@ -59,13 +59,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import recovery  # noqa: E402
 from bench.harness import (  # noqa: E402
     TENANT,
     CpuMeter,
     Ends,
     Load,
     Mesh,
-    S,
     local_engine,
     pid_of,
     publish,
@@ -118,8 +118,9 @@ async def distributed_iteration(mesh: Mesh, ends: Ends, iterations: int) -> list
     return gaps
 
 
-async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float]:
-    """(KB per active session, sessions, seconds from kill -9 to the resumed end)."""
+async def memory(store: Path, sessions: int) -> float:
+    """KB of loop-worker RSS per active session: ``sessions`` turns waiting on a slow
+    tool, over the worker's RSS once warm."""
     from loopmesh.testing.fake_llm import FakeLLM
     from loopmesh.testing.fake_replies import auto
 
@@ -142,24 +143,9 @@ async def memory_and_kill(store: Path, sessions: int) -> tuple[float, int, float
             await publish(mesh.nc, turn(f"m{i}", f"m{i}", slow(30)))
         await _until(lambda: _lines(counter) >= sessions, 60)
         active = rss_kb(worker.proc.pid)
-        per_session = (active - base) / sessions
         worker.kill()
         await worker.close()
-
-        # kill -9 mid-turn: w2 already runs when w1 dies
-        await mesh.nc.jetstream().purge_stream(S.turns_stream)
-        w1 = await mesh.loop_worker_process(llm.base_url, "k1")
-        done = ends.expect("k")
-        before = _lines(counter)
-        await publish(mesh.nc, turn("k", "k", slow(2.5)))
-        await _until(lambda: _lines(counter) > before, 30)
-        await mesh.loop_worker_process(llm.base_url, "k2")
-        assert not done.done(), "the turn ended before the kill; use a slower tool"
-        killed = time.perf_counter()
-        w1.kill()
-        await asyncio.wait_for(done, 60)
-        recovery = time.perf_counter() - killed
-    return per_session, sessions, recovery
+    return (active - base) / sessions
 
 
 def _lines(path: Path) -> int:
@@ -348,13 +334,16 @@ async def main(args: argparse.Namespace) -> None:
         store = Path(tmp)
         figures = await measure(args, store / "a")
         report(args, figures)  # before the last section, which a loaded machine can fail
-        per_session, n, recovery = await memory_and_kill(store / "b", args.memory_sessions)
+        n = args.memory_sessions
+        per_session = await memory(store / "b", n)
+        print(
+            f"\nloop-worker memory: {per_session:.1f} KB per active session "
+            f"({n} sessions waiting on a tool; goal <= 100 KB)"
+        )
+        kills = await recovery.loopmesh(store / "c", runs=1)
     print(
-        f"\nloop-worker memory: {per_session:.1f} KB per active session "
-        f"({n} sessions waiting on a tool; goal <= 100 KB)"
-    )
-    print(
-        f"kill -9 mid-turn -> resumed turn finished: {recovery:.2f} s (AckWait 2 s, lease TTL 2 s)"
+        f"kill -9 mid-turn -> resumed turn finished: {kills.kills[0].recovery_s:.2f} s "
+        "(AckWait 2 s, lease TTL 2 s)"
     )
 
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from asyncio.subprocess import Process
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,32 @@ async def drive(
     return wall, [ticks(p) - b for p, b in zip(pids, before, strict=True)], done
 
 
-async def main(args: argparse.Namespace) -> None:
+@dataclass(frozen=True)
+class Floor:
+    turns: int
+    wall_s: float
+    concurrency: int
+    per_turn_ms: list[float]  # CPU: loop-worker side, nats-server, tool responder
+    engine_ms: float  # the in-process engine's CPU per turn
+    local_rate: float  # its turns/s
+
+    @property
+    def one_process(self) -> float:
+        """At most this share of in-process throughput from one loop-worker process."""
+        return self.engine_ms / (self.engine_ms + self.per_turn_ms[0])
+
+    @property
+    def shared(self) -> float:
+        """At most this share with every process sharing the machine's cores."""
+        cores = os.cpu_count() or 1
+        return min(1.0, cores * self.engine_ms / (self.engine_ms + sum(self.per_turn_ms)))
+
+    @property
+    def bound(self) -> float:
+        return min(self.one_process, self.shared)
+
+
+async def measure(args: argparse.Namespace) -> Floor:
     with tempfile.TemporaryDirectory(prefix="loopmesh-floor-") as tmp:
         async with NatsServer(Path(tmp)) as server:
             nc = await connect(NatsSettings(url=server.url), name="floor")
@@ -173,29 +199,37 @@ async def main(args: argparse.Namespace) -> None:
     local_rate = await load.run(engine.run, args.concurrency, "l")
     turns = args.concurrency * load.turns_each(args.concurrency)
     local = (ticks(os.getpid()) - local_start) / turns
-    per = [c / done * 1000 for c in cpu]
-    engine_ms = local * 1000
-    print(f"{done} turns in {wall:.1f} s: {done / wall:.0f} turns/s, {args.concurrency} at once")
-    print("CPU per turn, ms: the messages of a durable turn, with no engine")
-    print(f"  loop-worker side   {per[0]:.3f}")
-    print(f"  nats-server        {per[1]:.3f}")
-    print(f"  tool responder     {per[2]:.3f}")
-    print(f"  all                {sum(per):.3f}")
-    print(
-        f"and the in-process engine, on bench/distributed.py's turns: {engine_ms:.3f} ms "
-        f"({local_rate:.0f} turns/s)"
+    return Floor(
+        turns=done, wall_s=wall, concurrency=args.concurrency,
+        per_turn_ms=[c / done * 1000 for c in cpu], engine_ms=local * 1000,
+        local_rate=local_rate,
+    )  # fmt: skip
+
+
+def report(f: Floor) -> str:
+    per, engine_ms = f.per_turn_ms, f.engine_ms
+    return "\n".join(
+        [
+            f"{f.turns} turns in {f.wall_s:.1f} s: {f.turns / f.wall_s:.0f} turns/s, "
+            f"{f.concurrency} at once",
+            "CPU per turn, ms: the messages of a durable turn, with no engine",
+            f"  loop-worker side   {per[0]:.3f}",
+            f"  nats-server        {per[1]:.3f}",
+            f"  tool responder     {per[2]:.3f}",
+            f"  all                {sum(per):.3f}",
+            f"and the in-process engine, on bench/distributed.py's turns: {engine_ms:.3f} ms "
+            f"({f.local_rate:.0f} turns/s)",
+            "so a loop worker that ran the engine and only these messages would spend at "
+            f"least {engine_ms + per[0]:.3f} ms per turn: at most {f.one_process:.0%} of "
+            "in-process throughput from one loop-worker process",
+            f"and with every process sharing {os.cpu_count() or 1} cores, at most "
+            f"{f.shared:.0%} (tool worker and load generator not counted)",
+        ]
     )
-    print(
-        "so a loop worker that ran the engine and only these messages would spend at least "
-        f"{engine_ms + per[0]:.3f} ms per turn: at most {engine_ms / (engine_ms + per[0]):.0%} "
-        "of in-process throughput from one loop-worker process"
-    )
-    cores = os.cpu_count() or 1
-    bound = min(1.0, cores * engine_ms / (engine_ms + sum(per)))
-    print(
-        f"and with every process sharing {cores} cores, at most {bound:.0%} "
-        "(tool worker and load generator not counted)"
-    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(report(await measure(args)))
 
 
 if __name__ == "__main__":

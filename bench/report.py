@@ -20,7 +20,7 @@ def write(
     versions: dict[str, str],
     table: str,
     ratios: str,
-    tools: str,
+    sections: dict[str, str],
     chart: str | None,
     args: argparse.Namespace,
 ) -> None:
@@ -43,8 +43,8 @@ def write(
     ]
     if chart:
         parts += [f"![throughput and overhead]({chart})\n"]
-    if tools:
-        parts += ["## Tool round trip\n", tools, ""]
+    for title, body in sections.items():
+        parts += [f"## {title}\n", body, ""]
     parts += [SETUP, "## Versions\n", "| component | version |\n| --- | --- |", vers, ""]
     notes = ""
     if path.exists() and NOTES in (old := path.read_text()):

@@ -7,8 +7,10 @@ in flight, and throughput at 64 in flight, for:
 - ``floor``: a minimal durable round trip in plain nats-py (JetStream work-queue publish
   → pull → KV effect put → core reply → ack), the floor for any design that keeps a
   call when a process dies;
-- ``worker``: loopmesh's ToolWorker (effect lookup, schema validation, timeout, effect
-  put, event publish, reply, ack).
+- ``worker``: loopmesh's ToolWorker (schema validation, timeout, effect put, event
+  publish, reply, ack; the requests are marked ``first_attempt``, as the loop worker
+  marks the calls of a turn's first run, so the worker skips the effect lookup a
+  redelivered call makes).
 
 Then the scaling of a 50 ms sleep tool with 64 calls in flight across 1, 2 and 4 worker
 processes. Every responder runs in its own process; the requester is the same for all
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -69,6 +72,15 @@ async def sleep50() -> str:
     return "ok"
 
 
+@tool(timeout_s=10)
+def spin10() -> str:
+    """Keep a core busy for 10 ms (CPU time), on the worker's thread pool."""
+    until = time.thread_time() + 0.01
+    while time.thread_time() < until:
+        pass
+    return "ok"
+
+
 # -- responders (each runs in its own process) ------------------------------------------
 
 
@@ -105,7 +117,7 @@ async def serve_floor(nc: Client, stop: asyncio.Event, concurrency: int = 64) ->
 
 
 async def serve_worker(nc: Client, stop: asyncio.Event, pool: str, concurrency: int) -> None:
-    registry = Registry([to_tool(echo), to_tool(sleep50)])
+    registry = Registry([to_tool(echo), to_tool(sleep50), to_tool(spin10)])
     worker = ToolWorker(nc, registry, pool=pool, concurrency=concurrency, catalog=False)
     await worker.run(stop)
 
@@ -189,6 +201,7 @@ class Requester:
             req = ToolCallRequest(
                 call_id=call_id, tenant="bench", session="s", turn_id="t", server="local",
                 tool=tool, arguments=arguments, reply_to=reply_to,
+                first_attempt=True,  # as the loop worker marks a turn's first run's calls
             )  # fmt: skip
             await self.nc.publish(
                 S.tool(pool, "local", tool), encode(req), reply=self.acks,
@@ -278,27 +291,60 @@ async def run(args: argparse.Namespace) -> None:
 
     c = args.scale_concurrency
     print(f"scaling: 50 ms sleep tool, 64 in flight, each worker runs {c} calls at once")
-    base = None
+    for r in await scaling(req, args.nats_url, "sleep50", c, args.scale_s):
+        ideal = min(r.workers * c, 64) / 0.05
+        print(f"  {r}  ({r.rate / ideal:.0%} of {ideal:.0f}/s if calls cost nothing but the sleep)")
+    if req.ack_errors:
+        print(f"publish errors: {req.ack_errors}")
+    await nc.drain()
+
+
+@dataclass(frozen=True)
+class Scaled:
+    workers: int
+    rate: float  # calls/s
+    p50: float  # ms
+    efficiency: float  # rate over workers x the one worker's rate
+
+    def __str__(self) -> str:
+        return (
+            f"{self.workers} worker(s): {self.rate:5.0f} calls/s  p50 {self.p50:6.1f} ms  "
+            f"efficiency {self.efficiency:4.0%} of {self.workers} x 1 worker"
+        )
+
+
+async def scaling(
+    req: Requester, url: str, tool_name: str, concurrency: int, seconds: float
+) -> list[Scaled]:
+    """Calls/s of ``tool_name`` with 64 in flight over 1, 2 and 4 worker processes of
+    the ``scale`` pool, each running ``concurrency`` calls at once."""
+    out: list[Scaled] = []
     for n in (1, 2, 4):
-        workers = [Responder(args.nats_url, "worker", "scale", c) for _ in range(n)]
+        workers = [Responder(url, "worker", "scale", concurrency) for _ in range(n)]
         try:
-            await _wait_serving(req, "worker", "scale", tool="sleep50")
+            await _wait_serving(req, "worker", "scale", tool=tool_name)
+            await _wait_pulling(req.nc, "scale", n)
             r = await measure(
-                req, "worker", "scale", "sleep50", 64, 0, duration_s=args.scale_s, arguments={}
+                req, "worker", "scale", tool_name, 64, 0, duration_s=seconds, arguments={}
             )
         finally:
             for w in workers:
                 w.stop()
-        base = base or r["rate"]
-        ideal = min(n * c, 64) / 0.05
-        print(
-            f"  {n} worker(s): {r['rate']:5.0f} calls/s  p50 {r['p50']:6.1f} ms  "
-            f"efficiency {r['rate'] / (base * n):4.0%} of {n} x 1 worker  "
-            f"({r['rate'] / ideal:.0%} of {ideal:.0f}/s if calls cost nothing but the sleep)"
-        )
-    if req.ack_errors:
-        print(f"publish errors: {req.ack_errors}")
-    await nc.drain()
+        base = out[0].rate if out else r["rate"]
+        out.append(Scaled(n, r["rate"], r["p50"], r["rate"] / (base * n)))
+    return out
+
+
+async def _wait_pulling(nc: Client, pool: str, workers: int) -> None:
+    """Until ``workers`` processes have a pull request waiting on the pool's consumer
+    (each idle worker keeps one), so that none joins a run late."""
+    js = nc.jetstream()
+    async with asyncio.timeout(60):
+        while True:
+            info = await js.consumer_info(S.tools_stream, S.pool_consumer(pool))
+            if info.num_waiting >= workers:
+                return
+            await asyncio.sleep(0.05)
 
 
 async def _wait_serving(req: Requester, kind: str, pool: str, tool: str = "echo") -> None:

@@ -3,6 +3,7 @@ the offered echo tool, then the finish, and the request gaps it measures come ba
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -53,3 +54,29 @@ async def test_text_when_no_finish_tool_and_gaps_once() -> None:
     assert len(first["gaps_ms"]) == 2  # three requests of session s1; s2 made one
     assert all(g >= 0 for g in first["gaps_ms"])
     assert second == {"gaps_ms": []}
+
+
+async def test_stats_count_completions_and_bad_requests_get_400() -> None:
+    async with BenchLLM() as llm:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        await chat(client, [{"role": "user", "content": "s3 echo 1"}])
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            stats = (await http.get(f"http://{llm.host}:{llm.port}/bench/stats")).json()
+            not_json = await http.post(f"{llm.base_url}/chat/completions", content=b"{nope")
+            missing = await http.get(f"http://{llm.host}:{llm.port}/nowhere")
+        reader, writer = await asyncio.open_connection(llm.host, llm.port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        )
+        chunked = await reader.read()  # the server answers and closes
+        writer.close()
+        await writer.wait_closed()
+    assert stats["requests"] == 1
+    assert stats["cpu_s"] > 0
+    assert not_json.status_code == 400
+    assert "body" in not_json.json()["error"]["message"]
+    assert missing.status_code == 404
+    assert chunked.startswith(b"HTTP/1.1 400 ")
+    assert b"Content-Length" in chunked

@@ -7,15 +7,19 @@ itself (``initdb`` into a temporary directory, ``postgres`` on a free port, defa
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import operator
 import os
 import pwd
+import signal
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from bench.common import Missing, chat, free_port, need_binary
+from bench.held import mark as _mark
+from bench.held import released
 
 HINT = "apt-get install postgresql (Debian's PostgreSQL 15)"
 PG_BIN = ("/usr/lib/postgresql/15/bin",)
@@ -73,6 +77,57 @@ class Postgres:
         await self.proc.wait()
 
 
+async def open_graph(pg_url: str, llm_url: str, mark: str = "", hold: str = "") -> Any:
+    """The ReAct graph, checkpointed by ``AsyncPostgresSaver`` on a pool to ``pg_url``;
+    its tools node echoes (after appending a line to ``mark`` and waiting for the file
+    ``hold``, if given: the recovery runs' held tool). Returns (graph, pool, client)."""
+    try:
+        import openai
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from langgraph.graph import END, START, StateGraph
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
+    except ImportError as e:
+        raise Missing("langgraph not installed: make bench (the bench extra)") from e
+    pool = AsyncConnectionPool(
+        pg_url, min_size=4, max_size=64, open=False,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    )  # fmt: skip
+    await pool.open()
+    saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+    await saver.setup()
+    client = openai.AsyncOpenAI(base_url=llm_url, api_key="bench", max_retries=0)
+
+    async def agent(state: State) -> dict[str, Any]:
+        return {"messages": [await chat(client, state["messages"])]}
+
+    async def run_tools(state: State) -> dict[str, Any]:
+        out = []
+        for call in state["messages"][-1].get("tool_calls") or []:
+            text = json.loads(call["function"]["arguments"])["text"]
+            if mark:
+                await asyncio.to_thread(_mark, mark)
+            if hold:
+                await released(hold)
+            out.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+        return {"messages": out}
+
+    def route(state: State) -> str:
+        return "tools" if state["messages"][-1].get("tool_calls") else END
+
+    graph = StateGraph(State)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", run_tools)
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", route, ["tools", END])
+    graph.add_edge("tools", "agent")
+    return graph.compile(checkpointer=saver), pool, client
+
+
+def config(thread_id: str, k: int) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread_id}, "recursion_limit": 4 * k + 10}
+
+
 class LangGraph:
     name = "LangGraph + Postgres"
     durability = "Postgres fsync=on, synchronous_commit=on; checkpoint per step (sync)"
@@ -82,45 +137,12 @@ class LangGraph:
         self.pg = Postgres(store)
 
     async def __aenter__(self) -> LangGraph:
-        try:
-            import openai
-            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-            from langgraph.graph import END, START, StateGraph
-            from psycopg.rows import dict_row
-            from psycopg_pool import AsyncConnectionPool
-        except ImportError as e:
-            raise Missing("langgraph not installed: make bench (the bench extra)") from e
         await self.pg.__aenter__()
-        self.pool = AsyncConnectionPool(
-            self.pg.url, min_size=4, max_size=64, open=False,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        )  # fmt: skip
-        await self.pool.open()
-        saver = AsyncPostgresSaver(self.pool)  # type: ignore[arg-type]
-        await saver.setup()
-        client = openai.AsyncOpenAI(base_url=self.llm_url, api_key="bench", max_retries=0)
-
-        async def agent(state: State) -> dict[str, Any]:
-            return {"messages": [await chat(client, state["messages"])]}
-
-        async def run_tools(state: State) -> dict[str, Any]:
-            out = []
-            for call in state["messages"][-1].get("tool_calls") or []:
-                text = json.loads(call["function"]["arguments"])["text"]
-                out.append({"role": "tool", "tool_call_id": call["id"], "content": text})
-            return {"messages": out}
-
-        def route(state: State) -> str:
-            return "tools" if state["messages"][-1].get("tool_calls") else END
-
-        graph = StateGraph(State)
-        graph.add_node("agent", agent)
-        graph.add_node("tools", run_tools)
-        graph.add_edge(START, "agent")
-        graph.add_conditional_edges("agent", route, ["tools", END])
-        graph.add_edge("tools", "agent")
-        self.graph = graph.compile(checkpointer=saver)
-        self.client = client
+        try:
+            self.graph, self.pool, self.client = await open_graph(self.pg.url, self.llm_url)
+        except BaseException:
+            await self.pg.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -130,8 +152,37 @@ class LangGraph:
 
     async def session(self, sid: str, k: int) -> None:
         message = {"role": "user", "content": f"{sid} echo {k}"}
-        await self.graph.ainvoke(
-            {"messages": [message]},
-            {"configurable": {"thread_id": sid}, "recursion_limit": 4 * k + 10},
-            durability="sync",
-        )
+        await self.graph.ainvoke({"messages": [message]}, config(sid, k), durability="sync")
+
+
+# -- recovery: kill -9 of the process running the graph, resumed by another ---------------
+
+
+async def _runner(args: argparse.Namespace) -> None:
+    """A process that runs one session (``run``) or, on SIGUSR1, resumes it from its
+    last checkpoint (``resume``); prints ``ready``, then ``done`` at its end."""
+    graph, pool, client = await open_graph(args.pg, args.llm, args.mark, args.hold)
+    state: dict[str, Any] | None = None  # resume from the thread's last checkpoint
+    if args.role == "run":
+        state = {"messages": [{"role": "user", "content": f"{args.thread} echo 1"}]}
+        print("ready", flush=True)
+    else:
+        go = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, go.set)
+        print("ready", flush=True)
+        await go.wait()  # the supervisor says: it died
+    await graph.ainvoke(state, config(args.thread, 1), durability="sync")
+    print("done", flush=True)
+    await client.close()
+    await pool.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.langgraph")
+    parser.add_argument("role", choices=["run", "resume"])
+    parser.add_argument("--pg", required=True)
+    parser.add_argument("--llm", required=True)
+    parser.add_argument("--thread", required=True)
+    parser.add_argument("--hold", default="")
+    parser.add_argument("--mark", default="")
+    asyncio.run(_runner(parser.parse_args()))
