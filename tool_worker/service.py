@@ -44,7 +44,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -53,7 +52,7 @@ from nats.aio.msg import Msg
 from loopmesh import tracing
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, quietly, worker_name
-from loopmesh.payload import Fitted, fit, limit_of
+from loopmesh.payload import fit, limit_of
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
@@ -66,23 +65,15 @@ from schemas import (
     is_token,
     pool_consumer,
 )
-from schemas.events import (
-    Event,
-    PayloadTruncated,
-    ToolErrorEvent,
-    ToolResultEvent,
-    ToolTimeout,
-    tool_event_msg_id,
-)
 
-from . import metrics, traces
+from . import traces
+from .call_events import CallEvents
 from .catalog import Catalog
 from .claims import Claims
-from .context import ToolContext, calling
 from .effects import Effects
-from .errors import ToolError, Unavailable, UnknownTool
+from .execute import CallRunner
 from .mcp import McpServer
-from .registry import Registry, Tool
+from .registry import Registry
 
 log = logging.getLogger("tool_worker")
 
@@ -160,6 +151,11 @@ class ToolWorker:
         self._effects: Effects | None = None
         self._claims: Claims | None = None
         self._publisher = Publisher(nc)
+        #: Runs one call: ``await worker.execute(request)`` (never raises for a tool's failure).
+        self.execute = CallRunner(registry, self.mcp, pool=pool, name=self.name)
+        self._events = CallEvents(
+            nc, subjects, self._publisher, max_chars=event_max_chars, confirm=confirm_events
+        )
         self._naks: set[asyncio.Future[None]] = set()  # deliveries handed back on stop
 
     # -- lifecycle ------------------------------------------------------------------
@@ -406,7 +402,7 @@ class ToolWorker:
             fitted = fit(result, limit_of(self.nc))
             result, payload = fitted.value, fitted.data
             if fitted.cut:
-                await self._emit_cut(request, fitted)
+                await self._events.cut(request, fitted)
             stored = await self._effects.put(request.call_id, payload)
             self.stats["calls"] += 1
         free()
@@ -416,140 +412,14 @@ class ToolWorker:
         # dies between running a tool and recording it).
         if request.reply_to:
             await self.nc.publish(request.reply_to, payload)
-        await self._emit(request, result)
+        timeout = request.timeout_s or self.execute.timeout_of(request)
+        await self._events.outcome(request, result, timeout)
         if stored is not None:
             await self._effects.stored(
                 request.call_id, payload, stored, timeout=self.store_timeout_s
             )
         await msg.ack()
         return True
-
-    async def execute(self, request: ToolCallRequest, *, attempt: int = 1) -> ToolResult:
-        """Run one call and describe its outcome; never raises for a tool's failure.
-        The tool sees the call's :class:`~tool_worker.context.ToolContext` (its
-        idempotency key); ``attempt`` is the request's delivery count."""
-        in_flight = metrics.IN_FLIGHT.labels(self.pool)
-        in_flight.inc()
-        context = ToolContext(
-            call_id=request.call_id, tenant=request.tenant, session=request.session,
-            turn_id=request.turn_id, iteration=request.iteration, attempt=attempt,
-        )  # fmt: skip
-        try:
-            with calling(context):
-                result = await self._execute(request)
-        finally:
-            in_flight.dec()
-        labels = (request.tool, request.server, self.pool)
-        metrics.CALLS.labels(*labels, result.status).inc()
-        metrics.DURATION.labels(*labels).observe(result.duration_ms / 1000)
-        return result
-
-    async def _execute(self, request: ToolCallRequest) -> ToolResult:
-        started = time.perf_counter()
-        timeout: float | None = None
-        status: Any = "ok"
-        content = ""
-        error = None
-        try:
-            tool = self._lookup(request.server, request.tool)
-            tool.validate(request.arguments)
-            timeout = request.timeout_s if request.timeout_s else tool.timeout_s
-            async with asyncio.timeout(timeout):
-                content = await tool.invoke(request.arguments)
-        except TimeoutError:
-            status = "timeout"
-            error = WireError(
-                code="timeout",
-                message=f"{request.server}.{request.tool} did not finish within {timeout:g}s",
-            )
-        except ToolError as exc:
-            status, error = "error", WireError(code=exc.code, message=exc.message)
-        except Exception as exc:
-            status = "error"
-            error = WireError(code="tool_exception", message=f"{type(exc).__name__}: {exc}")
-        return ToolResult(
-            call_id=request.call_id,
-            status=status,
-            content=content,
-            error=error,
-            server=request.server,
-            tool=request.tool,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-            worker=self.name,
-            finished_at=time.time(),
-        )
-
-    def _lookup(self, server: str, name: str) -> Tool:
-        try:
-            return self.registry.get(server, name)
-        except UnknownTool:
-            mcp = self.mcp.get(server)
-            if mcp is not None and not mcp.listed:
-                raise Unavailable(server, "it has not listed its tools yet") from None
-            raise
-
-    async def _emit(self, request: ToolCallRequest, result: ToolResult) -> None:
-        common: dict[str, Any] = {
-            "tenant": request.tenant,
-            "session": request.session,
-            "turn_id": request.turn_id,
-            "iteration": request.iteration,
-            "ts": result.finished_at or time.time(),
-            "call_id": request.call_id,
-            "server": request.server,
-            "tool": request.tool,
-        }
-        event: Event
-        if result.status == "ok":
-            content = result.content
-            truncated = len(content) > self.event_max_chars
-            event = ToolResultEvent(
-                **common,
-                content=content[: self.event_max_chars] if truncated else content,
-                truncated=truncated,
-                duration_ms=result.duration_ms,
-                worker=result.worker,
-            )
-        elif result.status == "timeout":
-            timeout = request.timeout_s or self._timeout_of(request)
-            event = ToolTimeout(**common, timeout_s=timeout)
-        else:
-            error = result.error or WireError(code="tool_exception", message="")
-            event = ToolErrorEvent(
-                **common, code=error.code, message=error.message, worker=result.worker
-            )
-        await self._publish(request, event)
-
-    async def _emit_cut(self, request: ToolCallRequest, fitted: Fitted[ToolResult]) -> None:
-        """Say that the call's result was cut to fit in one NATS message."""
-        log.warning(
-            "result of %s.%s cut from %d to %d bytes (max_payload %d) call_id=%s",
-            request.server, request.tool, fitted.size, len(fitted.data),
-            self.nc.max_payload, request.call_id,
-        )  # fmt: skip
-        event = PayloadTruncated(
-            tenant=request.tenant, session=request.session, turn_id=request.turn_id,
-            iteration=request.iteration, ts=time.time(), what="tool_result",
-            call_id=request.call_id, fields=fitted.cut, size=fitted.size,
-            kept=len(fitted.data), max_payload=self.nc.max_payload,
-        )  # fmt: skip
-        await self._publish(request, event)
-
-    async def _publish(self, request: ToolCallRequest, event: Event) -> None:
-        subject = self.subjects.event(request.tenant, request.session, event.type)
-        headers = {"Nats-Msg-Id": tool_event_msg_id(request.call_id, event.type)}
-        payload = fit(event, limit_of(self.nc)).data
-        if self.confirm_events:
-            future = await self._publisher.publish(subject, payload, headers)
-            future.add_done_callback(_log_failed_event)
-        else:
-            await self.nc.publish(subject, payload, headers=headers)
-
-    def _timeout_of(self, request: ToolCallRequest) -> float:
-        try:
-            return self.registry.get(request.server, request.tool).timeout_s
-        except ToolError:
-            return 0.0
 
     async def _reject(self, msg: Msg, reason: str) -> None:
         """Terminate a request that can never succeed; answer it if we can tell whom."""
@@ -574,10 +444,3 @@ class ToolWorker:
                 finished_at=time.time(),
             )
             await self.nc.publish(reply_to, encode(result))
-
-
-def _log_failed_event(future: asyncio.Future[Any]) -> None:
-    if future.cancelled():
-        return
-    if (exc := future.exception()) is not None:
-        log.warning("event not stored: %r", exc)
