@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from loopmesh.cluster import NatsCluster
 from loopmesh.server import NatsServer
+from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.shared_cluster import SharedCluster
 
@@ -127,6 +128,21 @@ class Durable:
 #: ``@pytest.mark.parametrize("durable", BOTH, indirect=True)``: once on one server,
 #: once on the cluster (started for the test).
 BOTH = ["single", "cluster"]
+
+
+def durable_nc() -> Any:
+    """An ``nc`` fixture on ``durable`` (one server or the cluster), reconnecting at
+    once, for a module whose tests run on both: ``nc = durable_nc()``."""
+
+    async def nc(durable: Durable) -> AsyncIterator[Client]:
+        client = await connect_fast(durable.url)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+    return pytest.fixture(nc)
+
 
 #: As :data:`BOTH`, but the module's tests share one cluster (``shared_cluster``): each
 #: gets it with every bucket emptied and every other stream that held anything deleted,

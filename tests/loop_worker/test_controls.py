@@ -6,7 +6,6 @@ import pytest
 from loop_worker.controls import Controls, send_control
 from loopmesh.testing.durable import (
     SUBJECTS,
-    connect_fast,
     kv_read,
     provision_short,
     stream_events,
@@ -14,7 +13,7 @@ from loopmesh.testing.durable import (
 )
 from schemas import ApprovalDecision, Cancel, Pause, Resume, Turn, encode
 from schemas.events import Error
-from tests.conftest import BOTH_SHARED
+from tests.conftest import BOTH_SHARED, durable_nc
 
 pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
@@ -24,13 +23,7 @@ def turn(turn_id: str = "t1", **kw) -> Turn:
     return Turn(id=turn_id, input="hi", created_at=time.time(), **kw)
 
 
-@pytest.fixture
-async def nc(durable):
-    client = await connect_fast(durable.url)
-    try:
-        yield client
-    finally:
-        await client.close()
+nc = durable_nc()
 
 
 @pytest.fixture

@@ -5,19 +5,13 @@ import pytest
 
 from loop_worker.errors import LeaseLostError
 from loop_worker.lease import Leases
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
-from tests.conftest import BOTH_SHARED
+from loopmesh.testing.durable import SUBJECTS, provision_short, wait_for
+from tests.conftest import BOTH_SHARED, durable_nc
 
 pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
 
-@pytest.fixture
-async def nc(durable):
-    client = await connect_fast(durable.url)
-    try:
-        yield client
-    finally:
-        await client.close()
+nc = durable_nc()
 
 
 @pytest.fixture

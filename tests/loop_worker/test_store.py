@@ -6,7 +6,7 @@ from loop_worker.engine.errors import StaleSessionError
 from loop_worker.store import KVSessionStore
 from loopmesh.testing.durable import SUBJECTS, connect_fast, kv_read, provision_short, wait_for
 from schemas import ChatMessage, SessionSnapshot, decode, encode
-from tests.conftest import BOTH_SHARED
+from tests.conftest import BOTH_SHARED, durable_nc
 
 pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
@@ -15,13 +15,7 @@ def snapshot(**kw) -> SessionSnapshot:
     return SessionSnapshot(tenant="acme", session="s1", **kw)
 
 
-@pytest.fixture
-async def nc(durable):
-    client = await connect_fast(durable.url)
-    try:
-        yield client
-    finally:
-        await client.close()
+nc = durable_nc()
 
 
 @pytest.fixture

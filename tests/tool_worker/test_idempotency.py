@@ -15,9 +15,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from loopmesh.testing.durable import connect_fast
 from schemas import call_id
-from tests.conftest import BOTH_SHARED, Durable
+from tests.conftest import BOTH_SHARED, Durable, durable_nc
 from tool_worker import Registry, ToolContext, load_module, to_tool, tool
 from tool_worker.builtins import http_fetch_tool
 from tool_worker.errors import RegistryError, ToolError
@@ -31,13 +30,7 @@ DEMO = Path(__file__).parent / "mcp_servers" / "demo.py"
 both = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)
 
 
-@pytest.fixture
-async def nc(durable: Durable) -> AsyncIterator[Client]:
-    client = await connect_fast(durable.url)
-    try:
-        yield client
-    finally:
-        await client.close()
+nc = durable_nc()
 
 
 @pytest.fixture

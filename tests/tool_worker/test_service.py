@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,10 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
 
-from loopmesh.testing.durable import connect_fast, kv_read, wait_for
+from loopmesh.testing.durable import kv_read, wait_for
 from schemas import ToolCallRequest, ToolResult, decode, encode, new_id
 from schemas.events import ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
-from tests.conftest import BOTH_SHARED, Durable
+from tests.conftest import BOTH_SHARED, Durable, durable_nc
 from tool_worker import Registry, load_module, to_tool, tool
 from tool_worker.builtins import builtin_tools
 
@@ -23,13 +22,7 @@ from .harness import SUBJECTS, EventLog, Requester, running
 pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R1 and R3
 
 
-@pytest.fixture
-async def nc(durable: Durable) -> AsyncIterator[Client]:
-    client = await connect_fast(durable.url)
-    try:
-        yield client
-    finally:
-        await client.close()
+nc = durable_nc()
 
 
 @pytest.fixture
