@@ -23,11 +23,11 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import openai
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client import Counter
 
 from schemas import ChatMessage, ToolCall
@@ -157,17 +157,34 @@ class OpenAILLM:
     ) -> Completion:
         s = self.settings
         started = time.perf_counter()
-        stream = await self._client.chat.completions.create(
-            model=model,
-            messages=cast("list[ChatCompletionMessageParam]", messages),
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if tools:
+            body["tools"] = list(tools)
+            if tool_choice:
+                body["tool_choice"] = tool_choice
+        for key, value in (
+            ("seed", s.seed),
+            ("temperature", s.temperature),
+            ("max_tokens", s.max_tokens),
+            ("response_format", response_format or None),
+        ):
+            if value is not None:
+                body[key] = value
+        # The client's documented request method, not ``chat.completions.create``: the
+        # body is already plain JSON, and create's typed-params transform costs about
+        # 0.2 ms of CPU per message of history on every call (10 ms at 42 messages).
+        # Errors, auth, headers and the SSE stream are the client's as before.
+        stream = await self._client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=ChatCompletion,
             stream=True,
-            stream_options={"include_usage": True},
-            tools=cast(Any, list(tools)) if tools else openai.omit,
-            tool_choice=cast(Any, tool_choice) if tools and tool_choice else openai.omit,
-            seed=openai.omit if s.seed is None else s.seed,
-            temperature=openai.omit if s.temperature is None else s.temperature,
-            max_tokens=openai.omit if s.max_tokens is None else s.max_tokens,
-            response_format=cast(Any, response_format) if response_format else openai.omit,
+            stream_cls=openai.AsyncStream[ChatCompletionChunk],
         )
         content: list[str] = []
         calls = ToolCallAssembler()

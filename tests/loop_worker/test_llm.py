@@ -81,6 +81,23 @@ async def test_text_streams_to_on_delta_in_order_and_is_returned_whole(fake_llm,
     assert "tools" not in sent and "temperature" not in sent
 
 
+async def test_the_settings_and_options_are_sent_as_given_and_unset_ones_left_out(
+    fake_llm, make_llm
+):
+    fake_llm.script(text("a"), text("b"))
+    schema = {"type": "json_schema", "json_schema": {"name": "plan", "schema": {}}}
+    llm = make_llm(seed=7, temperature=0.2, max_tokens=64)
+    choice = {"type": "function", "function": {"name": "add"}}
+    await llm.complete(HI, tools=TOOLS, tool_choice=choice, response_format=schema)
+    await make_llm().complete(HI, tool_choice="required")
+
+    given, bare = fake_llm.requests
+    assert (given["seed"], given["temperature"], given["max_tokens"]) == (7, 0.2, 64)
+    assert (given["tool_choice"], given["response_format"]) == (choice, schema)
+    left_out = {"seed", "temperature", "max_tokens", "tools", "tool_choice", "response_format"}
+    assert left_out.isdisjoint(bare), "a tool_choice without tools, or an unset setting"
+
+
 async def test_two_tool_calls_are_assembled_from_their_fragments(fake_llm, make_llm):
     fake_llm.script(
         tool_calls(("search", {"query": "nats kv"}), ("add", {"a": 1, "b": 2}), content="Let me.")
