@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from loopmesh.ports import free_port
 
@@ -192,13 +194,20 @@ ECHO_TOOL = {
 
 
 async def chat(client: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """One streamed completion (as loopmesh's engine makes it: the same bytes from the
-    fake server for every system), assembled into an assistant message."""
+    """One streamed completion, requested as loopmesh's engine requests it (the same
+    bytes to and from the fake server for every system), assembled into an assistant
+    message."""
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
-    stream = await client.chat.completions.create(
-        model="fake-model", messages=messages, tools=[ECHO_TOOL], stream=True,
-        stream_options={"include_usage": True},
+    # The request as loopmesh sends it: the client's post() with a plain JSON body,
+    # which skips create()'s typed-params transform (0.2 ms of CPU per message).
+    body = {
+        "model": "fake-model", "messages": messages, "tools": [ECHO_TOOL], "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    stream = await client.post(
+        "/chat/completions", body=body, cast_to=ChatCompletion, stream=True,
+        stream_cls=openai.AsyncStream[ChatCompletionChunk],
     )  # fmt: skip
     async with stream:
         async for chunk in stream:
