@@ -21,6 +21,7 @@ from typing import TypeVar
 from schemas import ToolSpec, Turn, WireError
 
 from .prompt import BUILTIN_SERVER
+from .scope import End
 from .settings import LoopSettings
 from .tooling import Call, Outcome
 
@@ -107,6 +108,16 @@ class Limits:
                 "'fail'. Set Turn.tool_failure (or [loop] tool_failure) to 'continue' to let "
                 "the model see tool errors and carry on."
             )
+        return None
+
+    def end_after(self, calls: Sequence[Call], outcomes: Sequence[Outcome]) -> End | None:
+        """How the turn ends once ``calls`` ran with ``outcomes``: a failed call in ``fail``
+        mode (:meth:`failed`), else calls refused for the cap (:meth:`over_cap`); ``None``
+        when it goes on."""
+        if (text := self.failed(outcomes)) is not None:
+            return End("tool_failed", content=text, error=text)
+        if (text := self.over_cap(calls)) is not None:
+            return End("max_tool_calls", content=text, error=text)
         return None
 
     def deadline_message(self) -> str:

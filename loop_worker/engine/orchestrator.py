@@ -37,7 +37,6 @@ import msgspec
 
 from schemas import ChatMessage, PlanStep, ToolSpec
 from schemas.events import (
-    EndReason,
     Error,
     LLMRequest,
     LLMResponse,
@@ -295,15 +294,9 @@ class Orchestrator:
             messages.append(ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id))
         self._set(pending=(), state={"messages": tuple(messages)})
         await self.save(self.scope.iteration)
-        ends: tuple[tuple[EndReason, str | None], ...] = (
-            ("tool_failed", self.limits.failed(outcomes)),
-            ("max_tool_calls", self.limits.over_cap(calls)),
-        )
-        for code, text in ends:
-            if text is not None:
-                await self.scope.emit(Error, code=code, message=text, fatal=True)
-                return End(code, content=text, error=text)
-        return None
+        if (end := self.limits.end_after(calls, outcomes)) is not None:
+            await self.scope.emit(Error, code=end.reason, message=end.content, fatal=True)
+        return end
 
     async def _synthesize(self) -> End | None:
         self._set(state={"phase": "synthesize"})

@@ -291,15 +291,9 @@ class TurnRun:
         """Run the pending calls (the last message asked for them) and add their results."""
         outcomes = await self.scope.race(runner.run(calls))
         self._add_results(outcomes)
-        if self.end is None:
-            ends: tuple[tuple[EndReason, str | None], ...] = (
-                ("tool_failed", self.limits.failed(outcomes)),
-                ("max_tool_calls", self.limits.over_cap(calls)),
-            )
-            for code, text in ends:
-                if text is not None:
-                    await self.scope.emit(Error, code=code, message=text, fatal=True)
-                    return End(code, content=text, error=text)
+        if self.end is None and (end := self.limits.end_after(calls, outcomes)) is not None:
+            await self.scope.emit(Error, code=end.reason, message=end.content, fatal=True)
+            return end
         for outcome in outcomes:
             count = self.breaker.record(outcome)
             if self.breaker.tripped(count):
