@@ -18,6 +18,7 @@ from nats.js import api as js_api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from loopmesh.aio import quietly
 from loopmesh.jetstream import kv_values
 from schemas import (
     ApprovalDecision,
@@ -208,10 +209,7 @@ class Backend:
                     pending = meta.num_pending or 0
                 out = out[-limit:]
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            await quietly(sub.unsubscribe())
         return out
 
     # -- health -----------------------------------------------------------------------

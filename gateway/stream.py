@@ -19,16 +19,15 @@ stream gets a ``: keepalive`` comment when its writer asks (:meth:`keepalive`).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 from nats.js import api as js_api
 
-from .fanout import Fanout, Item, SessionFeed, item
+from loopmesh.aio import quietly
 
-log = logging.getLogger("loopmesh.gateway.stream")
+from .fanout import Fanout, Item, SessionFeed, item
 
 KEEPALIVE = b": keepalive\r\n\r\n"
 _REPLAY_BATCH = 256
@@ -230,7 +229,4 @@ class EventStream:
                 if batch:
                     yield batch
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception as exc:
-                log.debug("event replay unsubscribe failed error=%r", exc)
+            await quietly(sub.unsubscribe())

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
+from loopmesh.aio import quietly
 from loopmesh.jetstream import ordered_subscribe
 from schemas import DecodeError, Subjects, Turn, encode, new_id
 from schemas.events import (
@@ -123,10 +124,7 @@ class Follower:
     async def __aexit__(self, *exc: object) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            await quietly(sub.unsubscribe())
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()

@@ -36,6 +36,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from loopmesh.aio import quietly
 from loopmesh.jetstream import KV, Publisher, open_kv, retry
 from schemas import (
     ApprovalDecision,
@@ -122,10 +123,7 @@ class Controls:
     async def close(self) -> None:
         subs, self._subs = self._subs, []
         for sub in subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            await quietly(sub.unsubscribe())
 
     @property
     def kv(self) -> KeyValue:

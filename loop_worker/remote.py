@@ -27,6 +27,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.js import api as js_api
 
+from loopmesh.aio import quietly
 from loopmesh.cli import config_from_args
 from loopmesh.errors import LoopmeshError, NatsConnectError
 from loopmesh.jetstream import ordered_subscribe
@@ -216,7 +217,7 @@ class NatsRemote:
                 if _turn_of(item) == turn.id:
                     yield item
         finally:
-            await _unsubscribe(sub)
+            await quietly(sub.unsubscribe())
 
     async def events(
         self, session: str, *, after: int | None, turn: str | None, follow: bool
@@ -243,7 +244,7 @@ class NatsRemote:
                 if not follow and msg.metadata.num_pending == 0:
                     return
         finally:
-            await _unsubscribe(sub)
+            await quietly(sub.unsubscribe())
 
     async def send(self, control: Control) -> None:
         await send_control(self.nc, self.subjects, control)
@@ -275,11 +276,6 @@ def _turn_of(item: Item) -> str:
         return _turn_id.decode(item.data).turn_id
     except msgspec.DecodeError:
         return ""
-
-
-async def _unsubscribe(sub: Any) -> None:
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
 
 
 # -- through the gateway ----------------------------------------------------------------

@@ -31,6 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from .aio import quietly
 from .retry import IN_PROCESS_ERR_CODE
 
 _SWEEP_EVERY = 4096  # publishes between drops of abandoned (cancelled) futures
@@ -104,10 +105,7 @@ class Publisher:
         """Unsubscribe and fail what is still waiting. Idempotent."""
         sub, self._sub = self._sub, None
         if sub is not None:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+            await quietly(sub.unsubscribe())
         waiting, self._waiting = self._waiting, {}
         for future, _ in waiting.values():
             if not future.done():
