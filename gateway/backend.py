@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import TypeVar
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -181,10 +182,25 @@ class Backend:
         if last == 0:
             return []
         start = max(first, last - scan + 1, 1)
+        out: list[tuple[int, bytes]] = []
+        subject = f"{self.subjects.prefix}.events.{tenant}.>"
+        async for batch in self.stored_events(subject, start, "latest events"):
+            out.extend((msg.metadata.sequence.stream, msg.data) for msg in batch)
+            out = out[-limit:]
+        return out
+
+    async def stored_events(
+        self, subject: str, start: int, what: str, batch: int = 256
+    ) -> AsyncGenerator[list[Msg]]:
+        """The events stream's messages on ``subject`` from sequence ``start`` to the last
+        one stored when this starts, in batches of at most ``batch``, read by an ephemeral
+        consumer (no acks, in memory, gone 30 s after its last use). A caller that stops
+        early closes it (``contextlib.aclosing``) so the consumer goes at once. ``what``
+        names the read in the error when NATS does not answer in time."""
         sub = await self._call(
-            "open latest events",
+            f"open {what}",
             self.js.pull_subscribe(
-                f"{self.subjects.prefix}.events.{tenant}.>",
+                subject,
                 stream=self.subjects.events_stream,
                 config=js_api.ConsumerConfig(
                     deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
@@ -195,22 +211,18 @@ class Backend:
                 ),
             ),
         )
-        out: list[tuple[int, bytes]] = []
         try:
-            info = await self._call("latest events info", sub.consumer_info())
+            info = await self._call(f"{what} info", sub.consumer_info())
             pending = info.num_pending or 0
             while pending > 0:
-                batch = await self._call(
-                    "fetch latest events", sub.fetch(min(pending, 256), timeout=self.timeout)
+                msgs = await self._call(
+                    f"fetch {what}", sub.fetch(min(pending, batch), timeout=self.timeout)
                 )
-                for msg in batch:
-                    meta = msg.metadata
-                    out.append((meta.sequence.stream, msg.data))
-                    pending = meta.num_pending or 0
-                out = out[-limit:]
+                if msgs:
+                    pending = msgs[-1].metadata.num_pending or 0
+                yield msgs
         finally:
             await quietly(sub.unsubscribe())
-        return out
 
     # -- health -----------------------------------------------------------------------
 

@@ -19,13 +19,11 @@ stream gets a ``: keepalive`` comment when its writer asks (:meth:`keepalive`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
-from nats.js import api as js_api
-
-from loopmesh.aio import quietly
 
 from .fanout import Fanout, Item, SessionFeed, item
 
@@ -189,44 +187,24 @@ class EventStream:
     async def _replay(self, start: int) -> AsyncIterator[list[Item]]:
         """The session's stored events from ``start`` to ``join``, in batches."""
         backend = self._fanout.backend
-        subjects = backend.subjects
-        sub = await backend._call(
-            "open event replay",
-            backend.js.pull_subscribe(
-                f"{subjects.prefix}.events.{self._tenant}.{self._session}.*",
-                stream=subjects.events_stream,
-                config=js_api.ConsumerConfig(
-                    deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
-                    opt_start_seq=start,
-                    ack_policy=js_api.AckPolicy.NONE,
-                    inactive_threshold=30.0,
-                    mem_storage=True,
-                ),
-            ),
-        )
-        try:
-            info = await backend._call("event replay info", sub.consumer_info())
-            pending = info.num_pending or 0
-            while pending > 0:
-                msgs = await backend._call(
-                    "fetch event replay",
-                    sub.fetch(min(pending, _REPLAY_BATCH), timeout=backend.timeout),
-                )
+        subject = f"{backend.subjects.prefix}.events.{self._tenant}.{self._session}.*"
+        stored = backend.stored_events(subject, start, "event replay", _REPLAY_BATCH)
+        async with contextlib.aclosing(stored):
+            async for msgs in stored:
                 batch: list[Item] = []
+                joined = False
                 for msg in msgs:
-                    meta = msg.metadata
-                    seq = meta.sequence.stream
-                    pending = meta.num_pending or 0
-                    if seq > self._join:
-                        pending = 0  # the feed has it
+                    seq = msg.metadata.sequence.stream
+                    if seq > self._join:  # the feed has it
+                        joined = True
                         break
                     one = item(seq, msg.subject.rpartition(".")[2], msg.data)
                     if self._turn is None or one.turn_id == self._turn:
                         batch.append(one)
                     if seq == self._join:
-                        pending = 0
+                        joined = True
                         break
                 if batch:
                     yield batch
-        finally:
-            await quietly(sub.unsubscribe())
+                if joined:
+                    return
