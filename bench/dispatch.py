@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, Missing, free_port, need_binary
+from loopmesh.process import terminate
 
 FS_SUBJECT = "bench.faststream.echo"
 
@@ -80,15 +81,6 @@ async def _drain(proc: asyncio.subprocess.Process) -> None:
     assert proc.stdout is not None
     async for _ in proc.stdout:
         pass
-
-
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    proc.terminate()
-    try:
-        await asyncio.wait_for(proc.wait(), 10)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
 
 
 async def measure_all(calls: int, scale_s: float = 4.0) -> Dispatch:
@@ -204,7 +196,7 @@ async def _faststream(url: str, calls: int) -> dict[int, dict[str, float]]:
         finally:
             await broker.stop()
     finally:
-        await _stop(proc)
+        await terminate(proc, 10)
 
 
 async def _serve_faststream(url: str) -> None:
@@ -255,8 +247,8 @@ async def _celery(tmp: Path, calls: int) -> dict[int, dict[str, float]]:
         pool.shutdown()
         return result
     finally:
-        await _stop(worker)
-        await _stop(server)
+        await terminate(worker, 10)
+        await terminate(server, 10)
 
 
 def run(args: argparse.Namespace) -> Dispatch:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import httpx
 
 from .errors import LoopmeshError
 from .ports import free_port
-from .process import die_with_parent
+from .process import die_with_parent, terminate
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 #: Replies of the demo model are cut here: it rambles, and CPUs are slow.
@@ -151,13 +150,8 @@ class LlamaServer:
         """SIGTERM, then SIGKILL after ``timeout`` (it waits for a reply in progress
         otherwise). Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), timeout)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        if proc is not None:
+            await terminate(proc, timeout)
         reader, self._reader = self._reader, None
         if reader is not None:
             await reader

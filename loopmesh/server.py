@@ -14,7 +14,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from types import TracebackType
 import httpx
 
 from .errors import NatsServerError, NatsServerNotFound
-from .process import die_with_parent
+from .process import die_with_parent, terminate
 
 _CLIENT = re.compile(rb"Listening for client connections on [\d.]+:(\d+)")
 _MONITOR = re.compile(rb"Starting http monitor on [\d.]+:(\d+)")
@@ -141,14 +140,8 @@ class NatsServer:
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.returncode is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await terminate(proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash would. The store directory is kept."""

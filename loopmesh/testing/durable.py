@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from nats.js.errors import NotFoundError
 from loopmesh.errors import ProvisionError
 from loopmesh.jetstream import KVEntry, retry
 from loopmesh.nats import connect
+from loopmesh.process import terminate
 from loopmesh.provision import has_msg_ttl, provision
 from loopmesh.settings import NatsSettings
 from schemas import Subjects, decode, definitions
@@ -205,13 +205,7 @@ class Proc:
 
     async def terminate(self, timeout: float = 20.0) -> int:
         assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            self.proc.kill()
-            return await self.proc.wait()
+        return await terminate(self.proc, timeout)
 
     async def close(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
