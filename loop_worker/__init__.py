@@ -6,27 +6,5 @@ modules beside it (``service``, ``lease``, ``store``, ``sink``, ``dispatch``,
 ``controls``, ``client``, ``cli``, ``config``) are the durable service on NATS.
 """
 
-from .engine.control import TurnControl
-from .engine.engine import Engine
-from .engine.hooks import SKIP, HookError, Hooks
-from .engine.inmemory import InMemoryEvents, InMemoryStore, LocalTools
-from .engine.protocols import LLM, Completion, EventSink, SessionStore, ToolDispatcher
-from .engine.settings import LLMSettings, LoopSettings
-
-__all__ = [
-    "LLM",
-    "SKIP",
-    "Completion",
-    "Engine",
-    "EventSink",
-    "HookError",
-    "Hooks",
-    "InMemoryEvents",
-    "InMemoryStore",
-    "LLMSettings",
-    "LocalTools",
-    "LoopSettings",
-    "SessionStore",
-    "ToolDispatcher",
-    "TurnControl",
-]
+from .engine import *  # noqa: F403 (the engine's public names: its __all__)
+from .engine import __all__ as __all__
