@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
@@ -50,8 +49,10 @@ from schemas import (  # noqa: E402
     decode,
     definitions,
     encode,
+    new_id,
     pool_consumer,
 )
+from schemas import call_id as make_call_id  # noqa: E402
 from tool_worker import Registry, to_tool, tool  # noqa: E402
 from tool_worker.service import ToolWorker  # noqa: E402
 
@@ -174,6 +175,7 @@ class Requester:
         self.waiting: dict[str, asyncio.Future[bytes]] = {}
         self.ack_errors = 0
         self.seq = 0
+        self.turn = new_id()
 
     async def start(self) -> None:
         await self.nc.subscribe(self.inbox + ".*", cb=self._on_reply)
@@ -190,7 +192,9 @@ class Requester:
 
     async def call(self, kind: str, pool: str, tool: str, arguments: dict[str, str]) -> float:
         self.seq += 1
-        call_id = f"c{os.getpid()}x{self.seq}x{time.monotonic_ns()}"
+        # as the loop worker makes them (a tool worker refuses any other): a fresh turn
+        # per requester keeps them apart from another run's on the same server
+        call_id = make_call_id("bench", "s", self.turn, 0, self.seq)
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiting[call_id] = fut
         reply_to = f"{self.inbox}.{call_id}"
@@ -199,7 +203,7 @@ class Requester:
             await self.nc.publish(RAW_SUBJECT, b"x" * 200, reply=reply_to)
         else:
             req = ToolCallRequest(
-                call_id=call_id, tenant="bench", session="s", turn_id="t", server="local",
+                call_id=call_id, tenant="bench", session="s", turn_id=self.turn, server="local",
                 tool=tool, arguments=arguments, reply_to=reply_to,
                 first_attempt=True,  # as the loop worker marks a turn's first run's calls
             )  # fmt: skip

@@ -8,6 +8,7 @@ from .events import EVENT_NAMES, EVENT_TYPES, AnyEvent, Event
 from .ids import (
     InvalidIdError,
     call_id,
+    check_call_id,
     check_token,
     is_token,
     new_id,
@@ -70,6 +71,7 @@ __all__ = [
     "WireError",
     "call_id",
     "catalog_key",
+    "check_call_id",
     "check_token",
     "decode",
     "definitions",

@@ -101,12 +101,60 @@ def call_id(tenant: str, session: str, turn_id: str, iteration: int, index: int)
     the whole would pass 64 characters; the hash covers it whole). Two tenants'
     turns ``t1`` get different call ids.
     """
-    scope = hashlib.blake2s(
-        turn_msg_id(tenant, session, turn_id).encode(), digest_size=_SCOPE_HEX // 2
-    ).hexdigest()
+    scope = _scope(tenant, session, turn_id)
     suffix = f"-{iteration}-{index}-{scope}"
     room = 64 - len(suffix)
     if room < 1:  # an absurd iteration count: hash it all
         raw = f"{scope}-{iteration}-{index}".encode()
         return f"c{hashlib.blake2s(raw, digest_size=16).hexdigest()}"
     return f"{turn_id[:room]}{suffix}"
+
+
+def _scope(tenant: str, session: str, turn_id: str) -> str:
+    key = turn_msg_id(tenant, session, turn_id).encode()
+    return hashlib.blake2s(key, digest_size=_SCOPE_HEX // 2).hexdigest()
+
+
+_CALL_ID = re.compile(r"-([0-9]+)-([0-9a-f]{24})\Z")
+
+
+def check_call_id(value: str, tenant: str, session: str, turn_id: str, iteration: int) -> int:
+    """Return the index of call id ``value`` if it is :func:`call_id` of this tenant,
+    session, turn and iteration, else raise :class:`InvalidIdError` saying what differs.
+
+    The index is read from the id (the digits before the hash) and the id made again
+    from it; only an exact match passes. A call id keys the effect record, so a request
+    whose id is another turn's would be answered with that turn's result (or record
+    over it): the tool worker refuses it with this check.
+
+    The long ``c<hash>`` form is refused: it hides the index, so it cannot be checked
+    without guessing one. :func:`call_id` makes it only when the iteration and the index
+    have 37 decimal digits between them; a loop counts its LLM calls and a completion's
+    tool calls from zero, so none gets near. Negative indexes are refused too (a
+    completion's calls are numbered from 0).
+    """
+    check_token(value, "call id")
+    match = _CALL_ID.search(value)
+    if match is None:
+        raise InvalidIdError(
+            "call id",
+            value,
+            "<turn>-<iteration>-<index>-<24 hex scope hash> as schemas.call_id makes it "
+            "(its long c<hash> form cannot be checked)",
+        )
+    if match[2] != _scope(tenant, session, turn_id):
+        raise InvalidIdError(
+            "call id",
+            value,
+            f"a call id of tenant {tenant!r}, session {session!r}, turn {turn_id!r} "
+            "(its scope hash is another turn's)",
+        )
+    index = int(match[1])
+    expected = call_id(tenant, session, turn_id, iteration, index)
+    if value != expected:
+        raise InvalidIdError(
+            "call id",
+            value,
+            f"{expected!r} (turn {turn_id!r}, iteration {iteration}, index {index})",
+        )
+    return index

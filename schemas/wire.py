@@ -16,7 +16,7 @@ class WireError(msgspec.Struct, frozen=True, kw_only=True):
 
     Codes: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``tool_exception``,
     ``mcp_error``, ``circuit_open``, ``cancelled``, ``unavailable``, ``rejected``,
-    ``invalid_request``.
+    ``invalid_request``, ``invalid_call_id``.
     """
 
     code: str
@@ -145,7 +145,8 @@ class ToolCallRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A tool call, published to ``<prefix>.tools.<pool>.<server>.<tool>``.
 
     ``call_id`` is deterministic (tenant, session, turn, iteration, index: see
-    :func:`schemas.ids.call_id`) and is the ``Nats-Msg-Id``
+    :func:`schemas.ids.call_id`; a tool worker refuses one that is not this request's
+    own, :func:`schemas.ids.check_call_id`) and is the ``Nats-Msg-Id``
     and the key of the call's effect record: a repeated call returns the recorded
     result instead of running again. ``reply_to`` is the requester's inbox.
     ``first_attempt`` says nobody asked for this call before (a turn's first run, by a

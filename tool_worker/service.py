@@ -7,7 +7,10 @@ once. For each request:
 
 1. decode the request (a request that cannot be decoded is terminated, never
    redelivered, and answered with ``invalid_request`` when its ``reply_to`` can be
-   recovered) and look up the call's effect record — except on the first delivery of
+   recovered; so is one whose call id is not :func:`schemas.call_id` of its tenant,
+   session, turn and iteration, with ``invalid_call_id``: the call id keys the effect
+   record, so another turn's would read or overwrite that turn's result) and look up
+   the call's effect record — except on the first delivery of
    a request marked ``first_attempt``, which cannot have one (a turn's first run asks
    for each call once, and the stream keeps one copy per call id);
 2. if there is an effect record, that is the result;
@@ -56,10 +59,12 @@ from loopmesh.payload import fit, limit_of
 from loopmesh.provision import ensure_consumer
 from schemas import (
     DecodeError,
+    InvalidIdError,
     Subjects,
     ToolCallRequest,
     ToolResult,
     WireError,
+    check_call_id,
     decode,
     encode,
     is_token,
@@ -341,6 +346,13 @@ class ToolWorker:
                 f"request for {request.server}.{request.tool} was published on {msg.subject}",
             )
             return
+        try:  # the call id keys the effect record: another turn's must not reach it
+            check_call_id(
+                request.call_id, request.tenant, request.session, request.turn_id, request.iteration
+            )
+        except InvalidIdError as exc:
+            await self._reject(msg, str(exc), code="invalid_call_id")
+            return
         running = self._calls.get(request.call_id)
         if running is not None:  # delivered again while it runs here: no second run
             await self._join(msg, request, running, free)
@@ -421,7 +433,7 @@ class ToolWorker:
         await msg.ack()
         return True
 
-    async def _reject(self, msg: Msg, reason: str) -> None:
+    async def _reject(self, msg: Msg, reason: str, code: str = "invalid_request") -> None:
         """Terminate a request that can never succeed; answer it if we can tell whom."""
         log.warning("rejecting request on %s: %s", msg.subject, reason)
         self.stats["rejected"] += 1
@@ -439,7 +451,7 @@ class ToolWorker:
             result = ToolResult(
                 call_id=call_id,
                 status="error",
-                error=WireError(code="invalid_request", message=reason),
+                error=WireError(code=code, message=reason),
                 worker=self.name,
                 finished_at=time.time(),
             )

@@ -28,7 +28,7 @@ from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import text
-from schemas import Subjects, ToolCallRequest, Turn, encode, new_id
+from schemas import Subjects, ToolCallRequest, Turn, call_id, encode, new_id
 from tool_worker import cli as tool_cli
 from tool_worker.config import ToolWorkerConfig, ToolWorkerSettings
 
@@ -130,11 +130,12 @@ async def test_every_scaled_object_sees_its_backlog(
     for _ in range(TURNS):
         turn = Turn(id=new_id(), tenant="acme", session=new_id(), input="hello")
         await publish_turn(js, SUBJECTS, turn)
-    for pool in pools:
-        for _ in range(CALLS):
+    for p, pool in enumerate(pools):
+        for i in range(CALLS):
             call = ToolCallRequest(
-                call_id=new_id(), tenant="acme", session="s1", turn_id="t1",
-                server="local", tool="calculator", arguments={"expression": "6*7"},
+                call_id=call_id("acme", "s1", "t1", 1, p * CALLS + i), tenant="acme",
+                session="s1", turn_id="t1", iteration=1, server="local", tool="calculator",
+                arguments={"expression": "6*7"},
             )  # fmt: skip
             await js.publish(
                 SUBJECTS.tool(pool, "local", "calculator"),

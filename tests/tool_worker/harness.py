@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -16,11 +17,13 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from schemas import AnyEvent, Subjects, ToolCallRequest, ToolResult, decode, encode, new_id
+from schemas import AnyEvent, Subjects, ToolCallRequest, ToolResult, decode, encode
+from schemas import call_id as make_call_id
 from tool_worker import Registry
 from tool_worker.service import ToolWorker
 
 SUBJECTS = Subjects()
+_INDEXES = itertools.count(1000)  # default indexes, apart from a test's own small ones
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,13 +54,21 @@ class Requester:
     def request(
         self, server: str, tool: str, arguments: dict[str, Any] | None = None, **kw: Any
     ) -> ToolCallRequest:
-        call_id = kw.pop("call_id", None) or new_id()
+        """A request as the loop worker makes it: the call id is ``call_id`` of its
+        tenant, session, turn, iteration and ``index`` (by default a fresh one, so a
+        test's calls never share an id), unless ``call_id`` is given."""
+        tenant, session = kw.pop("tenant", "t1"), kw.pop("session", "s1")
+        turn_id, iteration = kw.pop("turn_id", "turn1"), kw.pop("iteration", 2)
+        index = kw.pop("index", None)
+        call_id = kw.pop("call_id", None) or make_call_id(
+            tenant, session, turn_id, iteration, next(_INDEXES) if index is None else index
+        )
         return ToolCallRequest(
             call_id=call_id,
-            tenant=kw.pop("tenant", "t1"),
-            session=kw.pop("session", "s1"),
-            turn_id=kw.pop("turn_id", "turn1"),
-            iteration=kw.pop("iteration", 2),
+            tenant=tenant,
+            session=session,
+            turn_id=turn_id,
+            iteration=iteration,
             server=server,
             tool=tool,
             arguments=arguments or {},

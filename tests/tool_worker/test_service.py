@@ -11,7 +11,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
 
 from loopmesh.testing.durable import kv_read, wait_for
-from schemas import ToolCallRequest, ToolResult, decode, encode, new_id
+from schemas import ToolCallRequest, ToolResult, decode, encode
 from schemas.events import ToolErrorEvent, ToolResultEvent, ToolTimeout, tool_event_msg_id
 from tests.conftest import BOTH_SHARED, Durable, durable_nc
 from tool_worker import Registry, load_module, to_tool, tool
@@ -98,7 +98,10 @@ async def test_the_effect_record_is_read_unless_the_request_is_a_first_attempt(
     the record (there cannot be one); any other request or delivery reads it. A record
     planted under each call id shows which way each went."""
     effects = await js.key_value(SUBJECTS.effects_bucket)
-    ids = {name: new_id() for name in ("unmarked", "first", "redelivered")}
+    ids = {
+        name: requester.request("local", "echo").call_id
+        for name in ("unmarked", "first", "redelivered")
+    }
     for call_id in ids.values():
         planted = ToolResult(call_id=call_id, content="recorded", server="local", tool="echo")
         await effects.put(call_id, encode(planted))
