@@ -8,9 +8,9 @@ local web page on 127.0.0.1 (allowed to ``http_fetch`` by ``[tool_worker]
 http_allowlist``), then runs each task ``--runs`` times with ``loopmesh run``, each in a
 fresh session. A run succeeds when the task's tool was called (served by the tool
 worker), the turn ended by ``task_completion`` and its answer holds the tool's result:
-``391`` for the arithmetic, the hour and minute the clock tool returned for the time,
-the code on the page for the fetch. Prints the success rate per task. Needs the
-``local`` extra (``make run`` installs it).
+``391`` for the arithmetic, the hour and minute the clock tool returned for the time
+(and no other time of day), the code on the page for the fetch. Prints the success
+rate per task. Needs the ``local`` extra (``make run`` installs it).
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ class Task:
     tool: str  # "server.tool"
     #: the text the answer must hold, from the tool's result
     expected: Callable[[str], str]
+    #: what the answer says against the tool's result (result, answer → the parts)
+    contradicts: Callable[[str, str], list[str]] = lambda result, answer: []
 
 
 def tasks(page_url: str) -> list[Task]:
     return [
         Task("arithmetic", "What is 17 * 23?", "local.calculator", lambda _: "391"),
-        Task("time", "What time is it?", "local.current_time", _hour_minute),
+        Task("time", "What time is it?", "local.current_time", _hour_minute, _other_times),
         Task(
             "fetch",
             f"Fetch {page_url} and tell me what it says.",
@@ -58,6 +60,18 @@ def _hour_minute(result: str) -> str:
     """``2026-11-23T04:12:01+00:00`` → ``04:12``: what an answer to the time must say."""
     found = re.search(r"T(\d\d:\d\d)", result)
     return found.group(1) if found else "\0"  # no time in the result: nothing matches
+
+
+#: A time of day as written (``11:16`` or ``11:16:40``), not a UTC offset's ``+00:00``.
+_TIME = re.compile(r"(?<![\d:+-])(\d\d:\d\d(?::\d\d)?)")
+
+
+def _other_times(result: str, answer: str) -> list[str]:
+    """The times of day in ``answer`` that are not the result's (``11:17:45`` when the
+    clock said ``11:16:40``): a right hour and minute followed by a made-up time fails."""
+    found = re.search(r"T(\d\d:\d\d:\d\d)", result)
+    said = found.group(1) if found else "\0"
+    return [t for t in _TIME.findall(answer) if not said.startswith(t)]
 
 
 @dataclass
@@ -88,6 +102,8 @@ def judge(task: Task, events: list[dict[str, Any]]) -> Outcome:
         return Outcome(False, f"ended {end.get('reason')}: {answer[:120]!r}")
     if want not in answer:
         return Outcome(False, f"answer lacks {want!r}: {answer[:160]!r}")
+    if wrong := task.contradicts(result, answer):
+        return Outcome(False, f"answer also says {wrong}, not {result!r}: {answer[:160]!r}")
     return Outcome(True, f"answer {answer[:120]!r}")
 
 
