@@ -22,7 +22,7 @@ from .config import LoopWorkerConfig
 from .engine.constrained import ConstrainedLLM
 from .engine.llm import OpenAILLM
 from .engine.protocols import LLM
-from .engine.settings import LoopSettings
+from .engine.settings import LLMSettings, LoopSettings
 from .service import LoopWorker
 
 log = logging.getLogger("loopmesh.loop_worker")
@@ -117,17 +117,10 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
                 "[llm] base_url, api_key and model (or LOOPMESH_LLM__BASE_URL, "
                 "LOOPMESH_LLM__MODEL, OPENAI_API_KEY)."
             )
-            embedded = msgspec.structs.replace(
-                config.llm,
-                base_url=server.base_url,
-                api_key="local",
-                model=server.model,
-                max_tokens=config.llm.max_tokens or llama.MAX_TOKENS,
-                temperature=0.0 if config.llm.temperature is None else config.llm.temperature,
-                seed=llama.SEED if config.llm.seed is None else config.llm.seed,
-            )
             embedded_config = msgspec.structs.replace(
-                config, llm=embedded, loop=demo_loop_settings(config.loop)
+                config,
+                llm=demo_llm_settings(config.llm, server),
+                loop=demo_loop_settings(config.loop),
             )
             await serve(embedded_config, stop, provision=False, announce=True)
         finally:
@@ -136,10 +129,39 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
     return service
 
 
+def demo_llm_settings(llm: LLMSettings, server: llama.LlamaServer) -> LLMSettings:
+    """The LLM settings for the embedded demo model on ``server``: its sampling options
+    (see :mod:`loopmesh.llama`), unless ``[llm]`` sets them."""
+    return msgspec.structs.replace(
+        llm,
+        base_url=server.base_url,
+        api_key="local",
+        model=server.model,
+        max_tokens=llm.max_tokens or llama.MAX_TOKENS,
+        temperature=0.0 if llm.temperature is None else llm.temperature,
+        seed=llama.SEED if llm.seed is None else llm.seed,
+        copy_repeat_penalty=(
+            llama.COPY_REPEAT_PENALTY
+            if llm.copy_repeat_penalty is None
+            else llm.copy_repeat_penalty
+        ),
+    )
+
+
 def demo_loop_settings(loop: LoopSettings) -> LoopSettings:
     """The loop settings for the embedded demo model: the constrained tool choice (a
     135M model seldom calls a tool unaided; see ``engine/constrained.py``)."""
     return msgspec.structs.replace(loop, tool_choice_strategy="constrained")
+
+
+async def copying_llm(settings: LLMSettings, stack: contextlib.AsyncExitStack) -> OpenAILLM | None:
+    """The constrained strategy's LLM for its second step, when ``copy_repeat_penalty``
+    sets one of its own."""
+    penalty = settings.copy_repeat_penalty
+    if penalty is None or penalty == settings.repeat_penalty:
+        return None
+    copying = OpenAILLM(msgspec.structs.replace(settings, repeat_penalty=penalty))
+    return await stack.enter_async_context(copying)
 
 
 async def _start_unless_stopped(server: llama.LlamaServer, stop: asyncio.Event) -> bool:
@@ -188,7 +210,7 @@ async def serve(
         async with OpenAILLM(config.llm) as openai_llm, contextlib.AsyncExitStack() as stack:
             llm: LLM = openai_llm
             if config.loop.tool_choice_strategy == "constrained":
-                llm = ConstrainedLLM(openai_llm)
+                llm = ConstrainedLLM(openai_llm, copying=await copying_llm(config.llm, stack))
             worker = LoopWorker(nc, config, llm=llm)
             port = config.loop_worker.metrics_port
             if port is not None:

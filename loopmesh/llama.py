@@ -32,6 +32,12 @@ MODEL_ALIAS = "smollm2-135m-instruct"
 MAX_TOKENS = 256
 #: Its sampling seed (with temperature 0: the same prompt, the same reply).
 SEED = 1234
+#: No repeat penalty where a reply copies values from its prompt (the constrained
+#: strategy's arguments and answer; llama-cpp-python's server applies 1.1 unless told):
+#: penalized, the model swaps a result's digits for ones the prompt lacks
+#: (``11:16:40.174394`` came back as ``11:17:45.989999``). The choice of a tool keeps
+#: the server's penalty, under which it picks the tools a request asks for.
+COPY_REPEAT_PENALTY = 1.0
 INSTALL_HINT = "pip install 'loopmesh[local]' (builds llama.cpp: about five minutes)"
 
 

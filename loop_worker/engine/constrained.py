@@ -22,6 +22,8 @@ function (grammar-constrained decoding on llama.cpp, vLLM and OpenAI alike):
    llama.cpp and others build from the schema then lets it write only those.
    A call cut by the reply's token limit inside a string (a small model that repeats
    itself does this to its answer) is closed (:func:`closed`), so it keeps what it wrote.
+   This step may go to an LLM of its own (``copying``): the embedded demo model's has
+   no repeat penalty, which would make it change the values it copies.
 
 The results a step-2 prompt shows are made plain for a small model
 (:func:`readable`): a JSON object as ``key: value`` lines, markup (HTML) as its text.
@@ -78,14 +80,17 @@ class ChoosingLLM(Protocol):
 class ConstrainedLLM:
     """An :class:`~.protocols.LLM` whose every reply with tools offered is one tool call."""
 
-    def __init__(self, inner: ChoosingLLM) -> None:
+    def __init__(self, inner: ChoosingLLM, *, copying: ChoosingLLM | None = None) -> None:
         self.inner = inner
+        #: step 2's LLM (``inner`` unless given): its reply copies values from its prompt
+        self.copying = copying or inner
 
     async def aclose(self) -> None:
-        """Close the inner LLM, if it closes. Idempotent when its ``aclose`` is."""
-        aclose = getattr(self.inner, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        """Close the inner LLMs, if they close. Idempotent when their ``aclose`` is."""
+        for llm in dict.fromkeys((self.inner, self.copying)):
+            aclose = getattr(llm, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def complete(
         self,
@@ -109,7 +114,7 @@ class ConstrainedLLM:
             ChatMessage(role="system", content=system),
             ChatMessage(role="user", content=turn.brief()),
         ]
-        completion = await self.inner.complete(
+        completion = await self.copying.complete(
             prompt,
             tools=[spec],
             model=model,

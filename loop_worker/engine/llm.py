@@ -172,6 +172,7 @@ class OpenAILLM:
             ("temperature", s.temperature),
             ("max_tokens", s.max_tokens),
             ("response_format", response_format or None),
+            ("repeat_penalty", s.repeat_penalty),  # llama.cpp's, not an OpenAI field
         ):
             if value is not None:
                 body[key] = value

@@ -26,6 +26,12 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     seed: Count | None = None  # sampling seed, for endpoints that take one (repeatable replies)
+    # llama.cpp's repeat_penalty, sent outside the OpenAI fields when set (None: the
+    # server's own; llama-cpp-python's is 1.1)
+    repeat_penalty: Annotated[float, msgspec.Meta(gt=0, le=2)] | None = None
+    # repeat_penalty for the constrained strategy's second step (a tool's arguments, the
+    # answer), whose reply copies values from its prompt (None: as repeat_penalty)
+    copy_repeat_penalty: Annotated[float, msgspec.Meta(gt=0, le=2)] | None = None
     fallback_message: str = (
         "I could not reach a language model to answer this. Please try again later."
     )
