@@ -21,6 +21,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Collection
 from pathlib import Path
 from types import TracebackType
 
@@ -120,11 +121,13 @@ class NatsCluster:
     @property
     def url(self) -> str:
         """Every node's client URL, comma-separated (what ``[nats] url`` accepts)."""
-        return ",".join(n.url for n in self.nodes)
+        return ",".join(self.urls)
 
     @property
     def urls(self) -> list[str]:
-        return [n.url for n in self.nodes]
+        """The client URL of each node started at least once (one yet to start has no
+        port yet)."""
+        return [n.url for n in self.nodes if n.port > 0]
 
     def node(self, name: str) -> ClusterNode:
         for n in self.nodes:
@@ -132,13 +135,15 @@ class NatsCluster:
                 return n
         raise KeyError(f"no node {name!r} in {[n.name for n in self.nodes]}")
 
-    async def start(self) -> None:
+    async def start(self, *, down: Collection[str] = ()) -> None:
+        """Start every node but those named in ``down`` (a node yet to join: start it
+        with ``node.start()``); return once the cluster is ready."""
         for attempt in range(1, _START_ATTEMPTS + 1):
             for node in self.nodes:
                 node.port = node.monitor_port = -1
                 node.route_port = free_port(node.host)
             try:
-                await asyncio.gather(*(n.start() for n in self.nodes))
+                await asyncio.gather(*(n.start() for n in self.nodes if n.name not in down))
                 await self.wait_ready()
                 return
             except NatsServerError as exc:

@@ -13,6 +13,10 @@ shorter KV history, turning a pull consumer into something else — is refused w
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
@@ -35,6 +39,16 @@ _RETENTION = {
 _STORAGE = {"file": js_api.StorageType.FILE, "memory": js_api.StorageType.MEMORY}
 _KV_DUPLICATE_WINDOW_S = 120.0
 
+log = logging.getLogger("loopmesh.provision")
+
+#: nats-server's "no suitable peers for placement": the cluster has not heard from as
+#: many JetStream servers as the replicas asked for. It passes when the cluster has just
+#: started or a node is restarting (a rolling upgrade), so a create or update waits for
+#: it up to ``placement_wait_s`` (:data:`PLACEMENT_WAIT_S`); one that never passes (a
+#: cluster smaller than the replicas) is then refused with that said.
+NO_PEERS_ERR_CODE = 10005
+PLACEMENT_WAIT_S = 30.0
+
 #: Headers of a KV put that outlives the bucket's TTL (per-message TTL, nats-server 2.11+;
 #: every bucket allows it, see :func:`ensure_bucket`).
 PIN_HEADERS = {"Nats-TTL": "never"}
@@ -48,15 +62,26 @@ def has_msg_ttl(nc: Client) -> bool:
     return (version.major, version.minor) >= (2, 11)
 
 
-async def provision(js: JetStreamContext, defs: Definitions, *, msg_ttl: bool = True) -> list[str]:
+async def provision(
+    js: JetStreamContext,
+    defs: Definitions,
+    *,
+    msg_ttl: bool = True,
+    placement_wait_s: float = PLACEMENT_WAIT_S,
+) -> list[str]:
     """Ensure every stream, consumer and bucket of ``defs``; return what was done."""
-    actions = [await ensure_stream(js, s) for s in defs.streams]
+    wait = placement_wait_s
+    actions = [await ensure_stream(js, s, placement_wait_s=wait) for s in defs.streams]
     actions += [await ensure_consumer(js, c) for c in defs.consumers]
-    actions += [await ensure_bucket(js, b, msg_ttl=msg_ttl) for b in defs.buckets]
+    actions += [
+        await ensure_bucket(js, b, msg_ttl=msg_ttl, placement_wait_s=wait) for b in defs.buckets
+    ]
     return [a for a in actions if a]
 
 
-async def provision_all(nc: Client, settings: NatsSettings) -> list[str]:
+async def provision_all(
+    nc: Client, settings: NatsSettings, *, placement_wait_s: float = PLACEMENT_WAIT_S
+) -> list[str]:
     """Provision everything loopmesh needs under ``settings.prefix``."""
     defs = definitions(
         Subjects(settings.prefix),
@@ -65,10 +90,14 @@ async def provision_all(nc: Client, settings: NatsSettings) -> list[str]:
         sessions_ttl_s=settings.sessions_ttl_s,
         replicas=settings.replicas,
     )
-    return await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
+    return await provision(
+        nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=placement_wait_s
+    )
 
 
-async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
+async def ensure_stream(
+    js: JetStreamContext, s: StreamDef, *, placement_wait_s: float = PLACEMENT_WAIT_S
+) -> str:
     # The server refuses a duplicate window longer than the stream keeps messages.
     window = min(s.duplicate_window_s, s.max_age_s) if s.max_age_s else s.duplicate_window_s
     want: dict[str, Any] = {
@@ -85,7 +114,9 @@ async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
     info = await _stream_info(js, s.name)
     if info is None:
         config = js_api.StreamConfig(name=s.name, retention=retention, storage=storage, **want)
-        await _call(f"create stream {s.name}", js.add_stream(config))
+        await _placed(
+            f"create stream {s.name}", lambda: js.add_stream(config), s.replicas, placement_wait_s
+        )
         return f"created stream {s.name}"
     have = info.config
     if have.retention != retention:
@@ -113,7 +144,10 @@ async def ensure_stream(js: JetStreamContext, s: StreamDef) -> str:
     changes = _diff(have, want)
     if not changes:
         return ""
-    await _call(f"update stream {s.name}", js.update_stream(have.evolve(**want)))
+    update = have.evolve(**want)
+    await _placed(
+        f"update stream {s.name}", lambda: js.update_stream(update), s.replicas, placement_wait_s
+    )
     return f"updated stream {s.name} ({changes})"
 
 
@@ -152,7 +186,13 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
     return f"updated consumer {name} ({changes})"
 
 
-async def ensure_bucket(js: JetStreamContext, b: KVDef, *, msg_ttl: bool = True) -> str:
+async def ensure_bucket(
+    js: JetStreamContext,
+    b: KVDef,
+    *,
+    msg_ttl: bool = True,
+    placement_wait_s: float = PLACEMENT_WAIT_S,
+) -> str:
     """A KV bucket; ``ttl_s`` is the bucket's TTL (0: keys never expire). ``msg_ttl``:
     the server has per-message TTL (:func:`has_msg_ttl`), which the bucket then allows."""
     stream = f"KV_{b.bucket}"
@@ -177,7 +217,12 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef, *, msg_ttl: bool = True)
             replicas=b.replicas,
             direct=True,
         )
-        await _call(f"create bucket {b.bucket}", js.create_key_value(config))
+        await _placed(
+            f"create bucket {b.bucket}",
+            lambda: js.create_key_value(config),
+            b.replicas,
+            placement_wait_s,
+        )
         return f"created bucket {b.bucket}"
     have = info.config
     if b.history < have.max_msgs_per_subject:
@@ -192,7 +237,9 @@ async def ensure_bucket(js: JetStreamContext, b: KVDef, *, msg_ttl: bool = True)
         return ""
     window = min(_KV_DUPLICATE_WINDOW_S, b.ttl_s) if b.ttl_s else _KV_DUPLICATE_WINDOW_S
     update = have.evolve(**want, duplicate_window=window)
-    info = await _call(f"update bucket {b.bucket}", js.update_stream(update))
+    info = await _placed(
+        f"update bucket {b.bucket}", lambda: js.update_stream(update), b.replicas, placement_wait_s
+    )
     if msg_ttl and not info.config.allow_msg_ttl and not have.allow_msg_ttl:
         # asked of a server before 2.11 by a caller that did not know: it dropped the
         # field, so it is no change (and pinned pools refuse to run there)
@@ -219,12 +266,41 @@ async def _messages_on(js: JetStreamContext, stream: str, subject: str) -> int:
     return sum((info.state.subjects or {}).values()) if info.state.subjects else 0
 
 
-async def _call(what: str, op: Any) -> Any:
+async def _call(what: str, op: Awaitable[Any]) -> Any:
     try:
         return await op
     except APIError as exc:
-        name = what.rsplit(" ", 1)[-1]
-        raise ProvisionError(name, f"cannot {what}: {exc.description or exc}") from exc
+        raise _refused(what, exc) from exc
+
+
+async def _placed(what: str, op: Callable[[], Awaitable[Any]], replicas: int, wait_s: float) -> Any:
+    """``await op()``, waiting up to ``wait_s`` for a cluster to have as many JetStream
+    servers up as ``replicas`` (:data:`NO_PEERS_ERR_CODE`)."""
+    deadline = time.monotonic() + wait_s
+    waited = False
+    while True:
+        try:
+            return await op()
+        except APIError as exc:
+            if getattr(exc, "err_code", None) != NO_PEERS_ERR_CODE:
+                raise _refused(what, exc) from exc
+            if time.monotonic() + 0.5 > deadline:
+                raise _refused(
+                    what,
+                    exc,
+                    f" (waited {wait_s:g} s for {replicas} JetStream servers to be up: "
+                    f"does the cluster have {replicas}, each with JetStream enabled and "
+                    "room for it?)",
+                ) from exc
+            if not waited:
+                log.warning("waiting for %d JetStream servers to %s", replicas, what)
+                waited = True
+            await asyncio.sleep(0.5)  # the server tells no one when a peer joins
+
+
+def _refused(what: str, exc: APIError, detail: str = "") -> ProvisionError:
+    name = what.rsplit(" ", 1)[-1]
+    return ProvisionError(name, f"cannot {what}: {exc.description or exc}{detail}")
 
 
 def _diff(have: Any, want: dict[str, Any]) -> str:

@@ -22,7 +22,6 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from loopmesh.errors import ProvisionError
 from loopmesh.jetstream import KVEntry, retry
 from loopmesh.nats import connect
 from loopmesh.process import terminate
@@ -55,19 +54,9 @@ async def provision_short(
     defs = definitions(
         subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, replicas=replicas
     )
-    deadline = time.monotonic() + START_S
-    while True:
-        try:
-            await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc))
-            return
-        except ProvisionError as exc:
-            # A cluster just started may not know its peers' JetStream resources yet
-            # (nats-server: "no suitable peers for placement"): it does in a moment.
-            if replicas == 1 or "no suitable peers" not in str(exc):
-                raise
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    # A cluster just started may not know its peers' JetStream resources yet: provision
+    # waits for them.
+    await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=START_S)
 
 
 async def stream_events(

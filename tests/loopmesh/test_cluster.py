@@ -1,8 +1,11 @@
 """The 3-node cluster fixture, and provisioning's replica setting on it."""
 
+import asyncio
+
 import pytest
 
 from loopmesh.cluster import NatsCluster
+from loopmesh.errors import ProvisionError
 from loopmesh.jetstream import KVEntry, Publisher, open_kv
 from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings
@@ -74,6 +77,39 @@ async def test_a_restarted_node_keeps_its_ports_and_store_and_rejoins(tmp_path):
             await cluster.wait_ready()
         finally:
             await nc.close()
+
+
+async def test_provisioning_waits_for_a_node_yet_to_join(tmp_path):
+    cluster = NatsCluster(tmp_path / "c")
+    await cluster.start(down={"n3"})  # two of three: the meta group has a quorum
+    nc = await connect_fast(cluster.url)
+    try:
+        provisioning = asyncio.create_task(provision_all(nc, NatsSettings(replicas=3)))
+        await asyncio.sleep(1)
+        assert not provisioning.done()  # "no suitable peers for placement": waiting
+        await cluster.node("n3").start()
+        assert f"created stream {S.events_stream}" in await provisioning
+        info = await nc.jetstream().stream_info(S.events_stream)
+        assert info.cluster is not None
+        assert {p.name for p in info.cluster.replicas or []} | {info.cluster.leader} == {
+            "n1",
+            "n2",
+            "n3",
+        }
+    finally:
+        await nc.close()
+        await cluster.stop()
+
+
+async def test_replicas_the_cluster_cannot_hold_are_refused_after_the_wait(nats_cluster):
+    nc = await connect_fast(nats_cluster.url)
+    try:
+        with pytest.raises(ProvisionError, match="no suitable peers") as refused:
+            await provision_all(nc, NatsSettings(replicas=4), placement_wait_s=1)
+        assert "waited 1 s for 4 JetStream servers to be up" in str(refused.value)
+        assert refused.value.name == S.turns_stream
+    finally:
+        await nc.close()
 
 
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
