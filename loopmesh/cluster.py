@@ -1,11 +1,12 @@
 """A JetStream cluster of ``nats-server`` processes on loopback, for tests and benches.
 
 Three nodes by default, each with its own store and server name, joined by cluster
-routes. Client and monitoring ports are picked by each server; route ports are picked
-free beforehand (every node must know its peers' before it starts: a JetStream cluster
-refuses to start without routes), and a start that loses a port to another process is
-retried with new ones. A node restarted (or killed and started again) keeps its ports
-and its store, as a real one would::
+routes. Every port is picked free beforehand (every node must know its peers' route
+ports before it starts: a JetStream cluster refuses to start without routes), below the
+kernel's ephemeral range, so that no outgoing connection holds a port a node restarts
+on; a start that loses a port to another process is retried with new ones. A node
+restarted (or killed and started again) keeps its ports and its store, as a real one
+would::
 
     async with NatsCluster(tmp_path / "cluster") as cluster:
         nc = await nats.connect(cluster.url)   # every node's URL, comma-separated
@@ -26,16 +27,27 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+import nats
+from nats.js.api import StorageType
+from nats.js.errors import BadRequestError
 
 from .errors import NatsServerError
-from .ports import free_port
+from .ports import free_ports
+from .provision import NO_PEERS_ERR_CODE
 from .server import NatsServer
 
 _START_ATTEMPTS = 3  # a free port picked beforehand may be taken before the node binds it
+_UNPLACEABLE = "the cluster places no stream"
+_START_AGAIN = ("address already in use", _UNPLACEABLE)
+_PLACEMENT_S = 15.0
+_PROBE = "LOOPMESH_PLACEMENT_PROBE"
 
 
 class ClusterNode(NatsServer):
     """One node: a :class:`~loopmesh.server.NatsServer` that also listens for routes."""
+
+    # nats-server binds its route port after it says it is ready, and exits if it cannot
+    ready_lines = (*NatsServer.ready_lines, b"Listening for route connections")
 
     def __init__(self, store_dir: Path, *, name: str, cluster: str, host: str) -> None:
         super().__init__(store_dir, host=host)
@@ -139,20 +151,50 @@ class NatsCluster:
         """Start every node but those named in ``down`` (a node yet to join: start it
         with ``node.start()``); return once the cluster is ready."""
         for attempt in range(1, _START_ATTEMPTS + 1):
-            for node in self.nodes:
-                node.port = node.monitor_port = -1
-                node.route_port = free_port(node.host)
+            ports = free_ports(3 * len(self.nodes), self.nodes[0].host)
+            for i, node in enumerate(self.nodes):
+                node.port, node.monitor_port, node.route_port = ports[3 * i : 3 * i + 3]
             try:
                 await asyncio.gather(*(n.start() for n in self.nodes if n.name not in down))
                 await self.wait_ready()
+                if not down and len(self.nodes) > 1:
+                    await self.wait_placeable()
                 return
             except NatsServerError as exc:
                 await self.stop()
-                if attempt == _START_ATTEMPTS or "address already in use" not in str(exc):
+                if attempt == _START_ATTEMPTS or not any(why in str(exc) for why in _START_AGAIN):
                     raise
             except BaseException:
                 await self.stop()
                 raise
+
+    async def wait_placeable(self, replicas: int = 0, timeout: float = _PLACEMENT_S) -> None:
+        """Until the meta leader places a stream of ``replicas`` (default: every node): a
+        probe stream, created and deleted. In CI, nats-server 2.10.25 once refused every
+        R3 stream ("no suitable peers for placement", 10005) for 150 s, on a cluster
+        whose routes were all up and whose meta leader listed every peer as current;
+        :meth:`start` begins such a start again rather than hand it to a test."""
+        replicas = replicas or len(self.nodes)
+        deadline = time.monotonic() + timeout
+        nc = await nats.connect(servers=self.urls)
+        try:
+            js = nc.jetstream()
+            while True:
+                try:
+                    await js.add_stream(
+                        name=_PROBE, storage=StorageType.MEMORY, num_replicas=replicas
+                    )
+                    await js.delete_stream(_PROBE)
+                    return
+                except BadRequestError as exc:
+                    if exc.err_code != NO_PEERS_ERR_CODE or time.monotonic() > deadline:
+                        raise NatsServerError(
+                            f"{_UNPLACEABLE}: R{replicas} refused for {timeout:g} s "
+                            f"({exc.description})"
+                        ) from exc
+                await asyncio.sleep(0.2)  # no event says the leader knows its peers
+        finally:
+            await nc.close()
 
     async def stop(self) -> None:
         """Stop every node. Idempotent."""

@@ -26,7 +26,7 @@ from .process import die_with_parent, terminate
 
 _CLIENT = re.compile(rb"Listening for client connections on [\d.]+:(\d+)")
 _MONITOR = re.compile(rb"Starting http monitor on [\d.]+:(\d+)")
-_READY = b"Server is ready"
+_ERROR = re.compile(rb"(\[(?:FTL|ERR)\] .*)")
 
 
 def find_binary() -> str:
@@ -47,6 +47,8 @@ def find_binary() -> str:
 class NatsServer:
     """One nats-server process. ``port=-1`` picks a free port on first start; a restart
     (``await server.restart()``) keeps the port and the store, as a real restart would."""
+
+    ready_lines: tuple[bytes, ...] = (b"Server is ready",)
 
     def __init__(
         self,
@@ -108,16 +110,13 @@ class NatsServer:
             raise
 
     async def _wait_ready(self) -> None:
-        assert self._proc is not None
+        """Until the log has every line of :attr:`ready_lines` and ``/healthz`` says
+        JetStream is up. A server that exits first is reported with the end of its log,
+        where nats-server writes why (``-l`` sends its fatal errors there, not to stderr)."""
         deadline = time.monotonic() + self.start_timeout
         log = b""
-        while _READY not in log:
-            if self._proc.returncode is not None:
-                err = await self._proc.stderr.read() if self._proc.stderr else b""
-                raise NatsServerError(
-                    f"nats-server exited with code {self._proc.returncode}: "
-                    f"{(err or log[-2000:]).decode(errors='replace').strip()}"
-                )
+        while not all(line in log for line in self.ready_lines):
+            await self._check_alive()
             if time.monotonic() > deadline:
                 raise NatsServerError(f"nats-server not ready after {self.start_timeout}s")
             await asyncio.sleep(0.01)  # polling a log file: there is no event to wait on
@@ -128,14 +127,32 @@ class NatsServer:
             self.monitor_port = int(m.group(1))
         async with httpx.AsyncClient() as http:
             while True:
-                r = await http.get(
-                    f"{self.monitor_url}/healthz", params={"js-enabled-only": "true"}
-                )
-                if r.status_code == 200:
-                    return
+                await self._check_alive()
+                try:
+                    r = await http.get(
+                        f"{self.monitor_url}/healthz", params={"js-enabled-only": "true"}
+                    )
+                    if r.status_code == 200:
+                        return
+                    why = r.text
+                except httpx.TransportError as exc:  # exited meanwhile? the check says so
+                    why = repr(exc)
                 if time.monotonic() > deadline:
-                    raise NatsServerError(f"JetStream not healthy: {r.text}")
+                    raise NatsServerError(f"JetStream not healthy: {why}")
                 await asyncio.sleep(0.02)
+
+    async def _check_alive(self) -> None:
+        assert self._proc is not None
+        if self._proc.returncode is None:
+            return
+        err = await self._proc.stderr.read() if self._proc.stderr else b""
+        lines = self.log_file.read_bytes().splitlines()  # read after the exit: all there
+        errors = [m.group(1) for line in lines if (m := _ERROR.search(line))]
+        why = err or b"\n".join((errors or lines)[-3:])
+        raise NatsServerError(
+            f"nats-server exited with code {self._proc.returncode}: "
+            f"{why.decode(errors='replace').strip()}"
+        )
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""

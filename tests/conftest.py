@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from nats.aio.client import Client
 
 from loopmesh.cluster import NatsCluster
+from loopmesh.ports import free_ports
 from loopmesh.server import NatsServer
 from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
@@ -53,8 +54,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
     """A fresh nats-server with JetStream on free ports and a temporary store."""
-    async with NatsServer(tmp_path / "nats") as server:
+    async with restartable_server(tmp_path / "nats") as server:
         yield server
+
+
+def restartable_server(store_dir: Path) -> NatsServer:
+    """A nats-server on ports below the ephemeral range: one restarted finds its port
+    free, where a port the kernel picked could meanwhile be any outgoing connection's."""
+    port, monitor_port = free_ports(2)
+    return NatsServer(store_dir, port=port, monitor_port=monitor_port)
 
 
 @pytest.fixture
@@ -170,7 +178,7 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         async with NatsCluster(tmp_path / "cluster") as cluster:
             yield Durable("cluster", cluster.url, 3, cluster=cluster)
     else:
-        async with NatsServer(tmp_path / "nats") as server:
+        async with restartable_server(tmp_path / "nats") as server:
             yield Durable("single", server.url, 1, server=server)
 
 

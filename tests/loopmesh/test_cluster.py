@@ -1,12 +1,15 @@
 """The 3-node cluster fixture, and provisioning's replica setting on it."""
 
 import asyncio
+import socket
 
 import pytest
 
+from loopmesh import cluster as cluster_module
 from loopmesh.cluster import NatsCluster
-from loopmesh.errors import ProvisionError
+from loopmesh.errors import NatsServerError, ProvisionError
 from loopmesh.jetstream import KVEntry, Publisher, open_kv
+from loopmesh.ports import free_ports
 from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import connect_fast, wait_for
@@ -79,6 +82,35 @@ async def test_a_restarted_node_keeps_its_ports_and_store_and_rejoins(tmp_path):
             await nc.close()
 
 
+async def test_a_start_that_loses_a_route_port_begins_again_with_new_ones(tmp_path, monkeypatch):
+    """Route ports are picked free before the nodes start, and another process (or a
+    node's own client port) can take one first. nats-server binds its route port after
+    it logs that it is ready, then exits; the start sees the exit and its reason, and
+    begins again with new ports."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks: list[list[int]] = []
+
+    def first_route_port_taken(count: int, host: str) -> list[int]:
+        ports = free_ports(count, host)
+        if not picks:
+            ports[2] = taken.getsockname()[1]  # n1's route port
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(cluster_module, "free_ports", first_route_port_taken)
+    try:
+        async with NatsCluster(tmp_path / "c") as cluster:
+            assert len(picks) == 2
+            assert [n.route_port for n in cluster.nodes] == picks[1][2::3]
+            await cluster.wait_placeable()
+        log = (tmp_path / "c" / "n1" / "nats-server.log").read_text()
+    finally:
+        taken.close()
+    assert "address already in use" not in log  # the log of the second start
+
+
 async def test_provisioning_waits_for_a_node_yet_to_join(tmp_path):
     cluster = NatsCluster(tmp_path / "c")
     await cluster.start(down={"n3"})  # two of three: the meta group has a quorum
@@ -110,6 +142,23 @@ async def test_replicas_the_cluster_cannot_hold_are_refused_after_the_wait(nats_
         assert refused.value.name == S.turns_stream
     finally:
         await nc.close()
+
+
+async def test_a_started_cluster_places_a_stream_on_every_node_and_says_when_it_cannot(
+    nats_cluster,
+):
+    """start() probes placement (a probe it deletes); a probe the cluster cannot place
+    is refused after the wait, in the words that make start() begin again."""
+    await nats_cluster.wait_placeable()
+    nc = await connect_fast(nats_cluster.url)
+    try:
+        assert await nc.jetstream().streams_info() == []  # the probe is gone
+    finally:
+        await nc.close()
+    with pytest.raises(NatsServerError) as refused:
+        await nats_cluster.wait_placeable(replicas=4, timeout=1)
+    assert str(refused.value).startswith("the cluster places no stream: R4 refused for 1 s (")
+    assert "no suitable peers for placement" in str(refused.value)
 
 
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
