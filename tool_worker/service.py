@@ -14,13 +14,13 @@ once. For each request:
    a request marked ``first_attempt``, which cannot have one (a turn's first run asks
    for each call once, and the stream keeps one copy per call id);
 2. if there is an effect record, that is the result;
-3. otherwise (on a cluster, once this delivery has claimed the call:
-   :mod:`tool_worker.claims`) validate the arguments against the tool's JSON Schema,
-   run the tool under its timeout (with in-progress acks while it runs; the tool sees
-   the call's id as its idempotency key, :mod:`tool_worker.context`) and publish the
-   result to the effects
-   bucket — cut to fit in one NATS message if it is larger, with a
-   ``payload_truncated`` event (:mod:`loopmesh.payload`);
+3. otherwise (on a cluster, once this delivery has claimed the call, a claim renewed
+   while the call runs: :mod:`tool_worker.claims`) validate the arguments against the
+   tool's JSON Schema, run the tool under its timeout (with in-progress acks while it
+   runs; the tool sees the call's id as its idempotency key,
+   :mod:`tool_worker.context`) and publish the result to the effects bucket — cut to
+   fit in one NATS message if it is larger, with a ``payload_truncated`` event
+   (:mod:`loopmesh.payload`);
 4. core-publish the result to ``reply_to`` and publish the ``tool_result`` /
    ``tool_error`` / ``tool_timeout`` event while the effect is being stored. The
    event is published to the stream's subject without asking for JetStream's
@@ -33,8 +33,10 @@ A worker that dies before step 3 finishes leaves the request unacked: it is rede
 after AckWait. So is a call whose in-progress acks did not get through for longer than
 AckWait (the cluster stalled): a worker that gets a call it is still running does not
 run it again, it acks the redelivery once the first run is acked (calls in flight are
-kept by call id). Delivered to another worker, the call runs again there: at least once
-for a call in flight at a crash or a stall past AckWait (docs/ARCHITECTURE.md).
+kept by call id). Delivered to another worker on a cluster, it is left to this one
+while this one renews the call's claim; once the claim has gone unrenewed for AckWait,
+the call runs again there: at least once for a call in flight at a crash or a stall
+past AckWait (docs/ARCHITECTURE.md).
 
 On stop it stops pulling, naks what is delivered afterwards, lets in-flight calls finish
 within a deadline and naks the rest.
@@ -170,7 +172,9 @@ class ToolWorker:
         await ensure_consumer(self._js, self._consumer)
         await self._publisher.start()
         self._effects = await Effects.open(self.nc, self._publisher, self.subjects)
-        self._claims = await Claims.open(self.nc, self._publisher, self.subjects, self.name)
+        self._claims = await Claims.open(
+            self.nc, self._publisher, self.subjects, self.name, ack_wait_s=self.ack_wait_s
+        )
         sub = await self.nc.subscribe(self._deliver, cb=self._on_delivery)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -300,6 +304,8 @@ class ToolWorker:
             for msg, started, _ in list(self._running.values()):
                 if now - started >= period:
                     await msg.in_progress()
+            if self._claims is not None:  # the calls that run here are still claimed
+                await self._claims.renew(older_than=period)
             raise_if_cancelled()
             if self._outstanding and now - self._last_activity > self.pull_expires_s + 5:
                 silent = now - self._last_activity
@@ -363,6 +369,8 @@ class ToolWorker:
             acked = await self._run(msg, request, free)
         finally:
             del self._calls[request.call_id]
+            if self._claims is not None:
+                self._claims.end(request.call_id)
             first.set_result(acked)
 
     async def _join(
@@ -372,19 +380,29 @@ class ToolWorker:
         running: asyncio.Future[bool],
         free: Callable[[], None],
     ) -> None:
-        """A redelivery of a call this worker is still running: the cluster stalled past
-        the consumer's AckWait, so in-progress acks did not get through. It waits for
-        the first run (in-progress acks keep going for both deliveries) and is acked
-        with it: acks and naks name the stream sequence, not the delivery. A first run
-        that was handed back has nakked the message already."""
+        """A call delivered again while this worker still runs it: a redelivery (the
+        cluster stalled past the consumer's AckWait, so in-progress acks did not get
+        through), or a new message of the same call (a resumed turn asking again) that
+        came after the first run replied but before it was acked. It waits for the first
+        run (whose in-progress acks also cover a redelivery: they name the stream
+        sequence; a new message that waits past AckWait is delivered again and joins
+        again), then is answered from the record that run stored, to its own
+        ``reply_to`` (a requester that has the result already drops the copy), and
+        acked. A first run that was handed back has nakked a redelivery already; a new
+        message is redelivered after AckWait."""
         self.stats["joined"] += 1
         log.warning(
             "call delivered again (%d) while it runs here; not run twice call_id=%s",
             msg.metadata.num_delivered, request.call_id,
         )  # fmt: skip
         free()
-        if await asyncio.shield(running):
-            await msg.ack()
+        if not await asyncio.shield(running):
+            return
+        assert self._effects is not None
+        recorded = await self._effects.get(request.call_id)
+        if recorded is not None and request.reply_to:
+            await self.nc.publish(request.reply_to, recorded[1])
+        await msg.ack()
 
     async def _run(self, msg: Msg, request: ToolCallRequest, free: Callable[[], None]) -> bool:
         """Answer the call from its record, or run it and record it; True once acked."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import signal
@@ -16,7 +17,9 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
+from loopmesh.testing.durable import wait_for
 from schemas import AnyEvent, Subjects, ToolCallRequest, ToolResult, decode, encode
 from schemas import call_id as make_call_id
 from tool_worker import Registry
@@ -25,6 +28,27 @@ from tool_worker.service import ToolWorker
 SUBJECTS = Subjects()
 _INDEXES = itertools.count(1000)  # default indexes, apart from a test's own small ones
 ROOT = Path(__file__).resolve().parents[2]
+
+
+async def redeliver_after(js: JetStreamContext, seconds: float, pool: str = "default") -> None:
+    """Set the pool consumer's AckWait to ``seconds``, below the workers' own (they send
+    in-progress acks every third of theirs): a call that runs longer is delivered
+    again while it runs, as when its in-progress acks are lost."""
+    durable = SUBJECTS.pool_consumer(pool)
+    info = await js.consumer_info(SUBJECTS.tools_stream, durable)
+    config = dataclasses.replace(info.config, ack_wait=seconds)
+    await js.add_consumer(SUBJECTS.tools_stream, config)
+
+
+async def wait_settled(js: JetStreamContext, what: str, pool: str = "default") -> None:
+    """Until the pool consumer has nothing pending and nothing awaiting its ack."""
+    durable = SUBJECTS.pool_consumer(pool)
+
+    async def settled() -> bool:
+        info = await js.consumer_info(SUBJECTS.tools_stream, durable)
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, timeout=30, what=what)
 
 
 class Requester:

@@ -25,7 +25,7 @@ from tool_worker.errors import (
 from tool_worker.files import fs_tools
 
 
-def test_the_schema_comes_from_the_typed_signature_and_the_docstring() -> None:
+async def test_the_schema_comes_from_the_typed_signature_and_the_docstring() -> None:
     @tool(name="search", timeout_s=3, needs_approval=True)
     def search_docs(
         query: str,
@@ -50,7 +50,7 @@ def test_the_schema_comes_from_the_typed_signature_and_the_docstring() -> None:
         InvalidArguments, match=r"51 is greater than the maximum of 50 - at `\$.limit`"
     ):
         t.validate({"query": "x", "limit": 51})
-    assert asyncio.run(t.invoke({"query": "q", "limit": 2})) == '["q","q"]'
+    assert await t.invoke({"query": "q", "limit": 2}) == '["q","q"]'
 
 
 async def test_sync_tools_run_off_the_event_loop() -> None:
