@@ -26,12 +26,13 @@ import httpx
 import msgspec
 from nats.aio.client import Client
 from nats.js import api as js_api
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from loopmesh.aio import quietly
 from loopmesh.cli import config_from_args
 from loopmesh.errors import LoopmeshError, NatsConnectError
 from loopmesh.jetstream import ordered_subscribe
-from loopmesh.nats import connect
+from loopmesh.nats import DEFAULT_URL, connect
 from loopmesh.settings import NatsSettings, replace
 from schemas import (
     ApprovalDecision,
@@ -149,7 +150,8 @@ def add_remote_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--connect-timeout", type=float, default=0.0, metavar="S",
-        help="keep trying to reach NATS for this long (for a `loopmesh up` still starting)",
+        help="keep trying to reach NATS, and for loopmesh's streams to be there, for this "
+        "long (for a `loopmesh up` still starting)",
     )  # fmt: skip
 
 
@@ -174,21 +176,45 @@ async def open_remote(args: argparse.Namespace) -> AsyncIterator[Remote]:
         async with GatewayRemote(config.client.gateway, config.client.api_key) as remote:
             yield remote
         return
-    nc = await _connect(config.nats, getattr(args, "connect_timeout", 0.0))
+    deadline = time.monotonic() + getattr(args, "connect_timeout", 0.0)
+    subjects = Subjects(config.nats.prefix)
+    nc = await _connect(config.nats, deadline)
     try:
-        yield NatsRemote(nc, Subjects(config.nats.prefix), config.client.tenant)
+        await _provisioned(nc, config.nats.url or DEFAULT_URL, subjects, deadline)
+        yield NatsRemote(nc, subjects, config.client.tenant)
     finally:
         await nc.close()
 
 
-async def _connect(settings: NatsSettings, patience: float) -> Client:
-    deadline = time.monotonic() + patience
+async def _connect(settings: NatsSettings, deadline: float) -> Client:
     while True:
         try:
             return await connect(settings, name="loopmesh-cli")
         except NatsConnectError:
             if time.monotonic() >= deadline:
                 raise
+            await asyncio.sleep(0.5)
+
+
+async def _provisioned(nc: Client, url: str, subjects: Subjects, deadline: float) -> None:
+    """Wait until the turns and events streams exist (a starting `loopmesh up` takes
+    clients before it has created them), else say what is missing: a turn published now
+    would be refused, and a session's events could not be read."""
+    js = nc.jetstream()
+    for stream in (subjects.turns_stream, subjects.events_stream):
+        while True:
+            try:
+                await js.stream_info(stream)
+                break
+            except NotFoundError:
+                missing = (
+                    f"NATS at {url} has no stream {stream}: loopmesh is not set up there "
+                    "(`loopmesh up`, a loop worker or a tool worker creates its streams)"
+                )
+            except ServiceUnavailableError:
+                missing = f"NATS at {url} has no JetStream (nats-server -js)"
+            if time.monotonic() >= deadline:
+                raise RemoteError(f"{missing}; --connect-timeout S waits for one starting")
             await asyncio.sleep(0.5)
 
 

@@ -9,10 +9,14 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
+from loopmesh.ports import free_port
+from loopmesh.process import terminate
+from loopmesh.server import NatsServer, find_binary
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import Proc
 from tests.loop_worker.durable import Mesh, Watch, mesh_on
@@ -279,3 +283,62 @@ async def _stored_of(mesh: Mesh, tenant: str, session: str) -> list:
     from loopmesh.testing.durable import stream_events
 
     return [e for e, _ in await stream_events(mesh.nc, tenant, session)]
+
+
+async def test_run_started_before_loopmesh_is_set_up_waits_for_its_streams(
+    nats_server: NatsServer, tmp_path: Path
+):
+    """`make run` starts `loopmesh run --connect-timeout` beside `loopmesh up`, whose
+    nats-server takes clients before its streams exist: the run waits for them."""
+    target = tmp_path / "n"
+    run = Proc(
+        "-m", "loopmesh", "run", "--nats-url", nats_server.url, "--connect-timeout", "120",
+        "--session", "s1", count_task(target),
+    )  # fmt: skip
+    await run.start()
+    try:
+        await _stream_lookups_failed(nats_server)  # it has looked, and found none
+        async with mesh_on(nats_server.url, workers=True):
+            assert run.proc is not None
+            assert await asyncio.wait_for(run.proc.wait(), 120) == 0, run.lines
+    finally:
+        await run.close()
+    assert target.read_text() == "a\n"
+    assert "✔ task_completion after 2 iteration(s)" in "\n".join(run.lines)
+
+
+async def test_run_where_loopmesh_is_not_set_up_says_what_is_missing(
+    nats_server: NatsServer, tmp_path: Path
+):
+    code, lines = await loopmesh("run", "--nats-url", nats_server.url, "hello")
+    assert code == 1
+    assert lines[-1] == (
+        f"loopmesh run: error: NATS at {nats_server.url} has no stream LOOPMESH_TURNS: "
+        "loopmesh is not set up there (`loopmesh up`, a loop worker or a tool worker creates "
+        "its streams); --connect-timeout S waits for one starting"
+    ), lines
+    port = free_port()
+    bare = await asyncio.create_subprocess_exec(
+        find_binary(), "-a", "127.0.0.1", "-p", str(port), stderr=asyncio.subprocess.PIPE
+    )  # no -js
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        code, lines = await loopmesh("run", "--nats-url", url, "--connect-timeout", "1", "hi")
+    finally:
+        await terminate(bare, 10)
+    assert code == 1
+    assert lines[-1] == (
+        f"loopmesh run: error: NATS at {url} has no JetStream (nats-server -js); "
+        "--connect-timeout S waits for one starting"
+    ), lines
+
+
+async def _stream_lookups_failed(server: NatsServer) -> None:
+    """Until the server's JetStream API has answered a request with an error."""
+    async with httpx.AsyncClient() as http:
+        for _ in range(600):
+            jsz = (await http.get(f"{server.monitor_url}/jsz")).json()
+            if jsz.get("api", {}).get("errors", 0) > 0:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"no failed JetStream API request: {jsz.get('api')}")
