@@ -28,7 +28,7 @@ import msgspec
 
 from . import tracing
 from .aio import run
-from .errors import LoopmeshError
+from .errors import LoopmeshError, StoppedAtOnce
 from .log import setup_logging
 from .settings import CONFIG_VAR, RuntimeConfig, load
 
@@ -181,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(modules[args.command].main(args), event_loop=runtime.event_loop) or 0)
     except KeyboardInterrupt:
         return 130
+    except StoppedAtOnce as exc:
+        print(f"loopmesh {args.command}: {exc}", file=sys.stderr)
+        return 128 + exc.signal  # as a shell reports a process the signal ended
     except LoopmeshError as exc:
         print(f"loopmesh {args.command}: error: {exc}", file=sys.stderr)
         return 1

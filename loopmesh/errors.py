@@ -5,10 +5,13 @@ LoopmeshError
 ├── NatsServerError        the embedded nats-server could not start or stop
 │   └── NatsServerNotFound the binary is missing (``.searched``)
 ├── NatsConnectError       the first connection to NATS failed (``.url``)
-└── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
+├── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
+└── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
 from __future__ import annotations
+
+import signal
 
 
 class LoopmeshError(Exception):
@@ -50,3 +53,12 @@ class NatsConnectError(LoopmeshError):
             "Start one with `loopmesh up`, or give the right --nats-url."
         )
         self.url = url
+
+
+class StoppedAtOnce(LoopmeshError):
+    """A second signal while a service drained: it stopped without finishing."""
+
+    def __init__(self, sig: int) -> None:
+        self.signal = sig
+        name = signal.Signals(sig).name
+        super().__init__(f"stopped at once on a second {name}: what was in flight was not drained")

@@ -9,7 +9,11 @@ deadline (the shape of nats.py's ``examples/micro/service.py``)::
         await drain_within(10.0, worker.finish_in_flight, nc.drain)
 
 A second signal while stopping cancels the task that entered the block, for the person
-who presses Ctrl-C twice.
+who presses Ctrl-C twice; the block then raises :class:`~loopmesh.errors.StoppedAtOnce`
+(the command line exits 128 + the signal's number, with one line and no traceback). A
+repeat within :data:`REPEAT_S` of the first is the same press delivered twice, and is
+ignored: a terminal's Ctrl-C reaches the whole process group, and a shell that traps it
+(``make run``) passes it on again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from .errors import StoppedAtOnce
+
 log = logging.getLogger("loopmesh.shutdown")
+
+#: Seconds after the first signal within which a repeat is the same request delivered twice.
+REPEAT_S = 1.0
 
 #: A drain step: an awaitable, or a callable returning an awaitable (or nothing).
 Step = Awaitable[Any] | Callable[[], Any]
@@ -38,13 +47,21 @@ async def shutdown_on_signals(
     stop = asyncio.Event()
     task = asyncio.current_task()
     installed: list[signal.Signals] = []
+    first_at: float | None = None
+    forced: signal.Signals | None = None
 
     def on_signal(sig: signal.Signals) -> None:
+        nonlocal first_at, forced
+        now = time.monotonic()
         if not stop.is_set():
             log.info("stopping on %s", sig.name)
+            first_at = now
             stop.set()
-        elif task is not None:
+        elif first_at is not None and now - first_at < REPEAT_S:
+            log.debug("%s again %.3f s after the first: the same request", sig.name, now - first_at)
+        elif task is not None and forced is None:
             log.warning("second %s: stopping now", sig.name)
+            forced = sig
             task.cancel()
 
     try:
@@ -52,6 +69,11 @@ async def shutdown_on_signals(
             loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
         yield stop
+    except asyncio.CancelledError:
+        if forced is None or task is None:
+            raise
+        task.uncancel()
+        raise StoppedAtOnce(forced) from None
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -9,6 +12,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from loopmesh.server import NatsServer
+from loopmesh.shutdown import REPEAT_S
 
 from .harness import SUBJECTS, Requester, WorkerProcess
 
@@ -105,3 +109,30 @@ async def test_sigterm_finishes_in_flight_calls_and_exits_zero(
     assert result.content == "napped 1.0"
     assert code == 0
     assert any("finishing 1 in-flight calls" in line for line in proc.lines)
+
+
+async def test_a_second_signal_during_the_drain_stops_at_once_with_one_line(
+    nats_server: NatsServer, requester: Requester
+) -> None:
+    """SIGTERM starts the drain; a SIGINT past ``REPEAT_S`` (a second press) stops the
+    worker at once: exit 130, one line that says what happened, no traceback. (A repeat
+    within ``REPEAT_S`` is tested in ``tests/loopmesh/test_shutdown.py``: two signals
+    sent to a process at once may reach it as one.)"""
+    proc = await worker(nats_server).start()
+    try:
+        await proc.ready()
+        await requester.publish(requester.request("local", "nap", {"seconds": 60.0}))
+        await proc.wait_for_line("nap: started")
+        proc.terminate()
+        await proc.wait_for_line("finishing 1 in-flight calls")
+        await asyncio.sleep(REPEAT_S + 0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        code = await proc.wait()
+    finally:
+        await proc.stop()
+    assert code == 130, proc.lines
+    assert proc.lines[-1] == (
+        "loopmesh tool-worker: stopped at once on a second SIGINT: "
+        "what was in flight was not drained"
+    ), proc.lines
+    assert not any("Traceback" in line for line in proc.lines), proc.lines
