@@ -9,7 +9,8 @@ still ours. (The loop worker renews the leases of all its turns from one loop in
 with :meth:`Lease.due` and :meth:`Lease.renew`: a task per turn costs more than the
 turn's requests.) The delete leaves a marker whose revision the worker remembers, so
 taking the same session's lease again is one write (``kv.create`` would need three
-round trips over a marker: a failed create, a read, an update), and when that write
+round trips over a marker: a failed create, a read, an update; a take while the
+worker's own release of the key is on its way waits for it), and when that write
 succeeds nobody held the key since (:attr:`Lease.continued`; what the loop worker
 makes of that: :func:`loop_worker.turn.warm`)::
 
@@ -75,6 +76,7 @@ class Leases:
         self.owner = owner
         self._kv: KV | None = None
         self._markers: dict[str, int] = {}  # key → revision of the delete marker we left
+        self._releasing: dict[str, asyncio.Event] = {}  # key → set once our release ends
         self.ttl_s = DEFAULT_TTL_S
 
     async def start(self) -> None:
@@ -97,6 +99,9 @@ class Leases:
     async def try_acquire(self, tenant: str, session: str, turn_id: str) -> Lease | None:
         """The session's lease, or ``None`` while another worker holds it."""
         key = session_key(tenant, session)
+        releasing = self._releasing.get(key)
+        if releasing is not None:  # a turn of the session is handing it over here
+            await releasing.wait()  # then its marker is known: one write takes the key
         record = LeaseRecord(owner=self.owner, turn_id=turn_id, at=time.time())
         data = msgspec.json.encode(record)
         attempts = 0
@@ -231,6 +236,7 @@ class Lease:
         self.released = True
         HELD.dec()
         kv = self._leases.kv
+        releasing = self._leases._releasing[self.key] = asyncio.Event()
         try:
             try:
                 marker = await retry(
@@ -250,6 +256,10 @@ class Lease:
             log.info("lease not released key=%s error=%r", self.key, exc)
         else:
             self._leases._released(self.key, marker)
+        finally:
+            if self._leases._releasing.get(self.key) is releasing:
+                del self._leases._releasing[self.key]
+            releasing.set()
 
     def _ours(self, value: bytes) -> bool:
         try:

@@ -104,6 +104,19 @@ async def test_a_lease_continues_only_when_its_worker_was_the_last_to_hold_it(le
     assert again is not None and not again.continued
 
 
+async def test_a_take_while_the_workers_own_release_is_on_its_way_continues(leases):
+    """A session's next turn can reach the worker while the last turn's hand-over is
+    still on its way: the take waits for that release and continues from it (one
+    write, and the turn starts warm) instead of racing it and reading the marker."""
+    a = await leases("a")
+    for turn in ("t1", "t3", "t5"):
+        lease = await a.try_acquire("acme", "s1", turn)
+        assert lease is not None
+        _, again = await asyncio.gather(lease.release(), a.try_acquire("acme", "s1", turn + "'"))
+        assert again is not None and again.continued, turn
+        await again.release()
+
+
 async def test_a_lease_is_unlapsed_until_most_of_its_ttl_passes_without_a_renewal(leases):
     a = await leases("a")
     asked = time.monotonic()
