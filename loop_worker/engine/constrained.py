@@ -21,7 +21,8 @@ function (grammar-constrained decoding on llama.cpp, vLLM and OpenAI alike):
    changes parts of it (``http://`` becomes ``https://``), and the grammar that
    llama.cpp and others build from the schema then lets it write only those.
    A call cut by the reply's token limit inside a string (a small model that repeats
-   itself does this to its answer) is closed (:func:`closed`), so it keeps what it wrote.
+   itself does this to its answer) is closed (:func:`closed`), so it keeps what it wrote,
+   up to where it began to repeat itself.
    This step may go to an LLM of its own (``copying``): the embedded demo model's has
    no repeat penalty, which would make it change the values it copies.
 
@@ -301,7 +302,10 @@ def _pinned(schema: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
 
 def closed(call: ToolCall) -> ToolCall:
     """``call`` with its arguments closed when they were cut inside a string or an
-    object (``{"result": "The code is 4417. The code is``); as it is otherwise."""
+    object (``{"result": "The code is 4417. The code is``); as it is otherwise.
+
+    A reply cut by the token limit has usually been looping: the texts of a closed call
+    are cut back to where they began to repeat themselves (:func:`unrepeated`)."""
     try:
         msgspec.json.decode(call.arguments or "{}")
         return call
@@ -313,8 +317,52 @@ def closed(call: ToolCall) -> ToolCall:
         except msgspec.DecodeError:
             continue
         if isinstance(value, dict):
-            return msgspec.structs.replace(call, arguments=call.arguments + end)
+            arguments = call.arguments + end
+            cut = {k: unrepeated(v) if isinstance(v, str) else v for k, v in value.items()}
+            if cut != value:
+                arguments = msgspec.json.encode(cut).decode()
+            return msgspec.structs.replace(call, arguments=arguments)
     return call
+
+
+#: A sentence: up to its end mark or line end, with the space after it.
+_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|\n|$)\s*|\s+")
+#: How many of the last sentences a repeat is looked for among (a loop of up to three).
+_LOOP = 3
+#: A sentence that begins with the same words as a recent one starts the loop again.
+_OPENING_WORDS = 3
+
+
+def unrepeated(text: str) -> str:
+    """``text`` up to the first sentence that repeats one of the few before it, or
+    begins with the same three words; a cut-off last sentence that begins one of them
+    goes too. A small model looping at its token limit varies what it repeats, and the
+    variations are false: ``"The code is 4417. The code is 2018. The code is 4417. The"``
+    is ``"The code is 4417."``. A text that does not repeat itself is returned as it is."""
+    sentences = _SENTENCE.findall(text)
+    kept: list[str] = []
+    for i, sentence in enumerate(sentences):
+        said = sentence.strip()
+        cut_off = i == len(sentences) - 1 and not said.endswith((".", "!", "?"))
+        if said and any(
+            said == before or _same_opening(said, before) or (cut_off and before.startswith(said))
+            for before in (s.strip() for s in kept[-_LOOP:])
+        ):
+            return "".join(kept).rstrip()
+        kept.append(sentence)
+    return text
+
+
+def _opening(sentence: str) -> tuple[str, ...] | None:
+    """The first words of a sentence long enough to have more (None: too short)."""
+    words = sentence.casefold().split()
+    return tuple(words[:_OPENING_WORDS]) if len(words) > _OPENING_WORDS else None
+
+
+def _same_opening(a: str, b: str) -> bool:
+    """Whether two sentences of more than three words begin with the same three."""
+    opening = _opening(a)
+    return opening is not None and opening == _opening(b)
 
 
 # -- results, made plain -------------------------------------------------------------------

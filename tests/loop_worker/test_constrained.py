@@ -12,6 +12,7 @@ from loop_worker.engine.constrained import (
     is_url_property,
     pin_urls,
     readable,
+    unrepeated,
     urls_in,
 )
 from loop_worker.engine.inmemory import LocalTools
@@ -228,10 +229,7 @@ async def test_an_answer_cut_by_the_token_limit_inside_its_text_is_closed(fake_l
     )
     async with constrained_rig(fake_llm, tools=fetching_tools()) as rig:
         end = await rig.run("What is 17 * 23?")
-    assert (end.reason, end.content) == (
-        "task_completion",
-        "The code is 4417. The code is 4417. The",
-    )
+    assert (end.reason, end.content) == ("task_completion", "The code is 4417.")
 
 
 def test_cut_arguments_are_closed_and_others_left_alone() -> None:
@@ -243,3 +241,32 @@ def test_cut_arguments_are_closed_and_others_left_alone() -> None:
     assert args('{"result": "whole"}') == '{"result": "whole"}'
     assert args('{"a": [1, 2') == '{"a": [1, 2'  # not closed by a quote or a brace: left
     assert args("") == ""
+    # a cut call was looping: its texts end where they began to repeat themselves
+    looped = '{"result": "The answer is 391. It is 391. It is 391. It is'
+    assert args(looped) == '{"result":"The answer is 391. It is 391."}'
+    assert args('{"result": "391.\\n391.\\n391.\\n39') == '{"result":"391."}'
+    whole = '{"result": "It is 391. It is 391."}'  # not cut: the model meant it
+    assert args(whole) == whole
+
+
+def test_a_text_is_cut_back_where_it_begins_to_repeat_itself() -> None:
+    assert unrepeated("A. B. A. B. A") == "A. B."  # a loop of two sentences
+    # a loop that varies what it repeats: the variations are false
+    assert unrepeated("The launch code is 4417. The launch code is 2018.") == (
+        "The launch code is 4417."
+    )
+    looped = "The final answer for the user is 391. The final answer is 23. The final answer"
+    assert unrepeated(looped) == "The final answer for the user is 391."
+    assert unrepeated("It is 391. The code is 1. The code is 2.") == "It is 391. The code is 1."
+    assert unrepeated("Yes! Yes! Yes!") == "Yes!"
+    assert unrepeated("It is 391. It is") == "It is 391."  # a cut copy of the last
+    assert unrepeated("The code is 4417. The co") == "The code is 4417."
+    for unchanged in (
+        "The answer is 391.",
+        "It is 391. The time is noon. So",  # the cut sentence begins a new one
+        "A. B. C. D. A.",  # a sentence said again after more than three others
+        "The answer is 391. It is right. It is, I checked.",  # short openings: no loop
+        "",
+        "no end mark at all",
+    ):
+        assert unrepeated(unchanged) == unchanged, unchanged
