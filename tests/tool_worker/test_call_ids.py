@@ -99,6 +99,7 @@ async def test_another_turns_call_id_is_refused_and_its_recorded_result_not_leak
         await requester.publish(genuine)
         result = await requester.result(genuine.call_id, timeout=30)
         assert (result.status, result.content) == ("ok", "the secret of genuine")
+        await acked(js)  # the reply goes out before the record is stored, the ack after
         before = await effects.get(genuine.call_id)
 
         await forger.publish(genuine, **claims)
