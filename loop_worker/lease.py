@@ -12,7 +12,17 @@ taking the same session's lease again is one write (``kv.create`` would need thr
 round trips over a marker: a failed create, a read, an update; a take while the
 worker's own release of the key is on its way waits for it), and when that write
 succeeds nobody held the key since (:attr:`Lease.continued`; what the loop worker
-makes of that: :func:`loop_worker.turn.warm`)::
+makes of that: :func:`loop_worker.turn.warm`). Only a release that ends a run of the
+session (``release(continuable=True)``) leaves a marker to continue from: a lease taken
+and given back unused (the session's last turn was still in the stream) vouches for
+nothing the worker kept of the session, which may be turns old.
+
+A worker that waits for a session (its lease, or its last turn's hand-over, which ends
+with the lease's release) is woken by the release itself (:meth:`Leases.handover`: a
+watch of the key's deletes), not by polling; it reads again a few times just after a
+wake (what the wake announced can take a moment to show: a cluster applies an ack to
+the stream after it answers it), then only on a slow timer, for a lease that lapses
+(its holder died: a lapse writes nothing)::
 
     lease = await leases.acquire("acme", "s1", turn_id)
     try:
@@ -26,9 +36,10 @@ makes of that: :func:`loop_worker.turn.warm`)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
 import time
+from collections.abc import AsyncIterator, Awaitable
 
 import msgspec
 from nats.aio.client import Client
@@ -36,7 +47,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from prometheus_client import Counter, Gauge
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import KV, Publisher, is_transient, replicated, retry
+from loopmesh.jetstream import KV, Deletions, KeyWatch, Publisher, is_transient, replicated, retry
 from schemas import Subjects, session_key
 
 from .errors import LeaseLostError
@@ -50,6 +61,42 @@ CONFLICTS = Counter(
 
 DEFAULT_TTL_S = 30.0
 _MARKERS = 16_384  # released leases whose delete-marker revision is remembered
+#: After a wake (or the watch's start), read again after these delays: what a release
+#: announces can take a moment to show (an ack applied to a replicated stream after
+#: it was answered; a watch's interest still reaching a cluster's other servers).
+SETTLE_S = (0.005, 0.02, 0.1, 0.3)
+
+
+class Handover:
+    """A wait for a session's hand-over (:meth:`Leases.handover`)::
+
+    while True:
+        wait.mark()  # before each read of what is waited for
+        if await ready():
+            break
+        await wait.next()
+    """
+
+    __slots__ = ("_deletions", "_idle_s", "_seen", "_settle")
+
+    def __init__(self, deletions: Deletions, idle_s: float) -> None:
+        self._deletions = deletions
+        self._idle_s = idle_s
+        self._seen = 0
+        self._settle = 0
+
+    def mark(self) -> None:
+        """Note the releases seen so far: :meth:`next` waits for a later one."""
+        self._seen = self._deletions.count
+
+    async def next(self) -> None:
+        """Until the next release (or one since :meth:`mark`), a settling read's delay
+        after a wake, or the slow timer's."""
+        settle = self._settle
+        delay = SETTLE_S[settle] if settle < len(SETTLE_S) else self._idle_s
+        self._settle += 1
+        if await self._deletions.after(self._seen, delay):
+            self._settle = 0
 
 
 class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +124,7 @@ class Leases:
         self._kv: KV | None = None
         self._markers: dict[str, int] = {}  # key → revision of the delete marker we left
         self._releasing: dict[str, asyncio.Event] = {}  # key → set once our release ends
+        self._watch = KeyWatch(nc, subjects.leases_bucket)
         self.ttl_s = DEFAULT_TTL_S
 
     async def start(self) -> None:
@@ -141,24 +189,28 @@ class Leases:
             del self._markers[next(iter(self._markers))]
         self._markers[key] = marker
 
-    async def acquire(
-        self,
-        tenant: str,
-        session: str,
-        turn_id: str,
-        *,
-        poll_s: float = 0.05,
-        max_poll_s: float = 1.0,
-    ) -> Lease:
-        """Wait for the session's lease (it frees when released or its TTL passes)."""
-        delay = poll_s
-        while True:
-            lease = await self.try_acquire(tenant, session, turn_id)
-            if lease is not None:
-                return lease
-            raise_if_cancelled()
-            await asyncio.sleep(delay * random.uniform(0.75, 1.25))
-            delay = min(delay * 2, max_poll_s)
+    async def acquire(self, tenant: str, session: str, turn_id: str) -> Lease:
+        """Wait for the session's lease (it frees when released or its TTL passes),
+        woken by its release."""
+        lease = await self.try_acquire(tenant, session, turn_id)
+        if lease is not None:
+            return lease
+        async with self.handover(tenant, session) as wait:
+            while True:
+                wait.mark()
+                lease = await self.try_acquire(tenant, session, turn_id)
+                if lease is not None:
+                    return lease
+                raise_if_cancelled()
+                await wait.next()
+
+    @contextlib.asynccontextmanager
+    async def handover(self, tenant: str, session: str) -> AsyncIterator[Handover]:
+        """A wait woken when the session's lease is released (its turn acked first).
+        Without a release it reads again every sixth of the TTL: a holder that died
+        lets its lease lapse, which writes nothing."""
+        async with self._watch.on(session_key(tenant, session)) as deletions:
+            yield Handover(deletions, idle_s=self.ttl_s / 6)
 
     async def holder(self, tenant: str, session: str) -> LeaseRecord | None:
         entry = await self.kv.entry(session_key(tenant, session))
@@ -225,18 +277,35 @@ class Lease:
             await self.renew()
             raise_if_cancelled()
 
-    async def release(self) -> None:
-        """Delete the key if it is still ours. Idempotent; never raises.
+    async def release(
+        self, *, after: Awaitable[object] | None = None, continuable: bool = False
+    ) -> None:
+        """Delete the key if it is still ours. Idempotent; never raises but what
+        ``after`` raises.
+
+        ``after``: awaited first (the turn's ack), while a take of the key by this worker
+        already waits for the release. ``continuable``: the lease ends a run of the
+        session whose last snapshot this worker keeps, so a take over this release's
+        marker may count as :attr:`Lease.continued`.
 
         A renewal that lands just before the delete moves the revision on: the key is
         read again and, while it still holds this lease's record, deleted at the new
         revision."""
         if self.released:
+            if after is not None:
+                await after
             return
         self.released = True
         HELD.dec()
         kv = self._leases.kv
         releasing = self._leases._releasing[self.key] = asyncio.Event()
+        try:
+            if after is not None:
+                await after
+        finally:
+            await self._delete(kv, releasing, continuable)
+
+    async def _delete(self, kv: KV, releasing: asyncio.Event, continuable: bool) -> None:
         try:
             try:
                 marker = await retry(
@@ -255,7 +324,8 @@ class Lease:
         except Exception as exc:  # it expires by itself
             log.info("lease not released key=%s error=%r", self.key, exc)
         else:
-            self._leases._released(self.key, marker)
+            if continuable:
+                self._leases._released(self.key, marker)
         finally:
             if self._leases._releasing.get(self.key) is releasing:
                 del self._leases._releasing[self.key]

@@ -98,7 +98,9 @@ class LoopWorker:
         self.subjects = Subjects(config.nats.prefix)
         self.llm = llm
         self.ready = asyncio.Event()
-        self.stats = {"finished": 0, "resumed": 0, "handed_back": 0, "lost": 0, "warm": 0}
+        self.stats = {
+            "finished": 0, "resumed": 0, "handed_back": 0, "lost": 0, "stale": 0, "warm": 0
+        }  # fmt: skip
 
         js = nc.jetstream()
         self._js = js
@@ -373,28 +375,32 @@ class LoopWorker:
     async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream.
 
-        The turn is held meanwhile (in-progress acks), not handed back: every hand-back
-        is a delivery, and deliveries are the poison limit (``max_deliver``), so a long
-        first turn would otherwise kill its session's next one. Only when this worker is
-        full (every place taken by held turns) and the earlier turn runs elsewhere is a
-        turn that waited ``order_wait_s`` handed back, to make room."""
+        The wait is woken by the session's hand-over: an earlier turn's worker acks it,
+        then releases its lease, and the release wakes this one
+        (:meth:`~loop_worker.lease.Leases.handover`). An earlier turn held here is
+        waited for directly. The turn is held meanwhile (in-progress acks), not handed
+        back: every hand-back is a delivery, and deliveries are the poison limit
+        (``max_deliver``), so a long first turn would otherwise kill its session's next
+        one. Only when this worker is full (every place taken by held turns) and the
+        earlier turn runs elsewhere is a turn that waited ``order_wait_s`` handed back,
+        to make room."""
         deadline = time.monotonic() + self.settings.order_wait_s
-        delay = 0.02
-        while True:
-            first = await self._first_turn(turn)
-            if gone(first, held.seq):
-                raise DoneElsewhere
-            first_seq = first or held.seq
-            if first_seq >= held.seq:
-                return
-            earlier = self._by_seq.get(first_seq)
-            if earlier is not None:  # it runs here: wait for it
-                await earlier.done.wait()
-                continue
-            if time.monotonic() > deadline and len(self._held) >= self.capacity:
-                raise HandBack(delay=1.0)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        async with self.leases.handover(turn.tenant, turn.session) as wait:
+            while True:
+                wait.mark()
+                first = await self._first_turn(turn)
+                if gone(first, held.seq):
+                    raise DoneElsewhere
+                first_seq = first or held.seq
+                if first_seq >= held.seq:
+                    return
+                earlier = self._by_seq.get(first_seq)
+                if earlier is not None:  # it runs here: wait for it
+                    await earlier.done.wait()
+                    continue
+                if time.monotonic() > deadline and len(self._held) >= self.capacity:
+                    raise HandBack(delay=1.0)
+                await wait.next()
 
     @contextlib.asynccontextmanager
     async def _tenant_slot(self, tenant: str) -> AsyncIterator[None]:

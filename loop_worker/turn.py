@@ -16,12 +16,17 @@ is here, in the order it happens:
 5. **run** the engine;
 6. **finish** — the last checkpoint, then the events, are stored;
 7. **hand over** — the store forgets the session, keeping its last snapshot warm, then
-   the lease is released and the turn acked (both round trips at once).
+   the turn is acked and the lease released: the release wakes a worker that waits
+   with the session's next turn (:meth:`~loop_worker.lease.Leases.handover`), which
+   finds it gone from the stream.
 
 The failure paths end in :meth:`TurnRun.run` too: a turn handed back (:class:`HandBack`,
 or cancelled at a stop) is nakked with what it emitted stored; a turn whose lease was
-lost (:meth:`TurnRun.lose`, or a checkpoint that lost its race) keeps nothing — no
-events, no checkpoint, no ack, no nak; any other failure naks it after a second.
+lost (:meth:`TurnRun.lose`) keeps nothing — no events, no checkpoint, no ack, no nak; a
+checkpoint that lost its race under a lease still held keeps nothing either, but is
+nakked at once (the worker started from a snapshot someone had moved on: the next
+delivery reads it); any other failure naks it after a second. Only a crash leaves a
+turn to AckWait.
 
 The modules below this one are mechanisms and know nothing of this story:
 :mod:`.lease` (a KV key with a TTL), :mod:`.store` (checkpoints and a cache of
@@ -216,7 +221,18 @@ class TurnRun:
             w.stats["handed_back"] += 1
             await quietly(msg.nak())
             raise
-        except (LeaseLostError, StaleSessionError) as exc:
+        except StaleSessionError as exc:
+            if self.lost is None:  # the lease was ours: what this worker had was stale
+                outcome = "stale"
+                w.stats["stale"] += 1
+                log.warning("turn started from a stale snapshot turn=%s: %s; delivered "
+                            "again at once", self.turn_id, exc)  # fmt: skip
+                await quietly(msg.nak())
+            else:
+                outcome = "lost"
+                w.stats["lost"] += 1
+                log.warning("another worker took over turn=%s: %s", self.turn_id, exc)
+        except LeaseLostError as exc:
             outcome = "lost"
             w.stats["lost"] += 1
             log.warning("another worker took over turn=%s: %s", self.turn_id, exc)
@@ -234,8 +250,8 @@ class TurnRun:
             w._room.set()
 
     async def _leased(self, turn: Turn, delivery: int) -> None:
-        """Order, tenant room and lease, then the engine; the lease is released after,
-        and a finished turn acked with it (both round trips at once)."""
+        """Order, tenant room and lease, then the engine; a finished turn is acked, then
+        its lease released."""
         w = self._w
         early = await self._order_and_lease(turn)  # 2. order, 3. lease
         # with no tenant limit there is no room to wait for (and no call to make)
@@ -266,8 +282,8 @@ class TurnRun:
             finally:  # 7. hand over
                 if self.lost is not None:
                     lease.released = True  # someone else's now: leave the key alone
-                elif finished:  # the release and the turn's ack go out together
-                    await both(lease.release(), self._ack(turn))
+                elif finished:  # acked, then released: the release wakes the next turn
+                    await lease.release(after=self._ack(turn), continuable=True)
                     self.acked = True
                 else:
                     await lease.release()
@@ -284,13 +300,17 @@ class TurnRun:
             first_turn(w.publisher, w.subjects, turn),
             w.leases.try_acquire(turn.tenant, turn.session, turn.id),
         )
+        if lease is not None and not gone(first, self.seq) and (first or self.seq) < self.seq:
+            # the take may have waited for this worker's own hand-over of the turn
+            # before (acked, then released): look again before giving the lease back
+            first = await first_turn(w.publisher, w.subjects, turn)
         if gone(first, self.seq):
             if lease is not None:
                 await lease.release()
             raise DoneElsewhere
         if (first or self.seq) >= self.seq:
             return lease
-        if lease is not None:
+        if lease is not None:  # unused: it vouches for nothing this worker kept
             await lease.release()
         await w._wait_turn_order(self, turn)
         return None

@@ -8,7 +8,8 @@ other home:
   answers are futures on one inbox, and the bounded waits on them (:func:`acked`,
   :func:`answered`, :func:`settled`);
 - :mod:`loopmesh.kv`: :class:`KV`, a bucket's hot-path reads and revision-checked
-  writes on a publisher (:func:`open_kv`), and :func:`kv_values`, a bucket read whole;
+  writes on a publisher (:func:`open_kv`), :func:`kv_values`, a bucket read whole, and
+  :class:`KeyWatch`, which wakes a key's waiters when it is deleted;
 - :mod:`loopmesh.retry`: :func:`retry` an idempotent operation through a reconnect,
   on the errors :func:`is_transient` names;
 - :func:`loopmesh.aio.quietly`: await an ack, nak or flush whose failure changes nothing;
@@ -27,7 +28,16 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from .aio import quietly
-from .kv import KV, WRONG_LAST_SEQUENCE, KVEntry, kv_values, open_kv, replicated
+from .kv import (
+    KV,
+    WRONG_LAST_SEQUENCE,
+    Deletions,
+    KeyWatch,
+    KVEntry,
+    kv_values,
+    open_kv,
+    replicated,
+)
 from .publisher import PubAck, Publisher, acked, answered, settled
 from .retry import IN_PROCESS_ERR_CODE, is_transient, retry
 
@@ -35,7 +45,9 @@ __all__ = [
     "IN_PROCESS_ERR_CODE",
     "KV",
     "WRONG_LAST_SEQUENCE",
+    "Deletions",
     "KVEntry",
+    "KeyWatch",
     "PubAck",
     "Publisher",
     "acked",

@@ -5,15 +5,30 @@ stream is replicated (on a cluster, reads go to the stream's leader).
     kv = await open_kv(js, publisher, "loopmesh-sessions")
     entry = await kv.entry("acme.s1")  # KVEntry(revision, value) or None
     revision = await kv.update("acme.s1", payload, last=entry.revision if entry else 0)
+
+:class:`KeyWatch` wakes whoever waits for a key to be deleted, on the delete itself::
+
+    async with watch.on("acme.s1") as deletions:
+        while True:
+            seen = deletions.count
+            if await ready():  # a read of whatever the wait is for
+                break
+            await deletions.after(seen, timeout=5.0)  # a delete since ``seen``, or the timeout
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamInfo
 from nats.js.client import JetStreamContext
 
@@ -81,6 +96,89 @@ class KV:
                 raise wrong from None
             raise
         return ack.seq
+
+
+class Deletions:
+    """The deletions of one key seen since a watch of it began (:meth:`KeyWatch.on`)."""
+
+    __slots__ = ("_changed", "count", "sub", "users")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+        self.users = 0
+        self.sub: Subscription | None = None
+
+    def seen(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def after(self, seen: int, timeout: float) -> bool:
+        """Wait until a deletion comes after the ``seen``-th (now or later), for at most
+        ``timeout`` seconds; whether one came."""
+        if self.count > seen:
+            return True
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self.count <= seen:
+                    await self._changed.wait()
+                    self._changed.clear()
+        return self.count > seen
+
+
+class KeyWatch:
+    """Wakes the waiters of a bucket's key when anyone deletes or purges it, by a core
+    subscription to the key's subject: a delete is a publish there (``KV-Operation``),
+    seen whether the stream takes it or refuses it, so a waiter reads again whatever it
+    waits for after a wake. Puts do not wake: a waiter for a key to be free would
+    otherwise wake on every failed take of another waiter, and wake it in turn.
+
+    A key's subscription is shared by its waiters in this process and ends with the
+    last of them. What it cannot see: a value that lapses (the bucket's TTL writes
+    nothing), and, on a cluster, a delete made before the subscription's interest
+    reached the deleter's server (moments after it is made). So a waiter also reads
+    again on a timer of its own choosing; a wake is a hint, the read decides."""
+
+    def __init__(self, nc: Client, bucket: str) -> None:
+        self._nc = nc
+        self._prefix = f"$KV.{bucket}."
+        self._keys: dict[str, Deletions] = {}
+
+    @contextlib.asynccontextmanager
+    async def on(self, key: str) -> AsyncIterator[Deletions]:
+        """The deletions of ``key`` from now on (once the server holds the subscription)."""
+        deletions = self._keys.get(key)
+        if deletions is None:
+            deletions = self._keys[key] = Deletions()
+
+            async def wake(msg: Msg) -> None:
+                if msg.headers and msg.headers.get("KV-Operation"):
+                    deletions.seen()
+
+            deletions.users += 1
+            try:
+                deletions.sub = await self._nc.subscribe(self._prefix + key, cb=wake)
+            except BaseException:
+                deletions.users -= 1
+                self._drop(key, deletions)
+                raise
+        else:
+            deletions.users += 1
+        try:
+            yield deletions
+        finally:
+            deletions.users -= 1
+            sub = self._drop(key, deletions)
+            if sub is not None:
+                await quietly(sub.unsubscribe())
+
+    def _drop(self, key: str, deletions: Deletions) -> Subscription | None:
+        """Forget ``key``'s watch once nobody uses it; its subscription, to end."""
+        if deletions.users or self._keys.get(key) is not deletions:
+            return None
+        del self._keys[key]
+        return deletions.sub
 
 
 async def open_kv(

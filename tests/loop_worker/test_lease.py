@@ -93,7 +93,7 @@ async def test_a_lease_continues_only_when_its_worker_was_the_last_to_hold_it(le
         lease = await owner.try_acquire("acme", "s1", turn)
         assert lease is not None, turn
         continued.append(lease.continued)
-        await lease.release()
+        await lease.release(continuable=True)
     assert continued == [False, True, False, False, True]
     lease = await a.try_acquire("acme", "s1", "t6")
     assert lease is not None
@@ -112,9 +112,52 @@ async def test_a_take_while_the_workers_own_release_is_on_its_way_continues(leas
     for turn in ("t1", "t3", "t5"):
         lease = await a.try_acquire("acme", "s1", turn)
         assert lease is not None
-        _, again = await asyncio.gather(lease.release(), a.try_acquire("acme", "s1", turn + "'"))
+        _, again = await asyncio.gather(
+            lease.release(continuable=True), a.try_acquire("acme", "s1", turn + "'")
+        )
         assert again is not None and again.continued, turn
-        await again.release()
+        await again.release(continuable=True)
+
+
+async def test_a_lease_given_back_unused_does_not_continue(leases):
+    """Only a release that ends a run of the session vouches for what its worker kept
+    of it. A lease taken and given back unused (the session's last turn was still in
+    the stream, running elsewhere) does not: another worker may have run turns of the
+    session since this one last did. (It did, before: the loop worker then started a
+    turn from a snapshot two turns old, its checkpoint lost the race, and the turn
+    waited out AckWait.)"""
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    await lease.release(continuable=True)  # a ran t1 and kept the session
+    lease = await b.try_acquire("acme", "s1", "t2")
+    await lease.release(continuable=True)  # b ran t2
+    early = await a.try_acquire("acme", "s1", "t3")  # t2 not yet acked: given back
+    assert early is not None and not early.continued
+    await early.release()
+    again = await a.try_acquire("acme", "s1", "t3")
+    assert again is not None and not again.continued
+    await again.release(continuable=True)
+
+
+async def test_a_release_acks_first_and_wakes_a_waiting_take(leases):
+    """The turn is acked before its lease is released (``after``), and the release
+    wakes a worker waiting for the lease: the waiter sees the delete."""
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    taker = asyncio.create_task(b.acquire("acme", "s1", "t2"))
+    await wait_for(lambda: "acme.s1" in b._watch._keys, what="b waiting on the key")
+    deletions = b._watch._keys["acme.s1"]
+    order = []
+
+    async def ack() -> None:
+        order.append("acked")
+        assert (await b.holder("acme", "s1")).owner == "a"  # not released yet
+
+    await lease.release(after=ack())
+    taken = await asyncio.wait_for(taker, 30)
+    assert order == ["acked"] and taken.record.owner == "b" and deletions.count == 1
+    assert "acme.s1" not in b._watch._keys  # the watch ended with its last waiter
+    await taken.release()
 
 
 async def test_a_lease_is_unlapsed_until_most_of_its_ttl_passes_without_a_renewal(leases):
