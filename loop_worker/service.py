@@ -105,7 +105,9 @@ class LoopWorker:
         js = nc.jetstream()
         self._js = js
         self.publisher = publisher = Publisher(nc)  # every ack and KV read, on one inbox
-        self.events = JetStreamEvents(nc, self.subjects, publisher=publisher)
+        self.events = JetStreamEvents(
+            nc, self.subjects, publisher=publisher, flush_ms=config.loop.stream_flush_ms
+        )
         self.store = KVSessionStore(
             nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher,
             before_commit=self._events_stored,
@@ -175,6 +177,7 @@ class LoopWorker:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
                 renewer = tg.create_task(self._renew_leases(), name="leases")
                 committer = tg.create_task(self.store.run(), name="checkpoints")
+                deltas = tg.create_task(self.events.run(), name="deltas")
                 listening = asyncio.Event()
                 buryer = tg.create_task(self.deadletters.run(listening), name="dead letters")
                 await listening.wait()
@@ -193,6 +196,7 @@ class LoopWorker:
                 keepalive.cancel()
                 renewer.cancel()
                 committer.cancel()
+                deltas.cancel()
                 buryer.cancel()
         finally:
             with contextlib.suppress(Exception):

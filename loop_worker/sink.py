@@ -22,6 +22,15 @@ after a failed publish or a reconnect, :meth:`JetStreamEvents.flush` publishes i
 storing them; ``emit`` still never waits), so a reader that stops at a turn's
 ``loop_end`` has seen every event its worker emitted before it.
 
+Streamed text is coalesced (``stream_flush_ms``): a token is not a stored message. A
+``content_delta`` or ``thinking_delta`` goes out at once when it is the first since the
+turn's last other event, or since its last delta went out more than ``stream_flush_ms``
+ago; otherwise it is held, joined to the deltas after it (same type, same iteration),
+and goes out as one delta when that time is up (:meth:`JetStreamEvents.run`, one loop
+for every turn) or at once before the turn's next other event (a tool call, a retract,
+``llm_response``, ``loop_end``): the stream keeps every event type and the order, and
+the text a reader joins is the model's, byte for byte.
+
 An event larger than one NATS message (``nc.max_payload``) is cut to fit, after a
 ``payload_truncated`` event that says so (:mod:`loopmesh.payload`); one with no long
 text to cut is replaced by an ``error`` event (code ``payload_too_large``).
@@ -43,6 +52,8 @@ tracks a turn (:meth:`JetStreamEvents.begin` and the rest take it):
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,6 +62,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
+from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import Publisher, acked, replicated, retry
 from loopmesh.payload import DoesNotFit, fit, limit_of
 from schemas import Subjects, encode, turn_msg_id
@@ -60,6 +72,8 @@ from schemas.ids import check_turn_msg_id
 log = logging.getLogger("loopmesh.loop_worker.sink")
 
 _TOOL_OUTCOMES = frozenset({"tool_result", "tool_error", "tool_timeout"})
+_DELTAS = frozenset({"content_delta", "thinking_delta"})
+HELD_TEXT = 16_384  # characters of streamed text held at most before it goes out
 _ACK_WAIT_S = 5.0  # how long flush waits for outstanding acks before publishing again
 BARRIER_EVERY = 64  # events published without an ack before one is published with one
 UNACKED_BYTES = 64 * 1024  # nor more bytes than this (a larger event has its own ack)
@@ -82,6 +96,28 @@ class _Barrier:
     reconnects: int  # the client's reconnect count when the first of ``covers`` went out
 
 
+@dataclass(slots=True, eq=False)
+class _Held:
+    """Deltas of one type and iteration held back, to go out as one."""
+
+    key: str
+    first: Any  # the first held delta (a ContentDelta or ThinkingDelta): its fields
+    parts: list[str]
+    chars: int
+
+    def joins(self, event: Any) -> bool:
+        """Whether the delta ``event`` may join this text."""
+        return (
+            event.type == self.first.type
+            and event.iteration == self.first.iteration
+            and self.chars + len(event.text) <= HELD_TEXT
+        )
+
+    def joined(self) -> Event:
+        text = "".join(self.parts)
+        return msgspec.structs.replace(self.first, text=text)
+
+
 @dataclass(slots=True)
 class _Turn:
     delivery: int = 1
@@ -96,6 +132,8 @@ class _Turn:
     first_reconnects: int = -1  # the client's reconnect count at the turn's first event
     held_end: _Pending | None = None  # a loop_end published by flush, after the rest
     where: tuple[str, str] = ("", "")  # the tenant and session ``subjects`` are for
+    held: _Held | None = None  # streamed text waiting to go out (coalesced)
+    delta_at: float = 0.0  # when the turn's last delta went out (0: none since another)
 
 
 class JetStreamEvents:
@@ -109,8 +147,13 @@ class JetStreamEvents:
         timeout: float = 30.0,
         publisher: Publisher | None = None,
         barrier_every: int = BARRIER_EVERY,
+        flush_ms: int = 0,
     ) -> None:
         self._nc = nc
+        self._flush_s = flush_ms / 1000
+        self._due: list[tuple[float, int, _Held]] = []  # held text by when it goes out
+        self._dues = 0  # a tie-breaker for the heap
+        self._wake = asyncio.Event()
         self._publisher = publisher or Publisher(nc)
         self._subjects = subjects
         self._timeout = timeout
@@ -145,6 +188,7 @@ class JetStreamEvents:
         self._muted.add(key)
         turn = self._turns.get(key)
         if turn is not None:
+            turn.held = None
             turn.pending.clear()
             turn.unacked.clear()
             turn.unacked_bytes = 0
@@ -167,6 +211,66 @@ class JetStreamEvents:
             turn = self._turns[key] = _Turn()
         if not event.ts:
             event = _stamped(event)
+        if self._flush_s:
+            delta = event.type in _DELTAS
+            if turn.held is not None and not (delta and turn.held.joins(event)):
+                await self._release(turn)  # what was held goes first
+            if not delta:
+                turn.delta_at = 0.0  # the next delta is a new reply's (or part's) first
+            elif self._hold(turn, key, event):
+                return
+        await self._publish(turn, key, event)
+
+    def _hold(self, turn: _Turn, key: str, event: Any) -> bool:
+        """Hold the delta ``event`` back if one went out less than ``stream_flush_ms``
+        ago; whether it was held. Held deltas of the same type and iteration join."""
+        held = turn.held
+        if held is not None:  # it joins (``emit`` released it otherwise)
+            held.parts.append(event.text)
+            held.chars += len(event.text)
+            return True
+        now = time.monotonic()
+        if now - turn.delta_at >= self._flush_s:
+            turn.delta_at = now  # a first delta, or the last went out long enough ago
+            return False
+        turn.held = held = _Held(key, event, [event.text], len(event.text))
+        self._dues += 1
+        heapq.heappush(self._due, (turn.delta_at + self._flush_s, self._dues, held))
+        self._wake.set()
+        return True
+
+    async def _release(self, turn: _Turn) -> None:
+        """Publish the turn's held text now."""
+        held, turn.held = turn.held, None
+        if held is not None:
+            turn.delta_at = time.monotonic()
+            await self._publish(turn, held.key, held.joined())
+
+    async def run(self) -> None:
+        """Publish held text once its time is up, for every turn (until cancelled)."""
+        while True:
+            if not self._due:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            due, _, held = self._due[0]
+            wait = due - time.monotonic()
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()  # something due earlier may come
+                continue
+            heapq.heappop(self._due)
+            turn = self._turns.get(held.key)
+            if turn is not None and turn.held is held and held.key not in self._muted:
+                try:
+                    await self._release(turn)
+                except Exception as exc:  # the turn's flush publishes it again
+                    log.debug("held text not published key=%s error=%r", held.key, exc)
+            raise_if_cancelled()
+
+    async def _publish(self, turn: _Turn, key: str, event: Event) -> None:
         payload = encode(event)
         if len(payload) > (limit := limit_of(self._nc)):
             event, payload = await self._cut(event, limit)
@@ -274,6 +378,8 @@ class JetStreamEvents:
         keys = [check_turn_msg_id(key)] if key is not None else list(self._turns)
         for k in keys:
             turn = self._turns.get(k)
+            if turn is not None and turn.held is not None:
+                await self._release(turn)
             if turn is not None and turn.pending:
                 await self._flush_turn(turn)
 

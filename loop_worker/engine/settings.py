@@ -97,6 +97,10 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "constrained", for small models that pick tools badly: every reply is exactly one
     # tool call, chosen then filled in by two grammar-constrained calls (constrained.py)
     tool_choice_strategy: Literal["auto", "constrained"] = "auto"
+    # Streamed text (content_delta, thinking_delta) is stored coalesced: a reply's first
+    # delta at once, then what streamed in at most every this many milliseconds, and at
+    # once before any other event (0: every delta is an event of its own).
+    stream_flush_ms: Annotated[int, msgspec.Meta(ge=0, le=10_000)] = 50
 
     def __post_init__(self) -> None:
         if self.context_budget_tokens - self.reply_reserve_tokens < 128:

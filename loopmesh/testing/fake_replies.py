@@ -27,6 +27,8 @@ class ToolCalls:
     omit_id: bool = False
     fragment_size: int = 7
     usage: bool = True
+    chunk_size: int = 8  # characters of content per chunk
+    delay_s: float = 0.0  # between content chunks (the calls follow at once)
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,14 @@ def tool_calls(
     omit_id: bool = False,
     fragment_size: int = 7,
     usage: bool = True,
+    chunk_size: int = 8,
+    delay_s: float = 0,
 ) -> ToolCalls:
     """Call tools, arguments streamed in ``fragment_size`` pieces per call index.
 
     ``omit_index`` / ``omit_id`` leave those fields out of every tool-call delta, the
     way some OpenAI-compatible servers do. A ``str`` argument is sent verbatim.
+    ``content`` streams first, ``chunk_size`` characters a chunk, ``delay_s`` apart.
     """
     encoded = tuple((name, a if isinstance(a, str) else json.dumps(a)) for name, a in calls)
     return ToolCalls(
@@ -87,6 +92,8 @@ def tool_calls(
         omit_id=omit_id,
         fragment_size=fragment_size,
         usage=usage,
+        chunk_size=chunk_size,
+        delay_s=delay_s,
     )
 
 
@@ -100,9 +107,10 @@ def hang(seconds: float) -> Hang:
     return Hang(seconds)
 
 
-def cut(content: str, after_chunks: int) -> Cut:
-    """Stream the first ``after_chunks`` chunks of ``content``, then drop the connection."""
-    return Cut(content, after_chunks)
+def cut(content: str, after_chunks: int, *, chunk_size: int = 8) -> Cut:
+    """Stream the first ``after_chunks`` chunks of ``content`` (``chunk_size``
+    characters each), then drop the connection."""
+    return Cut(content, after_chunks, chunk_size)
 
 
 def empty(*, usage: bool = True) -> Empty:

@@ -72,14 +72,15 @@ class ReplyResponse(Response):
     async def _stream(self, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        delay = self.reply.delay_s if isinstance(self.reply, Text) else 0.0
+        delay = self.reply.delay_s if isinstance(self.reply, Text | ToolCalls) else 0.0
+        paced = 1 + self._content_chunks()  # the role and the content: delay_s apart
         buffer: list[bytes] = []
         size = 0
         for n, chunk in enumerate(self._chunks()):
             if isinstance(self.reply, Cut) and n > self.reply.after_chunks:
                 await _send_body(send, b"".join(buffer), more=True)
                 return  # no [DONE], no end of body: uvicorn drops the connection
-            if delay and n > 1:  # role and first fragment at once, then delay_s apart
+            if delay and 1 < n < paced:  # role and first fragment at once, then delay_s apart
                 await asyncio.sleep(delay)
             event = b"data: " + json.dumps(chunk).encode() + b"\n\n"
             buffer.append(event)
@@ -94,7 +95,7 @@ class ReplyResponse(Response):
         yield self._chunk({"role": "assistant", "content": ""})
         reply = self.reply
         content = reply.content if isinstance(reply, Text | Cut | ToolCalls) else ""
-        size = reply.chunk_size if isinstance(reply, Text | Cut) else 8
+        size = reply.chunk_size if isinstance(reply, Text | Cut | ToolCalls) else 8
         for i in range(0, len(content), max(1, size)):
             yield self._chunk({"content": content[i : i + size]})
         if isinstance(reply, ToolCalls):
@@ -104,6 +105,12 @@ class ReplyResponse(Response):
         include = (self.request.get("stream_options") or {}).get("include_usage")
         if include and getattr(reply, "usage", False):
             yield {**self._base(), "choices": [], "usage": self._usage(content, reply)}
+
+    def _content_chunks(self) -> int:
+        reply = self.reply
+        if not isinstance(reply, Text | Cut | ToolCalls):
+            return 0
+        return -(-len(reply.content) // max(1, reply.chunk_size))
 
     def _tool_chunks(self, reply: ToolCalls) -> Iterator[dict[str, Any]]:
         step = max(1, reply.fragment_size)

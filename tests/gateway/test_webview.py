@@ -100,6 +100,8 @@ async def test_the_page_runs_a_turn_through_an_approval_and_a_dropped_stream(
             ("update_plan", steps(titles, "in_progress", "pending")),
             content="<thinking>Writing a file needs a person's approval; plan first.</thinking>"
             "I'll make a plan, then write the greeting.",
+            chunk_size=2,
+            delay_s=0.01,  # streamed for about a second: stored as a few coalesced deltas
         ),
         tool_calls(
             ("local__guarded", {"path": str(greeting), "label": "hello"}),
@@ -195,6 +197,8 @@ async def test_the_page_runs_a_turn_through_an_approval_and_a_dropped_stream(
         for a in await page.locator(".assistant").all()
     }
     assert shown == {k: v for k, v in replies.items() if v}
+    chunks = len(replies[1]) // 2  # its text streamed 2 characters a chunk
+    assert len([e for e in stored if e.type == "content_delta" and e.iteration == 1]) < chunks
     assert await page.locator(".assistant").count() == len(shown)
     calls = [e.call_id for e in stored if e.type == "tool_call" and e.server != "loop"]
     assert [await c.get_attribute("data-call") for c in await page.locator(".call").all()] == calls

@@ -322,3 +322,66 @@ async def test_closing_is_idempotent_and_leaves_a_given_client_open(fake_llm):
     await owned.aclose()
     await owned.aclose()
     assert owned._client.is_closed()
+
+
+def test_a_typed_chunk_reads_as_its_json() -> None:
+    """The stream is read as plain JSON; a client that yields its typed chunks instead
+    (a pydantic model each) is read the same."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from loop_worker.engine.llm import read_chunk
+
+    raw = {
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "finish_reason": None, "delta": {
+            "content": "hi", "tool_calls": [
+                {"index": 0, "id": "call_1", "type": "function",
+                 "function": {"name": "search", "arguments": "{\"q\""}},
+            ],
+        }}],
+    }  # fmt: skip
+    typed = ChatCompletionChunk.model_validate(raw)
+    assert read_chunk(typed) == read_chunk(raw)
+    [choice] = read_chunk(raw).choices or []
+    assert choice.delta is not None and choice.delta.content == "hi"
+    [call] = choice.delta.tool_calls or []
+    assert (call.index, call.id, call.function and call.function.arguments) == (0, "call_1", '{"q"')
+
+
+async def test_a_chunk_the_loop_cannot_read_fails_the_model_without_a_retry(rec: Recorder) -> None:
+    """A server that streams a chunk of another shape (``choices`` not a list) is not
+    asked again: the same request would get the same answer."""
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": "oops"}
+    body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+    served = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )  # fmt: skip
+        await reader.readexactly(length)
+        served += 1
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = LLMSettings(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="m", max_retries=2
+    )
+    try:
+        async with OpenAILLM(settings, sleep=rec.sleep) as llm:
+            with pytest.raises(LLMError) as caught:
+                await llm.complete(HI, on_delta=rec.on_delta, on_retry=rec.on_retry)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert "a streamed chunk the loop cannot read" in str(caught.value)
+    assert served == 1 and rec.retries == []
