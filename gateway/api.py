@@ -38,7 +38,9 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     ``mode``, ``planner_model`` and ``executor_model`` choose the dual-model
     orchestrator for this turn (default: the deployment's ``[loop]`` settings).
     ``context``: passages the client retrieved, for the prompt; ``parts``: images and
-    files (OpenAI content parts) that go with the input."""
+    files (OpenAI content parts) that go with the input. ``on_busy``: what to do when
+    an earlier turn of the session has not ended (``enqueue``, ``reject``: answered 409,
+    ``interrupt``, ``rollback``; default: the deployment's ``[loop] on_busy``)."""
 
     input: str
     instructions: str | None = None
@@ -50,6 +52,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     executor_model: str | None = None
     context: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] | None = None
     parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
+    on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

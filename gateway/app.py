@@ -41,6 +41,7 @@ from .backend import Backend
 from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of
 from .errors import (
     BadRequest,
+    Busy,
     Conflict,
     GatewayError,
     NotFound,
@@ -49,7 +50,7 @@ from .errors import (
 )
 from .fanout import Fanout
 from .openapi import CALL_ID, SESSION, Operation, Param, document
-from .settings import GatewaySettings
+from .settings import GatewaySettings, OnBusy
 from .sse import SseResponse
 from .stream import EventStream
 from .traces import turn_span
@@ -84,8 +85,10 @@ class Gateway:
         backend: Backend,
         *,
         registry: CollectorRegistry | None = None,
+        on_busy: OnBusy = "enqueue",
     ) -> None:
         self.settings = settings
+        self.on_busy = on_busy  # [loop] on_busy: a turn's default
         self.backend = backend
         self.keys = Keys(settings)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
@@ -168,6 +171,14 @@ class Gateway:
         turn_id = check_id(key, "Idempotency-Key") if key is not None else new_id()
         body = await self.body(request, api.PostTurn)
         turn = self.turn(who, session, turn_id, body)
+        if (turn.on_busy or self.on_busy) == "reject":
+            busy = await self.backend.unfinished(who.tenant, session)
+            if busy:
+                names = ", ".join(t.turn_id for t in busy)
+                raise Busy(
+                    f"session {session} is busy with turn {names}; this turn asked "
+                    "on_busy=reject (enqueue waits, interrupt stops the running turn)"
+                )
         await self.backend.create_session(who.tenant, session)
         _, last = await self.backend.events_bounds()
         with turn_span(request, turn):  # continues the caller's traceparent; off: a no-op
@@ -220,6 +231,7 @@ class Gateway:
             max_iterations=body.max_iterations, tools=tools, mode=body.mode,
             planner_model=body.planner_model, executor_model=body.executor_model,
             context=tuple(body.context or ()), parts=tuple(body.parts or ()),
+            on_busy=body.on_busy,
         )  # fmt: skip
 
     # -- events -----------------------------------------------------------------------
@@ -369,7 +381,7 @@ class Gateway:
             (Operation("GET", "/v1/sessions/{session}", "read a session", 200, api.SessionView,
                        params=(SESSION,), errors=(401, 404, 422, 429, 503)), self.get_session),
             (Operation("POST", "/v1/sessions/{session}/turns", "post a turn", 202, api.TurnPosted,
-                       api.PostTurn, (SESSION, idem), (400, 401, 413, 422, 429, 503)),
+                       api.PostTurn, (SESSION, idem), (400, 401, 409, 413, 422, 429, 503)),
              self.post_turn),
             (Operation("GET", "/v1/sessions/{session}/events", "stream the session's events (SSE)",
                        200, None, params=(SESSION, turn, since, last_id),

@@ -20,7 +20,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import quietly
-from loopmesh.jetstream import kv_values
+from loopmesh.backlog import Queued, unfinished
+from loopmesh.jetstream import Publisher, kv_values
 from schemas import (
     ApprovalDecision,
     Control,
@@ -54,6 +55,7 @@ class Backend:
         self.timeout = timeout
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self._buckets: dict[str, KeyValue] = {}
+        self._publisher: Publisher | None = None  # for reads through the stream API
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -75,6 +77,15 @@ class Backend:
         return kv
 
     # -- sessions ---------------------------------------------------------------------
+
+    async def unfinished(self, tenant: str, session: str) -> list[Queued]:
+        """The session's turns in the turns stream that have not ended."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.nc)
+        return await self._call(
+            "read the session's turns",
+            unfinished(self._publisher, self.subjects, tenant, session),
+        )
 
     async def session(self, tenant: str, session: str) -> SessionSnapshot | None:
         kv = await self._bucket(self.subjects.sessions_bucket)

@@ -6,6 +6,7 @@ GatewayError                     (``.status``, ``.code``, ``.message``, ``.field
 ├── Unauthorized       401       no key, or a key that matches none
 ├── NotFound           404       no such session (in this tenant), route or call
 ├── Conflict           409       the session exists already
+│   └── Busy           409       a turn with ``on_busy: reject`` while one runs
 ├── PayloadTooLarge    413       the body is over ``max_body_bytes``
 ├── Unprocessable      422       a value out of bounds, a hostile id
 ├── RateLimited        429       over the key's rate (``.retry_after``) or stream cap
@@ -39,6 +40,10 @@ class NotFound(GatewayError):
 
 class Conflict(GatewayError):
     status, code = 409, "conflict"
+
+
+class Busy(Conflict):
+    code = "session_busy"
 
 
 class PayloadTooLarge(GatewayError):

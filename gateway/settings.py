@@ -15,7 +15,7 @@ field can be set with ``LOOPMESH_GATEWAY__<FIELD>``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -59,6 +59,18 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     nats_timeout_s: Positive = 5.0  # for publish acks and KV reads
 
 
+OnBusy = Literal["enqueue", "reject", "interrupt", "rollback"]
+
+
+class LoopDefaults(msgspec.Struct, frozen=True, kw_only=True):
+    """What the gateway reads of a shared configuration's ``[loop]`` table (the loop
+    workers read the rest): the default of a turn's ``on_busy``, so that a turn the
+    workers would refuse for a busy session is answered 409 at once."""
+
+    on_busy: OnBusy = "enqueue"
+
+
 class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
     gateway: GatewaySettings = GatewaySettings()
+    loop: LoopDefaults = LoopDefaults()

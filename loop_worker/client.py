@@ -48,6 +48,7 @@ from schemas.events import (
     Resumed,
     Retract,
     Retry,
+    RolledBack,
     ToolCallEvent,
     ToolErrorEvent,
     ToolResultEvent,
@@ -78,6 +79,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turn-id", type=token("turn"), help="turn id (default: a new one)")
     parser.add_argument("--max-iterations", type=int, help="overrides [loop] max_iterations")
     parser.add_argument("--model", help="overrides [llm] model for this turn")
+    parser.add_argument(
+        "--on-busy",
+        choices=("enqueue", "reject", "interrupt", "rollback"),
+        help="when an earlier turn of the session has not ended: wait for it (enqueue), "
+        "be refused (reject), stop it (interrupt), or stop it and undo it (rollback); "
+        "default: [loop] on_busy",
+    )
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
     )
@@ -171,6 +179,7 @@ async def main(args: argparse.Namespace) -> int:
         created_at=time.time(),
         max_iterations=args.max_iterations,
         model=args.model,
+        on_busy=args.on_busy,
     )
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
     async with open_remote(args) as remote:
@@ -295,6 +304,12 @@ class Printer:
                 return f"  ? {text}"
             case Retry(what=what, attempt=attempt, reason=reason, delay_s=delay):
                 return f"  … retrying {what} (attempt {attempt}, in {delay:.1f}s): {reason}"
+            case RolledBack(by_turn=by, calls=calls):
+                ran = ", ".join(_tool(c.server, c.tool) for c in calls) or "none"
+                return (
+                    f"  ↩ rolled back for turn {by}: the session is as before this turn "
+                    f"(calls that ran: {ran})"
+                )
             case Paused():
                 return "  ⏸ paused"
             case Resumed():

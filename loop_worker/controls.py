@@ -177,6 +177,17 @@ class Controls:
             except Exception as exc:  # a newer control arrived; keep it
                 log.debug("control record kept key=%s error=%r", key, exc)
 
+    async def send(self, control: Control) -> None:
+        """Record ``control`` and publish it to its session (as :func:`send_control`)."""
+        if not control.at:
+            control = _with_time(control)
+        await record(self.kv, control)
+        await self._nc.publish(
+            self._subjects.control(control.tenant, control.session),
+            encode(control),
+            headers={RECORDED_HEADER: "1"},
+        )
+
     def running(self, tenant: str, session: str) -> RecordedTurnControl | None:
         return self._running.get(session_key(tenant, session))
 
@@ -247,8 +258,10 @@ async def _apply(target: TurnControl, control: Control) -> None:
     if isinstance(control, Cancel | Pause) and isinstance(target, RecordedTurnControl):
         target.stopped = True
     match control:
-        case Cancel(reason=reason):
+        case Cancel(mode="cancel", reason=reason):
             target.cancel(reason or "cancelled")
+        case Cancel(mode=mode, by_turn=by):
+            target.interrupt(by or "", rollback=mode == "rollback")
         case Pause():
             target.pause()
         case Resume():

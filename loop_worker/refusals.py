@@ -21,7 +21,7 @@ import time
 from loopmesh.jetstream import Publisher, acked, retry
 from schemas import Subjects, encode, turn_msg_id
 from schemas.admit import Refused
-from schemas.events import Error, Event, LoopEnd
+from schemas.events import EndReason, Error, Event, LoopEnd
 
 log = logging.getLogger("loopmesh.loop_worker.refusals")
 
@@ -29,10 +29,17 @@ UNKNOWN_TURN = "unknown"
 
 
 async def report(
-    publisher: Publisher, subjects: Subjects, refused: Refused, *, what: str, ref: str
+    publisher: Publisher,
+    subjects: Subjects,
+    refused: Refused,
+    *,
+    what: str,
+    ref: str,
+    reason: EndReason = "error",
 ) -> bool:
     """Publish the events of a refused ``what`` ("turn" or "control"); False when its
-    subject names nobody to tell (the refusal is only logged)."""
+    subject names nobody to tell (the refusal is only logged). A turn's ``loop_end``
+    has ``reason``."""
     log.warning(
         "refused a %s code=%s tenant=%s session=%s turn=%s: %s",
         what, refused.code, refused.tenant, refused.session, refused.turn_id, refused.message,
@@ -51,7 +58,7 @@ async def report(
     if what == "turn":
         events.append(
             LoopEnd(
-                tenant=tenant, session=session, turn_id=turn_id, ts=now, reason="error",
+                tenant=tenant, session=session, turn_id=turn_id, ts=now, reason=reason,
                 error=f"{refused.code}: {refused.message}",
             )
         )  # fmt: skip

@@ -49,10 +49,12 @@ from nats.aio.msg import Msg
 from prometheus_client import Counter, Gauge, Histogram
 
 from loopmesh.aio import both
+from loopmesh.backlog import unfinished
 from loopmesh.jetstream import answered, quietly, retry
-from schemas import Turn, session_key
+from schemas import Cancel, Turn, session_key
 from schemas.admit import Refused, admit_turn
 
+from . import refusals
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
@@ -131,6 +133,11 @@ def gone(first: int | None, seq: int) -> bool:
     return first is None or (first > seq > 0)
 
 
+class Rejected(Exception):
+    """The turn was refused: an earlier turn of its session had not ended, and it
+    asked ``on_busy = "reject"``."""
+
+
 class HandBack(Exception):
     """A turn this worker will not run now; it goes back to the stream."""
 
@@ -204,6 +211,8 @@ class TurnRun:
             await self._leased(turn, meta.num_delivered)
             if not self.acked:
                 await self._ack(turn)
+        except Rejected:
+            outcome = "rejected"
         except DoneElsewhere:
             outcome = "done_elsewhere"
             log.warning("turn acked by another delivery; not run again turn=%s", self.turn_id)
@@ -294,6 +303,7 @@ class TurnRun:
         if an earlier turn is still in the stream). The lease, if it was taken."""
         w = self._w
         if w.settings.tenant_max_active:
+            await self._when_busy(turn)
             await w._wait_turn_order(self, turn)
             return None
         first, lease = await both(
@@ -312,8 +322,45 @@ class TurnRun:
             return lease
         if lease is not None:  # unused: it vouches for nothing this worker kept
             await lease.release()
+        await self._when_busy(turn)
         await w._wait_turn_order(self, turn)
         return None
+
+    async def _when_busy(self, turn: Turn) -> None:
+        """An earlier turn of the session is still in the stream: unless the turn
+        enqueues (the default), find the earlier turns that have not ended, and refuse
+        this one (:class:`Rejected`) or interrupt them (they stop at a safe point; a
+        ``rollback`` also undoes what they changed of the session)."""
+        w = self._w
+        mode = turn.on_busy or w.config.loop.on_busy
+        if mode == "enqueue":
+            return
+        earlier = await unfinished(
+            w.publisher, w.subjects, turn.tenant, turn.session, before=self.seq
+        )
+        if not earlier:
+            return
+        names = ", ".join(t.turn_id for t in earlier)
+        if mode == "reject":
+            message = f"session {turn.tenant}.{turn.session} is busy with turn {names}"
+            refused = Refused(
+                "session_busy", message, tenant=turn.tenant, session=turn.session,
+                turn_id=turn.id,
+            )  # fmt: skip
+            ref = str(self.seq)
+            await refusals.report(
+                w.publisher, w.subjects, refused, what="turn", ref=ref, reason="rejected"
+            )
+            await quietly(self.msg.term())
+            raise Rejected
+        log.info("turn %s interrupts %s (%s) session=%s", turn.id, names, mode, turn.session)
+        for queued in earlier:
+            await w.controls.send(
+                Cancel(
+                    tenant=turn.tenant, session=turn.session, turn_id=queued.turn_id,
+                    reason=f"interrupted by turn {turn.id}", mode=mode, by_turn=turn.id,
+                )
+            )  # fmt: skip
 
     async def _still_queued(self, turn: Turn, lease: Lease) -> None:
         """Raise :class:`DoneElsewhere` (giving the lease back) if the turn left the

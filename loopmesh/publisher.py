@@ -193,6 +193,17 @@ class Publisher:
         found = await self._leader_get(stream, {"next_by_subj": subject}, timeout, _decode_get)
         return found.seq if found is not None else None
 
+    async def next_msg(
+        self, stream: str, subject: str, seq: int, *, timeout: float = 5.0
+    ) -> tuple[int, bytes] | None:
+        """The first message of ``subject`` at or after sequence ``seq``, as the stream's
+        leader has it: its sequence and data, or ``None`` when there is none."""
+        query: dict[str, str | int] = {"seq": seq, "next_by_subj": subject}
+        found = await self._leader_get(stream, query, timeout, _decode_get_whole)
+        if not isinstance(found, _StoredMsg):
+            return None
+        return found.seq, found.data
+
     async def leader_get(self, stream: str, subject: str, *, timeout: float = 5.0) -> Msg | None:
         """The last message of ``subject``, as the stream's leader has it (the stream
         API; only the leader answers), or ``None``. Its ``Nats-Sequence`` header is set.
@@ -211,7 +222,7 @@ class Publisher:
     async def _leader_get(
         self,
         stream: str,
-        query: dict[str, str],
+        query: dict[str, str | int],
         timeout: float,
         decoder: Callable[[bytes], _MsgGet | _MsgGetWhole],
     ) -> _StoredSeq | None:

@@ -269,6 +269,8 @@ EndReason = Literal[
     "deadline",
     "max_tool_calls",
     "tool_failed",
+    "interrupted",
+    "rejected",
 ]
 
 
@@ -303,6 +305,27 @@ class PayloadTruncated(Event, tag="payload_truncated", frozen=True, kw_only=True
     max_payload: int = 0
 
 
+class RanCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call a rolled-back turn made, and how it ended."""
+
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    status: str = "ok"
+
+
+class RolledBack(Event, tag="rolled_back", frozen=True, kw_only=True):
+    """An interrupted turn's session returned to its snapshot from before the turn
+    began (``on_busy = "rollback"``): its events stay in the stream, this one after
+    them. ``by_turn``: the turn that interrupted it; ``to_turn``: the turn whose end the
+    session returned to (``None``: the session's start). A tool call's side effect is
+    not undone: ``calls`` are the calls the turn made that ran."""
+
+    by_turn: str = ""
+    to_turn: str | None = None
+    calls: tuple[RanCall, ...] = ()
+
+
 AnyEvent = (
     TurnAccepted
     | LoopStart
@@ -331,6 +354,7 @@ AnyEvent = (
     | Retract
     | HookErrorEvent
     | OrchestratorFallback
+    | RolledBack
     | LoopEnd
     | Error
     | PayloadTruncated

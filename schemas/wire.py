@@ -25,6 +25,13 @@ class WireError(msgspec.Struct, frozen=True, kw_only=True):
 
 ToolFailureMode = Literal["continue", "fail"]
 LoopMode = Literal["loop", "orchestrator"]
+#: What a turn does when it arrives while an earlier turn of its session still runs.
+OnBusy = Literal["enqueue", "reject", "interrupt", "rollback"]
+#: How a cancel stops a turn: ``cancel`` at once (calls in flight are abandoned);
+#: ``interrupt`` at its next safe point (never between a tool call and its record);
+#: ``rollback`` as ``interrupt``, and the session returns to its snapshot from before
+#: the turn began.
+CancelMode = Literal["cancel", "interrupt", "rollback"]
 #: A model name as an OpenAI-compatible server takes it (``org/model:tag`` and the like).
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=r"^\S+$")]
 
@@ -133,6 +140,13 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     context: Annotated[tuple[Passage, ...], msgspec.Meta(max_length=MAX_PASSAGES)] = ()
     #: Images and files that go with ``input`` (OpenAI content parts), passed to the model.
     parts: Annotated[tuple[ContentPart, ...], msgspec.Meta(max_length=MAX_PARTS)] = ()
+    #: When an earlier turn of the session has not ended yet: ``enqueue`` (wait for
+    #: it), ``reject`` (refused: an ``error`` event, code ``session_busy``, and a
+    #: ``loop_end``, reason ``rejected``), ``interrupt`` (the earlier turn stops at its
+    #: next safe point, reason ``interrupted``, and this one starts from what it left)
+    #: or ``rollback`` (the same, and the session returns to its snapshot from before
+    #: the interrupted turn began). ``None``: ``[loop] on_busy``.
+    on_busy: OnBusy | None = None
 
     @property
     def msg_id(self) -> str:
@@ -221,7 +235,12 @@ class _Control(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 class Cancel(_Control, tag="cancel", frozen=True, kw_only=True):
+    """Stop the turn ``turn_id`` (or, naming none, the turns created before ``at``).
+    ``mode``: see :data:`CancelMode`; ``by_turn``: the turn that interrupted it."""
+
     reason: str = ""
+    mode: CancelMode = "cancel"
+    by_turn: Token | None = None
 
 
 class Pause(_Control, tag="pause", frozen=True, kw_only=True):

@@ -519,6 +519,13 @@ class View {
       case "no_tool_call":
         this.line(turn, "note", "The model answered without calling a tool.");
         break;
+      case "rolled_back": {
+        const ran = (e.calls || []).map((c) => (c.server ? `${c.server}.${c.tool}` : c.tool));
+        this.line(turn, "note",
+          `Rolled back for turn ${e.by_turn}: the session is as it was before this turn` +
+          (ran.length ? ` (these calls ran, and stay done: ${ran.join(", ")})` : "") + ".");
+        break;
+      }
       case "paused":
         this.line(turn, "note", "Paused");
         break;

@@ -289,7 +289,9 @@ class Orchestrator:
         return _Why(f"no result within {self.settings.step_max_iterations} executor calls")
 
     async def _run_calls(self, calls: list[Call], messages: list[ChatMessage]) -> End | None:
-        outcomes: list[Outcome] = await self.scope.race(self.runner.run(calls)) if calls else []
+        outcomes: list[Outcome] = (  # an interruption waits for the calls' records
+            await self.scope.race(self.runner.run(calls), interruptible=False) if calls else []
+        )
         for o in outcomes:
             messages.append(ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id))
         self._set(pending=(), state={"messages": tuple(messages)})

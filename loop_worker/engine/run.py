@@ -27,6 +27,8 @@ from schemas.events import (
     Message,
     PlanUpdate,
     Question,
+    RanCall,
+    RolledBack,
     TurnAccepted,
 )
 
@@ -37,7 +39,7 @@ from .nudges import echoes_loop
 from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
 from .prompt import BUILTIN_SERVER, builtin_specs, loop_message
-from .scope import End, TurnCancelled, TurnDeadline, TurnScope
+from .scope import End, TurnCancelled, TurnDeadline, TurnInterrupted, TurnScope
 from .tokens import TokenCounter
 from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
 
@@ -65,6 +67,10 @@ class TurnRun:
         self.turn = scope.turn
         self.settings = engine.settings
         self.resumed = snapshot.turn_id == self.turn.id
+        #: The session as it was before this turn began (a rollback's target), known
+        #: when this run started the turn.
+        self.before: SessionSnapshot | None = None if self.resumed else snapshot
+        self.ran: dict[str, RanCall] = {}  # calls of this run that a tool worker ran
         self.limit = self.turn.max_iterations or self.settings.max_iterations
         self.conversation = Conversation(list(snapshot.messages), snapshot, self.limit)
         if not self.resumed:
@@ -116,6 +122,11 @@ class TurnRun:
         except TurnCancelled as exc:
             self.end = End("cancelled", error=str(exc) or "cancelled")
             self._close_pending("cancelled", "the turn was cancelled")
+        except TurnInterrupted as exc:
+            self.end = End("interrupted", error=str(exc))
+            self._close_pending("interrupted", str(exc))
+            if exc.interruption.rollback:
+                await self._roll_back(exc.interruption.by)
         except TurnDeadline:
             text = self.limits.deadline_message()
             await scope.emit(Error, code="deadline", message=text, fatal=True)
@@ -197,7 +208,7 @@ class TurnRun:
             self.limit = self.conversation.limit = self.limit + self.snapshot.iteration
             start = self.snapshot.iteration + 1
         if self.snapshot.pending:  # the model answered before the last worker stopped
-            scope.check()
+            scope.check(interruptible=False)  # they may have run: they get their record
             if scope.control.paused:
                 await inference.pause()
             scope.iteration = start
@@ -289,7 +300,9 @@ class TurnRun:
 
     async def _run_calls(self, calls: list[Call], runner: ToolRunner) -> End | None:
         """Run the pending calls (the last message asked for them) and add their results."""
-        outcomes = await self.scope.race(runner.run(calls))
+        # not interruptible: an interruption waits for the calls to end and be recorded
+        outcomes = await self.scope.race(runner.run(calls), interruptible=False)
+        self._note_ran(outcomes)
         self._add_results(outcomes)
         if self.end is None and (end := self.limits.end_after(calls, outcomes)) is not None:
             await self.scope.emit(Error, code=end.reason, message=end.content, fatal=True)
@@ -299,6 +312,61 @@ class TurnRun:
             if self.breaker.tripped(count):
                 return await self._circuit_open(outcome, count)
         return self.end
+
+    def _note_ran(self, outcomes: list[Outcome]) -> None:
+        for o in outcomes:
+            if o.result.worker:  # a tool worker ran it (not refused, not a loop tool)
+                call = o.call
+                self.ran[call.call_id] = RanCall(
+                    call_id=call.call_id, server=call.server, tool=call.tool,
+                    status=o.result.status,
+                )  # fmt: skip
+
+    async def _roll_back(self, by: str) -> None:
+        """Return the session to its snapshot from before this turn began, and say so
+        (``rolled_back``, with the calls that ran: their side effects stay). A run that
+        resumed the turn after a crash kept no copy of that snapshot: its conversation
+        is cut back to before the turn's input, its summary and plan stay as they are."""
+        before = self.before
+        messages = list(self.messages)
+        if before is None:
+            start = self._turn_start(messages)
+            ran = self._calls_in(messages[start:])
+            before = msgspec.structs.replace(self.snapshot, messages=tuple(messages[:start]))
+        else:
+            ran = list(self.ran.values())
+        self.messages = list(before.messages)
+        self.snapshot = msgspec.structs.replace(
+            self.snapshot,
+            messages=before.messages,
+            summary=before.summary,
+            plan=before.plan,
+            pending=(),
+            orchestrator=None,
+        )
+        previous = before.turn_id if before.turn_id != self.turn.id else None
+        await self.scope.emit(RolledBack, by_turn=by, to_turn=previous, calls=tuple(ran))
+
+    def _turn_start(self, messages: list[ChatMessage]) -> int:
+        """The index of this turn's input message (the first it added), else the end."""
+        for i in range(len(messages) - 1, -1, -1):
+            m = messages[i]
+            if m.role == "user" and m.name is None and m.content == self.turn.input:
+                return i
+        return len(messages)
+
+    @staticmethod
+    def _calls_in(messages: list[ChatMessage]) -> list[RanCall]:
+        """The calls that got a result in ``messages`` (how they ended is not known)."""
+        names = {c.id: c.name for m in messages for c in m.tool_calls}
+        out = []
+        for m in messages:
+            if m.role == "tool" and m.tool_call_id in names:
+                server, _, tool = names[m.tool_call_id].rpartition("__")
+                out.append(
+                    RanCall(call_id=m.tool_call_id, server=server, tool=tool, status="unknown")
+                )
+        return out
 
     def _close_pending(self, code: str, message: str) -> None:
         """Answer calls that will never run, so the history has no call without a result."""

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from schemas import Turn
 from schemas.events import EndReason, Event
 
-from .control import TurnControl
+from .control import Interruption, TurnControl
 from .protocols import EventSink
 
 E = TypeVar("E", bound=Event)
@@ -35,6 +35,15 @@ class TurnCancelled(Exception):
 
 class TurnDeadline(Exception):
     """Raised inside the engine when the turn's wall-clock deadline passes."""
+
+
+class TurnInterrupted(Exception):
+    """Raised inside the engine at a safe point once a later turn of the session
+    interrupted this one (see :class:`~loop_worker.engine.control.Interruption`)."""
+
+    def __init__(self, interruption: Interruption) -> None:
+        super().__init__(f"interrupted by turn {interruption.by}")
+        self.interruption = interruption
 
 
 class TurnScope:
@@ -73,16 +82,20 @@ class TurnScope:
         for start in range(0, len(text), MAX_EVENT_TEXT):
             await self.emit(cls, text=text[start : start + MAX_EVENT_TEXT])
 
-    def check(self) -> None:
+    def check(self, *, interruptible: bool = True) -> None:
         if self.control.cancelled.is_set():
             raise TurnCancelled(self.control.cancel_reason)
+        if interruptible and self.control.interruption is not None:
+            raise TurnInterrupted(self.control.interruption)
         remaining = self._remaining()
         if remaining is not None and remaining <= 0:
             raise TurnDeadline()
 
-    async def race(self, aw: Awaitable[T]) -> T:
+    async def race(self, aw: Awaitable[T], *, interruptible: bool = True) -> T:
         """Await ``aw`` unless the turn is cancelled first; then cancel it and raise
-        :class:`TurnCancelled` (or :class:`TurnDeadline` when the deadline passes first).
+        :class:`TurnCancelled` (or :class:`TurnDeadline` when the deadline passes first,
+        or :class:`TurnInterrupted` when a later turn interrupts this one, unless
+        ``interruptible`` is false: tool calls run to their record).
 
         ``aw`` runs in the calling task, as under ``asyncio.timeout``: a cancel of the
         turn cancels the task where it waits, and the cancellation is taken back here
@@ -90,8 +103,14 @@ class TurnScope:
         elsewhere still propagates. No task is made per call."""
         control = self.control
         try:
-            self.check()
-        except (TurnCancelled, TurnDeadline):
+            if control.cancelled.is_set():
+                raise TurnCancelled(control.cancel_reason)
+            if interruptible and control.interruption is not None:
+                raise TurnInterrupted(control.interruption)
+            remaining = self._remaining()
+            if remaining is not None and remaining <= 0:
+                raise TurnDeadline()
+        except (TurnCancelled, TurnDeadline, TurnInterrupted):
             _discard(aw)
             raise
         task = asyncio.current_task()
@@ -107,6 +126,10 @@ class TurnScope:
         def on_cancel() -> None:
             interrupt(TurnCancelled(control.cancel_reason))
 
+        def on_interrupt() -> None:
+            if control.interruption is not None:
+                interrupt(TurnInterrupted(control.interruption))
+
         remaining = self._remaining()
         timer = (
             None
@@ -114,6 +137,8 @@ class TurnScope:
             else asyncio.get_running_loop().call_later(remaining, interrupt, TurnDeadline())
         )
         control.watch(on_cancel)
+        if interruptible:
+            control.watch_interrupt(on_interrupt)
         try:
             result = await aw
         except asyncio.CancelledError:
@@ -122,6 +147,7 @@ class TurnScope:
             raise
         finally:
             control.unwatch(on_cancel)
+            control.unwatch_interrupt(on_interrupt)
             if timer is not None:
                 timer.cancel()
         if fired is not None:  # the cancel reached ``aw``, which swallowed it

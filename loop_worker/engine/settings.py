@@ -97,6 +97,10 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "constrained", for small models that pick tools badly: every reply is exactly one
     # tool call, chosen then filled in by two grammar-constrained calls (constrained.py)
     tool_choice_strategy: Literal["auto", "constrained"] = "auto"
+    # A turn that arrives while an earlier turn of its session has not ended (the
+    # default of Turn.on_busy): "enqueue" (waits), "reject" (refused), "interrupt" (the
+    # earlier turn stops at a safe point) or "rollback" (and its changes are undone)
+    on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] = "enqueue"
     # Streamed text (content_delta, thinking_delta) is stored coalesced: a reply's first
     # delta at once, then what streamed in at most every this many milliseconds, and at
     # once before any other event (0: every delta is an event of its own).

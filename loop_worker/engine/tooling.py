@@ -274,7 +274,12 @@ class ToolRunner:
         )
         decision = await self.scope.control.wait_decision(call.call_id, timeout)
         if decision is None:
-            reason = f"no decision within {timeout:g} s"
+            interrupted = self.scope.control.interruption
+            reason = (
+                f"no decision within {timeout:g} s"
+                if interrupted is None
+                else f"the turn was interrupted by turn {interrupted.by} before a decision"
+            )
             await self.scope.emit(ApprovalDecided, call_id=call.call_id, reason=reason)
             return self._rejected(call, reason)
         await self.scope.emit(

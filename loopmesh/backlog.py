@@ -1,0 +1,88 @@
+"""A session's backlog: its turns still in the turns stream, and which have not ended.
+
+The turns stream is a work queue, so a turn leaves it once acked: a session's turns
+still there are the ones running or waiting. One of them may have ended already, its
+``loop_end`` stored while its ack is on its way (a client sends the next turn when it
+sees ``loop_end``): a turn counts as unfinished only while the session's last stored
+``loop_end`` is not its own or a later turn's (a session's turns run in order). What
+``Turn.on_busy`` acts on, in the loop worker and the gateway::
+
+    earlier = await unfinished(publisher, subjects, "acme", "s1", before=seq)
+
+Both reads go to the streams' leaders (on a cluster a follower may be behind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from schemas import Subjects
+
+from .publisher import Publisher
+from .retry import retry
+
+
+class _TurnId(msgspec.Struct):
+    id: str = ""
+
+
+class _EndOf(msgspec.Struct):
+    turn_id: str = ""
+
+
+_turn_id = msgspec.json.Decoder(_TurnId).decode
+_end_of = msgspec.json.Decoder(_EndOf).decode
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A turn in the turns stream: its stream sequence and id."""
+
+    seq: int
+    turn_id: str
+
+
+async def queued(
+    publisher: Publisher, subjects: Subjects, tenant: str, session: str, *, before: int = 0
+) -> list[Queued]:
+    """The session's turns in the turns stream, oldest first (before sequence
+    ``before``, when given)."""
+    subject = subjects.turn(tenant, session)
+    out: list[Queued] = []
+    seq = 1
+    while True:
+        found = await retry(
+            lambda at=seq: publisher.next_msg(subjects.turns_stream, subject, at),  # type: ignore[misc]
+            f"turns of {subject}",
+        )
+        if found is None or (before and found[0] >= before):
+            return out
+        try:
+            turn_id = _turn_id(found[1]).id
+        except msgspec.DecodeError:
+            turn_id = ""  # refused when it is pulled; it ends at once
+        out.append(Queued(found[0], turn_id))
+        seq = found[0] + 1
+
+
+async def unfinished(
+    publisher: Publisher, subjects: Subjects, tenant: str, session: str, *, before: int = 0
+) -> list[Queued]:
+    """The session's turns in the turns stream (before ``before``) that have not ended."""
+    turns = await queued(publisher, subjects, tenant, session, before=before)
+    if not turns:
+        return []
+    subject = subjects.event(tenant, session, "loop_end")
+    last = await retry(
+        lambda: publisher.leader_get(subjects.events_stream, subject), f"last end of {subject}"
+    )
+    if last is None:
+        return turns
+    try:
+        ended = _end_of(last.data).turn_id
+    except msgspec.DecodeError:
+        return turns
+    ids = [t.turn_id for t in turns]
+    return turns[ids.index(ended) + 1 :] if ended in ids else turns

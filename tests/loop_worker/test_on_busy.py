@@ -1,0 +1,154 @@
+"""A turn that arrives while an earlier turn of its session still runs (``Turn.on_busy``),
+on real workers, on one server and on the R3 cluster: ``reject`` refuses it,
+``interrupt`` stops the earlier turn at its next safe point (after its tool call is
+recorded, never between the two) and starts from what it left, ``rollback`` also returns
+the session to its snapshot from before the interrupted turn began."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, wait_for
+from loopmesh.testing.fake_llm import tool_calls
+from schemas import SessionSnapshot, decode
+from schemas.events import Error, LoopEnd, RolledBack
+from tests.conftest import BOTH
+from tests.loop_worker.durable import Mesh, Watch, mesh_on, send_turn, turn
+
+pytestmark = pytest.mark.parametrize("durable", BOTH, indirect=True)
+
+
+@pytest.fixture
+async def mesh(durable):
+    async with mesh_on(durable.url, replicas=durable.replicas, workers=True) as mesh:
+        yield mesh
+
+
+def slow_count(path: Path, seconds: float = 1.5) -> tuple[str, dict[str, object]]:
+    return ("local__count", {"path": str(path), "label": "a", "seconds": seconds})
+
+
+DONE = ("task_completion", {"result": "done"})
+
+
+async def first_turn_running_its_tool(mesh: Mesh, watch: Watch, ledger: Path) -> None:
+    """t1 asks for a slow count; return once the tool runs (its line is written)."""
+    await send_turn(mesh.nc, turn("t1", "count slowly"))
+    await wait_for(ledger.exists, timeout=30, what="t1's tool to start")
+
+
+async def test_reject_refuses_the_turn_and_the_running_one_goes_on(mesh: Mesh, tmp_path: Path):
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE))
+    async with Watch(mesh.nc) as watch:
+        await first_turn_running_its_tool(mesh, watch, ledger)
+        await send_turn(mesh.nc, turn("t2", "and now this", on_busy="reject"))
+        rejected = await watch.wait("loop_end", "t2", timeout=30)
+        first = await watch.wait("loop_end", "t1", timeout=30)
+    assert isinstance(rejected, LoopEnd) and rejected.reason == "rejected"
+    [error] = watch.of("error", "t2")
+    assert isinstance(error, Error) and error.code == "session_busy"
+    assert "busy with turn t1" in error.message
+    assert isinstance(first, LoopEnd) and first.reason == "task_completion"
+    assert ledger.read_text() == "a\n"
+    assert len(mesh.fake.requests) == 2  # t1's two calls; t2 never reached the model
+
+
+async def test_interrupt_stops_the_running_turn_after_its_call_is_recorded(
+    mesh: Mesh, tmp_path: Path
+):
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE))
+    async with Watch(mesh.nc) as watch:
+        await first_turn_running_its_tool(mesh, watch, ledger)
+        await send_turn(mesh.nc, turn("t2", "stop that, do this", on_busy="interrupt"))
+        first = await watch.wait("loop_end", "t1", timeout=30)
+        second = await watch.wait("loop_end", "t2", timeout=30)
+    assert isinstance(first, LoopEnd) and first.reason == "interrupted"
+    assert "interrupted by turn t2" in (first.error or "")
+    assert isinstance(second, LoopEnd) and second.reason == "task_completion"
+    # the call ran once and its result was recorded before t1 stopped: t2 reads it
+    assert ledger.read_text() == "a\n"
+    assert [e.type for e in watch.of("tool_result", "t1")] == ["tool_result"]
+    assert len(mesh.fake.requests) == 2  # t1 asked once; t2 once
+    said = mesh.fake.requests[1]["messages"]
+    assert any(m["role"] == "tool" and m["content"] == "counted a" for m in said)
+    users = [m["content"] for m in said if m["role"] == "user" and "name" not in m]
+    assert users[0] == "count slowly" and users[-1].endswith("stop that, do this"), users
+
+
+async def test_rollback_returns_the_session_to_before_the_interrupted_turn(
+    mesh: Mesh, tmp_path: Path
+):
+    ledger = tmp_path / "n"
+    mesh.fake.script(
+        tool_calls(DONE),  # t0: the conversation before
+        tool_calls(slow_count(ledger)),
+        tool_calls(DONE),
+    )
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t0", "hello"))
+        await watch.wait("loop_end", "t0", timeout=30)
+        await first_turn_running_its_tool(mesh, watch, ledger)
+        await send_turn(mesh.nc, turn("t2", "forget that", on_busy="rollback"))
+        first = await watch.wait("loop_end", "t1", timeout=30)
+        second = await watch.wait("loop_end", "t2", timeout=30)
+    assert isinstance(first, LoopEnd) and first.reason == "interrupted"
+    assert isinstance(second, LoopEnd) and second.reason == "task_completion"
+    [rolled] = watch.of("rolled_back", "t1")
+    assert isinstance(rolled, RolledBack)
+    assert (rolled.by_turn, rolled.to_turn) == ("t2", "t0")
+    assert [(c.server, c.tool, c.status) for c in rolled.calls] == [("local", "count", "ok")]
+    # t1's events stay in the stream, rolled_back after them, then its loop_end
+    stored = [(e.type, e.turn_id) for e, _ in await stream_events(mesh.nc, "acme", "s1")]
+    mine = [t for t, turn_id in stored if turn_id == "t1"]
+    assert mine[-2:] == ["rolled_back", "loop_end"] and "tool_result" in mine
+    # the side effect stays; the conversation t2 starts from is t0's
+    assert ledger.read_text() == "a\n"
+    said = json.dumps(mesh.fake.requests[2]["messages"])
+    assert "hello" in said and "count slowly" not in said and "counted a" not in said
+    value = await kv_read(mesh.nc, SUBJECTS.sessions_bucket, "acme.s1")
+    snapshot = decode(value or b"", SessionSnapshot)
+    texts = [m.content for m in snapshot.messages]
+    assert "count slowly" not in texts and "forget that" in " ".join(texts)
+
+
+async def test_the_gateway_answers_409_to_a_turn_that_rejects_a_busy_session(
+    mesh: Mesh, tmp_path: Path, durable
+):
+    """The gateway looks before it publishes: a busy session's ``reject`` turn is
+    answered 409 (code ``session_busy``) and never reaches the stream; once the running
+    turn has ended, the same turn is accepted."""
+    import httpx
+
+    from gateway.server import GatewayServer
+    from gateway.settings import GatewayConfig, GatewaySettings
+    from loopmesh.settings import NatsSettings
+
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE), tool_calls(DONE))
+    config = GatewayConfig(
+        nats=NatsSettings(url=durable.url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, no_auth=True),
+    )
+    async with (
+        GatewayServer(config) as gw,
+        httpx.AsyncClient(base_url=gw.url) as http,
+        Watch(mesh.nc, "local", "s1") as watch,
+    ):
+        r = await http.post("/v1/sessions/s1/turns", json={"input": "count slowly"})
+        assert r.status_code == 202, r.text
+        await wait_for(ledger.exists, timeout=30, what="the first turn's tool to start")
+        busy = {"input": "now this", "on_busy": "reject"}
+        r = await http.post("/v1/sessions/s1/turns", json=busy)
+        assert r.status_code == 409, r.text
+        assert r.json()["error"]["code"] == "session_busy"
+        assert "busy with turn" in r.json()["error"]["message"]
+        await watch.wait("loop_end", timeout=30)
+        r = await http.post("/v1/sessions/s1/turns", json=busy)
+        assert r.status_code == 202, r.text
+        await watch.wait("loop_end", count=2, timeout=30)
+    assert [e.reason for e in watch.of("loop_end")] == ["task_completion", "task_completion"]
