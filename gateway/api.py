@@ -115,6 +115,34 @@ class ToolList(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[ToolSpec]
 
 
+class UsageLineView(msgspec.Struct, frozen=True, kw_only=True):
+    agent: str
+    model: str
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    unpriced_calls: int = 0  # calls of a model with no price in [prices]
+
+
+class UsageDayView(msgspec.Struct, frozen=True, kw_only=True):
+    day: str  # YYYY-MM-DD, UTC
+    tokens: int
+    cost: float
+    lines: list[UsageLineView]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """The tenant's LLM usage per UTC day, agent and model, as counted from the events
+    (``llm_response`` usage); ``cost`` from the deployment's ``[prices]``."""
+
+    tenant: str
+    days: list[UsageDayView]
+    tokens: int
+    cost: float
+    calls: int
+
+
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     code: str
     message: str

@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopmesh import tracing
+from loopmesh.usage import day_of
 from schemas import (
     ApprovalDecision,
     Cancel,
@@ -62,6 +63,7 @@ T = TypeVar("T")
 _MAX_MODEL_CHARS = 200
 VERSION = "1"  # of the HTTP API: /v1
 _LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many messages
+MAX_USAGE_DAYS = 31  # /v1/usage?days= at most (the bucket keeps 40)
 
 
 class Metrics:
@@ -287,6 +289,29 @@ class Gateway:
         body = b"[" + b",".join(_with_seq(seq, data) for seq, data in found) + b"]"
         return Response(body, media_type="application/json")
 
+    async def usage(self, request: Request) -> Response:
+        who = self.principal(request)
+        days = check_sequence(request.query_params.get("days"), "days")
+        days = 7 if days is None else days
+        if not 1 <= days <= MAX_USAGE_DAYS:
+            raise Unprocessable(f"`days` must be between 1 and {MAX_USAGE_DAYS}", field="days")
+        since = day_of(time.time() - (days - 1) * 86_400)
+        found = [d for d in await self.backend.usage(who.tenant) if d.day >= since]
+        views = [
+            api.UsageDayView(
+                day=d.day, tokens=d.tokens, cost=d.cost,
+                lines=[api.UsageLineView(**msgspec.structs.asdict(line)) for line in d.lines],
+            )
+            for d in found
+        ]  # fmt: skip
+        return _json(
+            api.Usage(
+                tenant=who.tenant, days=views, tokens=sum(d.tokens for d in found),
+                cost=sum(d.cost for d in found),
+                calls=sum(line.calls for d in found for line in d.lines),
+            )
+        )  # fmt: skip
+
     # -- controls ---------------------------------------------------------------------
 
     async def control(self, request: Request) -> Response:
@@ -356,6 +381,8 @@ class Gateway:
         last_id = Param("Last-Event-ID", "header", "resume after this sequence", _INT_TEXT)
         idem = Param("Idempotency-Key", "header", "becomes the turn id", _TOKEN)
         limit = Param("limit", "query", "how many events (default 100)", _INT)
+        days = Param("days", "query", f"days back, today included (default 7, at most "
+                     f"{MAX_USAGE_DAYS})", _INT)  # fmt: skip
         control_ops = [
             (
                 Operation(
@@ -396,6 +423,9 @@ class Gateway:
             (Operation("GET", "/v1/events/latest", "the tenant's latest events, with `seq`", 200,
                        api.LatestEvents, params=(limit,), errors=(401, 422, 429, 503),
                        tags=("events",)), self.latest_events),
+            (Operation("GET", "/v1/usage", "the tenant's LLM usage per day, agent and model",
+                       200, api.Usage, params=(days,), errors=(401, 422, 429, 503),
+                       tags=("usage",)), self.usage),
             (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
                        tags=("health",)), self.healthz),
             (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,

@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
 from loopmesh.jetstream import Publisher, kv_values
+from loopmesh.usage import UsageDay, read_days
 from schemas import (
     ApprovalDecision,
     Control,
@@ -77,6 +78,11 @@ class Backend:
         return kv
 
     # -- sessions ---------------------------------------------------------------------
+
+    async def usage(self, tenant: str) -> list[UsageDay]:
+        """The tenant's days in the usage ledger, oldest first."""
+        await self._bucket(self.subjects.usage_bucket)
+        return await self._call("read usage", read_days(self.js, self.subjects, tenant))
 
     async def unfinished(self, tenant: str, session: str) -> list[Queued]:
         """The session's turns in the turns stream that have not ended."""

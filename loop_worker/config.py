@@ -20,7 +20,7 @@ from typing import Annotated
 
 import msgspec
 
-from loopmesh.settings import NatsSettings, Port
+from loopmesh.settings import NatsSettings, Port, Price
 
 from .engine.settings import LLMSettings, LoopSettings
 
@@ -42,6 +42,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     drain_timeout_s: Positive = 20.0
     catalog_refresh_s: Positive = 5.0  # unused: the catalog is watched, not re-read
     catalog_load_timeout_s: Positive = 10.0  # a turn waits this long for the first load
+    # a tenant's spend today is read from the usage ledger at most this often (the
+    # daily budgets, [loop.budget]); 0: before every LLM call
+    usage_read_every_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     tool_grace_s: Positive = 5.0
     metrics_host: str = "127.0.0.1"
     metrics_port: Port | None = None
@@ -53,3 +56,4 @@ class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     llm: LLMSettings = LLMSettings()
     loop: LoopSettings = LoopSettings()
     loop_worker: ServiceSettings = ServiceSettings()
+    prices: dict[str, Price] = {}  # per model: the budgets' cost ([loop.budget])

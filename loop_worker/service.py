@@ -42,7 +42,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import Publisher, quietly, retry, worker_name
+from loopmesh.jetstream import KV, Publisher, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream, has_msg_ttl
 from schemas import (
     ConsumerDef,
@@ -75,6 +75,7 @@ from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
 from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turn, gone
+from .usage import LedgerUsage
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
 
@@ -127,6 +128,11 @@ class LoopWorker:
             before_publish=lambda r: self.store.commit(r.tenant, r.session),
             unlapsed=self._unlapsed,
         )
+        budget = config.loop.budget  # the daily ceilings read the usage ledger
+        daily = bool(budget.tenant_daily_tokens or budget.tenant_daily_cost)
+        ledger = KV(publisher, self.subjects.usage_bucket)
+        every = self.settings.usage_read_every_s
+        self._usage = LedgerUsage(ledger, fresh_s=every) if daily else None
         prefilter = config.loop.prefilter
         self.prefilter = (
             Prefilter.from_settings(
@@ -146,6 +152,8 @@ class LoopWorker:
             fallback_message=config.llm.fallback_message,
             worker=self.name,
             prefilter=self.prefilter,
+            prices=config.prices,
+            usage=self._usage,
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated
 
 import msgspec
@@ -52,8 +53,11 @@ from schemas.events import (
 )
 from schemas.subjects import Subjects
 
+from .kv import open_kv
 from .metrics import MetricsServer
-from .settings import NatsSettings
+from .publisher import Publisher
+from .settings import NatsSettings, Price
+from .usage import Ledger
 
 log = logging.getLogger("loopmesh.exporter")
 
@@ -79,6 +83,7 @@ class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 class ExporterConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
     exporter: ExporterSettings = ExporterSettings()
+    prices: dict[str, Price] = {}  # per model, for the usage ledger's cost
 
 
 class EventMetrics:
@@ -216,8 +221,12 @@ class Exporter:
         nats: NatsSettings,
         settings: ExporterSettings,
         registry: CollectorRegistry,
+        prices: Mapping[str, Price] | None = None,
     ) -> None:
         self.nc = nc
+        self.prices: Mapping[str, Price] = prices or {}
+        self.ledger: Ledger | None = None  # the usage ledger, once the bucket is open
+        self._agents: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # by turn
         self.js = nc.jetstream()
         self.subjects = Subjects(prefix=nats.prefix)
         self.settings = settings
@@ -236,6 +245,9 @@ class Exporter:
             tg.create_task(self._poll_backlog(stop))
 
     async def _consume(self, stop: asyncio.Event) -> None:
+        publisher = Publisher(self.nc)
+        kv = await open_kv(self.js, publisher, self.subjects.usage_bucket)
+        self.ledger = ledger = Ledger(kv, self.prices)
         sub = await self.js.pull_subscribe(
             self.subjects.all_events,
             durable=self.settings.durable,
@@ -253,13 +265,30 @@ class Exporter:
                 continue
             for msg in msgs:
                 try:
-                    self.metrics.observe(_DECODER.decode(msg.data))
+                    event = _DECODER.decode(msg.data)
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     self.undecodable += 1
                     log.warning("undecodable event subject=%s", msg.subject)
+                    continue
+                self.metrics.observe(event)
+                self._count(msg.metadata.sequence.stream, event, ledger)
             self.consumed += len(msgs)
             if msgs:
+                await ledger.flush()  # then the ack: a usage counted is never lost
                 await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
+
+    def _count(self, seq: int, event: AnyEvent, ledger: Ledger) -> None:
+        """Feed the usage ledger: an LLM call's usage, under its turn's agent."""
+        turn = (event.tenant, event.session, event.turn_id)
+        match event:
+            case LoopStart():
+                self._agents[turn] = getattr(event, "agent", None) or "default"
+                if len(self._agents) > _OPEN_REQUESTS:
+                    self._agents.popitem(last=False)
+            case LLMResponse():
+                ledger.count(seq, event, self._agents.get(turn, "default"))
+            case _:
+                pass
 
     async def _poll_backlog(self, stop: asyncio.Event) -> None:
         prefix = self.subjects.pool_consumer("x")[:-1]
@@ -296,7 +325,7 @@ async def serve(config: ExporterConfig, stop: asyncio.Event) -> None:
     nc = await connect(config.nats, name="exporter")
     try:
         registry = CollectorRegistry()
-        exporter = Exporter(nc, config.nats, settings, registry)
+        exporter = Exporter(nc, config.nats, settings, registry, config.prices)
         async with MetricsServer(
             settings.metrics_host,
             settings.metrics_port,
@@ -308,6 +337,22 @@ async def serve(config: ExporterConfig, stop: asyncio.Event) -> None:
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()
+
+
+def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
+    """The exporter as a service of ``loopmesh up``: its metrics, and the usage ledger
+    that ``GET /v1/usage`` and the daily budgets read."""
+
+    async def service(stop: asyncio.Event, nats_url: str) -> None:
+        from .cli import config_from_args
+
+        config = config_from_args(ExporterConfig, args)
+        config = msgspec.structs.replace(
+            config, nats=msgspec.structs.replace(config.nats, url=nats_url)
+        )
+        await serve(config, stop)
+
+    return service
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -58,6 +58,17 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     sessions_ttl_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 24 * 3600)] = 30 * 24 * 3600
 
 
+class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a model's tokens cost per million, in the budgets' unit (``[prices."<model>"]``:
+    ``input`` for prompt tokens, ``output`` for completion tokens)."""
+
+    input: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    output: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+    def of(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
+
+
 class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How every command runs: ``[runtime]``, read before the command starts."""
 

@@ -51,6 +51,7 @@ UP_SERVICES: dict[str, str] = {
     "tool-worker": "tool_worker.cli",
     "loop-worker": "loop_worker.cli",
     "gateway": "gateway.cli",
+    "exporter": "loopmesh.exporter",
 }
 
 

@@ -271,6 +271,7 @@ EndReason = Literal[
     "tool_failed",
     "interrupted",
     "rejected",
+    "budget",
 ]
 
 
@@ -303,6 +304,21 @@ class PayloadTruncated(Event, tag="payload_truncated", frozen=True, kw_only=True
     size: int = 0
     kept: int = 0
     max_payload: int = 0
+
+
+class BudgetReached(Event, tag="budget_reached", frozen=True, kw_only=True):
+    """The turn's next LLM call would pass a spending ceiling (``[loop.budget]``), so the
+    turn ends (``loop_end`` reason ``budget``). ``ceiling``: ``turn_tokens``,
+    ``turn_cost``, ``tenant_daily_tokens`` or ``tenant_daily_cost``; ``limit``: its
+    value; ``spent``: what was spent against it; ``needed``: what the call would add;
+    ``over``: by how much it would pass; ``message`` says all that in words."""
+
+    ceiling: str = ""
+    limit: float = 0.0
+    spent: float = 0.0
+    needed: float = 0.0
+    over: float = 0.0
+    message: str = ""
 
 
 class RanCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -355,6 +371,7 @@ AnyEvent = (
     | HookErrorEvent
     | OrchestratorFallback
     | RolledBack
+    | BudgetReached
     | LoopEnd
     | Error
     | PayloadTruncated

@@ -121,6 +121,9 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: tool calls it has made, so a resumed turn keeps counting against its limits.
     turn_started_at: Timestamp = 0.0
     turn_tool_calls: int = 0
+    #: What the turn in progress spent on LLM calls: tokens, and their cost ([prices]).
+    turn_tokens: int = 0
+    turn_cost: float = 0.0
     #: An orchestrated turn in progress (``None`` for the ordinary loop).
     orchestrator: OrchestratorState | None = None
     #: How the turn ``turn_id`` ended, once ``status`` is idle (``None`` before).

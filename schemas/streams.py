@@ -150,8 +150,18 @@ def definitions(
                 description="cancel/pause/approval state by session",
             ),
             embeddings_bucket(s, ttl_s=embeddings_ttl_s, replicas=replicas),
+            KVDef(
+                bucket=s.usage_bucket,
+                ttl_s=USAGE_TTL_S,
+                replicas=replicas,
+                description="LLM usage by <tenant>.<UTC day>, counted from the events",
+            ),
         ),
     )
+
+
+#: How long a day of usage is kept (``GET /v1/usage`` reaches back this far).
+USAGE_TTL_S = 40 * 24 * 3600.0
 
 
 def embeddings_bucket(

@@ -160,6 +160,10 @@ class Subjects:
         return f"{self.prefix}-control"
 
     @property
+    def usage_bucket(self) -> str:
+        return f"{self.prefix}-usage"
+
+    @property
     def embeddings_bucket(self) -> str:
         return f"{self.prefix}-embeddings"
 

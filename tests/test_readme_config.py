@@ -11,13 +11,18 @@ from loopmesh.settings import load
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
+def readme_config(tmp_path: Path) -> LoopWorkerConfig:
+    """The README's configuration example, loaded as a loop worker loads its file."""
     section = README.read_text().split("## Configuration", 1)[1]
     block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
     assert block is not None
     path = tmp_path / "loopmesh.toml"
     path.write_text(block.group(1))
-    config = load(LoopWorkerConfig, path, env={})
+    return load(LoopWorkerConfig, path, env={})
+
+
+def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
+    config = readme_config(tmp_path)
     assert config.loop.reply_reserve_tokens == 1000
     assert config.loop.prefilter.enabled and config.loop.prefilter.top_k == 8
     assert config.loop.retriever is None  # shown commented out: it names no real module
@@ -28,3 +33,11 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     assert (loop.plan_max_steps, loop.step_max_iterations, loop.step_retries) == (8, 6, 1)
     assert (loop.deadline_s, loop.max_tool_calls, loop.max_parallel_tools) == (120, 30, 8)
     assert (loop.tool_failure, loop.max_iterations) == ("continue", 20)
+
+
+def test_the_readme_shows_budgets_and_prices(tmp_path: Path) -> None:
+    config = readme_config(tmp_path)
+    assert config.loop.budget.turn_tokens == 200_000
+    assert config.loop.budget.tenant_daily_cost == 50.0
+    assert config.prices["gpt-4o-mini"].of(1_000_000, 1_000_000) == 0.75
+    assert (config.loop.on_busy, config.loop.stream_flush_ms) == ("enqueue", 50)

@@ -21,11 +21,13 @@ goes through :class:`~loop_worker.engine.control.TurnControl`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from loopmesh.settings import Price
 from schemas import SessionSnapshot, Turn
 from schemas.events import Error, LoopEnd
 
+from .budget import UsageToday
 from .control import TurnControl
 from .hooks import Hooks, Retriever
 from .prefilter import Prefilter
@@ -54,8 +56,14 @@ class Engine:
         worker: str = "",
         select_tools: ToolSelector | None = None,
         prefilter: Prefilter | None = None,
+        prices: Mapping[str, Price] | None = None,
+        usage: UsageToday | None = None,
     ) -> None:
         self.settings = settings
+        #: What models' tokens cost ([prices]) and the tenants' spend today, for the
+        #: budgets ([loop.budget]; without ``usage`` the daily ceilings are not checked).
+        self.prices: Mapping[str, Price] = prices or {}
+        self.usage = usage
         self.llm = llm
         self.tools = tools
         self.events = events

@@ -294,6 +294,8 @@ class Inference:
         if isinstance(prepared, Completion):  # a hook answered: the model is not asked
             completion = prepared
         else:
+            if scope.meter is not None:  # a call that would pass a ceiling is not made
+                await scope.meter.before(model or "", self.tokens)
             await scope.emit(
                 LLMRequest,
                 model=model or "",
@@ -316,6 +318,8 @@ class Inference:
             stream.chars += await self._pieces(splitter.feed(completion.content))
         stream.chars += await self._pieces(splitter.close())
         self.streamed_chars += stream.chars
+        if scope.meter is not None and not by_hook:
+            scope.meter.after(model or "", completion.usage)
         completion = await self.hooks.after_llm(completion)
         content, _ = split_thinking(completion.content)
         await scope.emit(

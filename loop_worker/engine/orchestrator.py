@@ -374,6 +374,8 @@ class Orchestrator:
         if isinstance(prepared, Completion):  # a before_llm hook answered in the model's place
             completion = prepared
         else:
+            if scope.meter is not None:  # a call that would pass a ceiling is not made
+                await scope.meter.before(model, 0)
             await scope.emit(
                 LLMRequest, model=model, messages=len(prepared), tools=len(tools), **(report or {})
             )
@@ -383,6 +385,8 @@ class Orchestrator:
                     prepared, tools=tools, model=model or None, on_retry=on_retry, **extra
                 )
             )
+        if scope.meter is not None and not by_hook:
+            scope.meter.after(model, completion.usage)
         completion = await self.hooks.after_llm(completion)
         content, _ = split_thinking(completion.content)
         await scope.emit(

@@ -19,6 +19,7 @@ from schemas import (
     WireError,
 )
 from schemas.events import (
+    BudgetReached,
     EndReason,
     Error,
     HookErrorEvent,
@@ -32,6 +33,7 @@ from schemas.events import (
     TurnAccepted,
 )
 
+from .budget import BudgetExceeded, Meter
 from .context import bound, passage_text
 from .inference import Conversation, Inference
 from .limits import Limits
@@ -89,6 +91,11 @@ class TurnRun:
                 orchestrator=None,
             )
         self.limits = Limits.of(self.turn, self.settings)
+        scope.meter = self.meter = Meter(
+            engine.settings.budget, engine.prices, self.turn.tenant, engine.usage,
+            tokens=self.snapshot.turn_tokens if self.resumed else 0,
+            cost=self.snapshot.turn_cost if self.resumed else 0.0,
+        )  # fmt: skip
         state = self.snapshot.orchestrator
         if state is not None and state.phase == "fallback":  # its iterations came first
             self.limit = self.conversation.limit = self.limit + state.offset
@@ -122,6 +129,13 @@ class TurnRun:
         except TurnCancelled as exc:
             self.end = End("cancelled", error=str(exc) or "cancelled")
             self._close_pending("cancelled", "the turn was cancelled")
+        except BudgetExceeded as exc:
+            await scope.emit(
+                BudgetReached, ceiling=exc.ceiling, limit=exc.limit, spent=exc.spent,
+                needed=exc.needed, over=exc.over, message=str(exc),
+            )  # fmt: skip
+            self.end = End("budget", error=str(exc))
+            self._close_pending("budget", str(exc))
         except TurnInterrupted as exc:
             self.end = End("interrupted", error=str(exc))
             self._close_pending("interrupted", str(exc))
@@ -471,6 +485,8 @@ class TurnRun:
             iteration=self.scope.iteration if iteration is None else iteration,
             updated_at=self.scope.clock(),
             last_end=None,
+            turn_tokens=self.meter.tokens,
+            turn_cost=self.meter.cost,
         )
         if status == "idle":
             last_end = None

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from schemas import Turn
 from schemas.events import EndReason, Event
 
+from .budget import Meter
 from .control import Interruption, TurnControl
 from .protocols import EventSink
 
@@ -56,6 +57,7 @@ class TurnScope:
         self.clock = clock
         self.iteration = 0
         self.deadline: float | None = None  # on ``clock``'s scale; None: none
+        self.meter: Meter | None = None  # the turn's spend (set by its run)
 
     def _remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()

@@ -52,6 +52,23 @@ class PrefilterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     query_max_chars: Annotated[int, msgspec.Meta(ge=16)] = 2_000  # of the text ranked against
 
 
+class BudgetSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[loop.budget]``: ceilings on what a turn, and a tenant in a day (UTC), may spend
+    on LLM calls; 0 is no ceiling. Tokens are the model's own count (``usage``), cost is
+    from ``[prices]``. A turn whose next call would pass one ends, reason ``budget``."""
+
+    turn_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    turn_cost: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    tenant_daily_tokens: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tenant_daily_cost: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+    @property
+    def any(self) -> bool:
+        return bool(
+            self.turn_tokens or self.turn_cost or self.tenant_daily_tokens or self.tenant_daily_cost
+        )
+
+
 class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 20
     iteration_warning_at: Count = 3  # warn when this many iterations remain
@@ -94,6 +111,7 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     step_max_iterations: Annotated[int, msgspec.Meta(ge=1)] = 6  # executor calls per step
     step_retries: Count = 1  # a failed step is tried again this often, then: fallback
     prefilter: PrefilterSettings = PrefilterSettings()
+    budget: BudgetSettings = BudgetSettings()
     # "constrained", for small models that pick tools badly: every reply is exactly one
     # tool call, chosen then filled in by two grammar-constrained calls (constrained.py)
     tool_choice_strategy: Literal["auto", "constrained"] = "auto"
