@@ -142,6 +142,11 @@ class Result:
         }  # fmt: skip
 
 
+def slowest(over: Sequence[float], n: int = 5) -> str:
+    """The ``n`` largest of ``over``, in seconds: an AckWait stall shows as about 30."""
+    return ", ".join(f"{o:.1f}" for o in sorted(over, reverse=True)[:n]) + " s"
+
+
 def report(r: Result, pace: str) -> str:
     """The block printed for one configuration."""
     over = r.over_s
@@ -154,7 +159,8 @@ def report(r: Result, pace: str) -> str:
         "to stream that turn's replies):",
         f"  p50 {pct(over, 0.5) * 1000:8.1f} ms   p99 {pct(over, 0.99) * 1000:8.1f} ms   "
         f"max {pct(over, 1.0) * 1000:8.1f} ms",
-        f"stalls (over {STALL_S:g} s more than the model's time): {r.stalls}",
+        f"stalls (over {STALL_S:g} s more than the model's time): {r.stalls}"
+        + (f" (the slowest over it by {slowest(over)})" if r.stalls else ""),
     ]
     if set(r.reasons) != {"task_completion"}:
         lines.append(f"loop_end reasons: {dict(r.reasons)} (every turn should end by completion)")
