@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-floor run lint bench
+.PHONY: install test test-floor run lint bench bench-load
 
 install: $(STAMP)
 
@@ -90,3 +90,11 @@ $(BENCH_STAMP): pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH)/bin/python -m bench $(BENCH_ARGS)
+
+# The load bench of issue 23 (python -m bench.load): a model that streams tokens, back-to-back
+# turns and turns with think time, 1/2/4... loop workers, R1 and R3. Everything it starts is
+# in .venv (no peers). BENCH_LOAD_ARGS: its flags (--help lists them; docs/PERFORMANCE.md).
+BENCH_LOAD_ARGS ?=
+
+bench-load: $(STAMP)
+	$(BIN)/python -m bench.load $(BENCH_LOAD_ARGS)

@@ -27,8 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import goals, recovery
-from bench.common import Figures, LLMServer, Missing, loadavg, measure
+from bench.common import Figures, LLMServer, Missing, loadavg, machine, measure
 from bench.recovery import Recovery
 
 ALL = "inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph"
@@ -179,15 +177,6 @@ def versions() -> dict[str, str]:
 
     found["nats-server"] = _version([find_binary(), "--version"])
     return found
-
-
-def machine() -> str:
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-         if ln.startswith("model name")), platform.machine(),
-    )  # fmt: skip
-    system = f"{platform.system()} {platform.release()}"
-    return f"{model}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
 
 
 def chart(figs: list[Figures], sessions: list[int], path: Path) -> bool:

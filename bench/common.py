@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import shutil
 import statistics
 import sys
@@ -15,10 +16,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import msgspec
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from loopmesh.ports import free_port
+from bench.llm_stream import Pace, Streamed
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -75,38 +77,73 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def machine() -> str:
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+         if ln.startswith("model name")), platform.machine(),
+    )  # fmt: skip
+    system = f"{platform.system()} {platform.release()}"
+    return f"{model}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+
+
 # -- the fake LLM ----------------------------------------------------------------------
 
 
 class LLMServer:
-    """``python -m bench.llm_server`` in its own process (its CPU counts for no system)."""
+    """``python -m bench.llm_server`` in its own process (its CPU counts for no system),
+    on a free port; ``pace``: its replies streamed at a model's speed."""
+
+    def __init__(self, pace: Pace | None = None) -> None:
+        self.pace = pace or Pace()
 
     async def __aenter__(self) -> LLMServer:
-        self.port = free_port()
+        p = self.pace
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.llm_server", "--port", str(self.port),
+            sys.executable, "-m", "bench.llm_server", "--port", "0",
+            "--ttft-ms", f"{p.ttft_s * 1000:g}", "--tokens-per-s", f"{p.tokens_per_s:g}",
+            "--tokens", str(p.tokens),
             cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self.proc.stdout is not None
-        await asyncio.wait_for(self.proc.stdout.readline(), 30)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        line = (await asyncio.wait_for(self.proc.stdout.readline(), 30)).decode()
+        if not line.startswith("bench LLM serving http://"):
+            self.proc.kill()
+            await self.proc.wait()
+            raise RuntimeError(f"bench.llm_server did not start: {line!r}")
+        self.base_url = line.split()[-1]  # http://127.0.0.1:<port>/v1
+        self.root = self.base_url.removesuffix("/v1")
         self.http = httpx.AsyncClient()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
-        self.proc.terminate()
+        if self.proc.returncode is None:
+            self.proc.terminate()
         await self.proc.wait()
 
+    async def _get(self, path: str) -> Any:
+        r = await self.http.get(self.root + path)
+        r.raise_for_status()
+        return r.json()
+
     async def gaps(self) -> list[float]:
-        r = await self.http.get(f"http://127.0.0.1:{self.port}/bench/gaps")
-        return list(r.json()["gaps_ms"])
+        return list((await self._get("/bench/gaps"))["gaps_ms"])
 
     async def stats(self) -> tuple[int, float]:
         """(requests served, CPU seconds the server's process has used) so far."""
-        r = (await self.http.get(f"http://127.0.0.1:{self.port}/bench/stats")).json()
+        r = await self._get("/bench/stats")
         return int(r["requests"]), float(r["cpu_s"])
+
+    async def tokens(self) -> int:
+        """Paced content tokens streamed so far."""
+        return int((await self._get("/bench/stats"))["tokens"])
+
+    async def turns(self) -> dict[str, Streamed]:
+        """What was streamed per ``bench-turn`` since the last call (and forget it)."""
+        r = await self.http.get(self.root + "/bench/turns")
+        r.raise_for_status()
+        return msgspec.json.decode(r.content, type=dict[str, dict[str, Streamed]])["turns"]
 
 
 # -- the systems and the driver --------------------------------------------------------

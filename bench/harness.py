@@ -22,6 +22,7 @@ from bench.instant_worker import InstantLLM  # noqa: E402
 from loop_worker.engine import Engine  # noqa: E402
 from loop_worker.engine.inmemory import InMemoryEvents, InMemoryStore, LocalTools  # noqa: E402
 from loop_worker.engine.settings import LoopSettings  # noqa: E402
+from loopmesh.cluster import NatsCluster  # noqa: E402
 from loopmesh.jetstream import Publisher, acked, settled  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
@@ -45,8 +46,8 @@ def loop_fields(iterations: int) -> dict[str, Any]:
     }
 
 
-def turn(turn_id: str, session: str, text: str = "go") -> Turn:
-    return Turn(id=turn_id, tenant=TENANT, session=session, input=text, created_at=time.time())
+def turn(turn_id: str, session: str, text: str = "go", tenant: str = TENANT) -> Turn:
+    return Turn(id=turn_id, tenant=tenant, session=session, input=text, created_at=time.time())
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,10 @@ def local_engine(iterations: int) -> tuple[Engine, InMemoryEvents]:
 
 
 class Mesh:
+    """An embedded nats-server (or, with ``nodes`` > 1, a cluster of that many, every
+    stream and bucket on 3 replicas), provisioned, and the services started on it as
+    processes, stopped with it."""
+
     def __init__(
         self,
         store: Path,
@@ -159,51 +164,100 @@ class Mesh:
         ack_wait_s: float = 2.0,
         lease_ttl_s: float = 2.0,
         env: dict[str, str] | None = None,
+        nodes: int = 1,
     ) -> None:
         self.server = NatsServer(store)
+        self.cluster = NatsCluster(store / "cluster", size=nodes) if nodes > 1 else None
+        self.replicas = min(3, nodes)
         self.ack_wait_s = ack_wait_s
         self.lease_ttl_s = lease_ttl_s
         self.env = env or {}  # more variables for every worker process (OTEL_*, say)
+        if self.cluster is not None:
+            self.env = {**self.env, "LOOPMESH_NATS__REPLICAS": str(self.replicas)}
         self.procs: list[Proc] = []
 
+    @property
+    def url(self) -> str:
+        """The client URL (a cluster's: every node's, comma-separated)."""
+        return self.cluster.url if self.cluster is not None else self.server.url
+
+    @property
+    def server_pids(self) -> dict[str, int]:
+        """The nats-server processes by name: ``nats-server``, or one per node."""
+        if self.cluster is None:
+            return {"nats-server": self.server.pid or 0}
+        return {f"nats-server {n.name}": n.pid or 0 for n in self.cluster.nodes}
+
     async def __aenter__(self) -> Mesh:
-        await self.server.start()
-        self.nc = await connect(NatsSettings(url=self.server.url), name="bench")
-        await provision_short(self.nc, ack_wait_s=self.ack_wait_s, lease_ttl_s=self.lease_ttl_s)
+        if self.cluster is not None:
+            await self.cluster.start()
+        else:
+            await self.server.start()
+        try:
+            self.nc = await connect(NatsSettings(url=self.url), name="bench")
+            await provision_short(
+                self.nc, ack_wait_s=self.ack_wait_s, lease_ttl_s=self.lease_ttl_s,
+                replicas=self.replicas,
+            )  # fmt: skip
+        except BaseException:
+            await self._stop_servers()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         for proc in reversed(self.procs):
             await proc.close()
         await self.nc.close()
+        await self._stop_servers()
+
+    async def _stop_servers(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.stop()
         await self.server.stop()
 
-    async def tool_worker(self, concurrency: int = 512, module: str = "bench.tools") -> Proc:
+    async def tool_worker(
+        self, concurrency: int = 512, module: str = "bench.tools", ack_wait_s: float = 2.0
+    ) -> Proc:
         proc = Proc(
-            "-m", "tool_worker", "--nats-url", self.server.url, "--no-provision",
+            "-m", "tool_worker", "--nats-url", self.url, "--no-provision",
             "--module", module, "--concurrency", str(concurrency),
-            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", **self.env},
+            env={"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": f"{ack_wait_s:g}", **self.env},
         )  # fmt: skip
         self.procs.append(proc)
         return await proc.start("serving pool=")
 
+    async def gateway(self, env: dict[str, str] | None = None) -> tuple[Proc, str]:
+        """``loopmesh gateway`` on a free loopback port, no auth (every request is tenant
+        ``local``); the process and its base URL."""
+        proc = Proc(
+            "-m", "loopmesh", "gateway", "--nats-url", self.url, "--no-auth", "--port", "0",
+            env={**self.env, **(env or {})},
+        )  # fmt: skip
+        self.procs.append(proc)
+        line = await (await proc.start()).wait_line("gateway   http")
+        return proc, line.split()[1]
+
     def _service_env(self, name: str) -> dict[str, str]:
         return {
             **self.env,
-            "LOOPMESH_NATS__URL": self.server.url,
+            "LOOPMESH_NATS__URL": self.url,
             "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": str(self.ack_wait_s),
             "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": str(self.lease_ttl_s),
             "LOOPMESH_LOOP_WORKER__NAME": name,
         }
 
-    async def loop_worker_process(self, llm_url: str, name: str) -> Proc:
-        """``python -m loop_worker`` with an OpenAI-compatible LLM at ``llm_url``."""
+    async def loop_worker_process(
+        self, llm_url: str, name: str, env: dict[str, str] | None = None
+    ) -> Proc:
+        """``python -m loop_worker`` with an OpenAI-compatible LLM at ``llm_url`` (``env``:
+        more settings, ``LOOPMESH_LOOP__*`` say)."""
         env = {
             **self._service_env(name),
             "LOOPMESH_LLM__BASE_URL": llm_url,
             "LOOPMESH_LLM__API_KEY": "bench",
             "LOOPMESH_LLM__MODEL": "fake-model",
             "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.5",
+            **(env or {}),
         }
         proc = Proc("-m", "loop_worker", env=env)
         self.procs.append(proc)
@@ -227,18 +281,19 @@ class Mesh:
 
 class Ends:
     """The load generator's client side: publishes turns and hears every loop_end of the
-    bench tenant, through the loop worker's own lean plumbing (a msgspec-decoded ack on
-    one inbox, loop_ends on one subscription), so that the load generator takes
-    as little as it can of the cores the distributed path shares."""
+    bench tenant (or ``tenant``), through the loop worker's own lean plumbing (a
+    msgspec-decoded ack on one inbox, loop_ends on one subscription), so that the load
+    generator takes as little as it can of the cores the distributed path shares."""
 
-    def __init__(self, nc: Any) -> None:
+    def __init__(self, nc: Any, tenant: str = TENANT) -> None:
         self.nc = nc
+        self.tenant = tenant
         self.publisher = Publisher(nc)
         self.waiters: dict[str, asyncio.Future[LoopEnd]] = {}
 
     async def start(self) -> None:
         await self.publisher.start()
-        subject = f"{S.prefix}.events.{TENANT}.*.loop_end"
+        subject = f"{S.prefix}.events.{self.tenant}.*.loop_end"
         self.sub = await self.nc.subscribe(subject, cb=self._on)
 
     async def _on(self, msg: Any) -> None:

@@ -6,22 +6,32 @@ uvicorn + h11 + starlette), which the bench used before, spent about 1 ms of CPU
 streamed request on an idle core; this one about 0.25 ms (``GET /bench/stats`` says how
 much in each run).
 
-A session's first user message ends in ``echo N``: the server answers with a call of the
-offered tool whose name ends in ``echo`` until the conversation holds N tool results, then
-calls the offered ``task_completion`` tool (loopmesh) or replies with text (the peers,
-which have no such tool). Streamed requests (``stream: true``) get the chunks OpenAI
+A turn's input ends in ``echo N``: the server answers with a call of the offered tool
+whose name ends in ``echo`` until the conversation holds N tool results after that input,
+then calls the offered ``task_completion`` tool (loopmesh) or replies with text (the
+peers, which have no such tool). The input is the last user message without a ``name``
+(loopmesh's engine names the user messages it adds itself), so a session of several turns
+runs each the same way. Streamed requests (``stream: true``) get the chunks OpenAI
 sends, shaped as the test fake's (``loopmesh.testing.fake_stream``): the role, the
 content or the tool call (its arguments in fragments of 7 characters), the finish
 reason, the usage when ``stream_options.include_usage`` asks, ``[DONE]``; all of them
 in one write, with a ``Content-Length``. Every system gets the same bytes.
 
-It notes when each request arrives, keyed by that first user message, so one clock
-measures every system's iterations: the gap between two requests of one session is one
-iteration (an LLM call, a tool call and the system's own work). ``GET /bench/gaps``
-returns and clears them; ``GET /bench/stats`` returns the requests served and the CPU
-seconds this process has used.
+It notes when each request arrives, keyed by the session's first user message, so one
+clock measures every system's iterations: the gap between two requests of one session is
+one iteration (an LLM call, a tool call and the system's own work). ``GET /bench/gaps``
+returns and clears them; ``GET /bench/stats`` returns the requests served, the content
+tokens streamed and the CPU seconds this process has used.
 
-    python -m bench.llm_server --port N
+With a pace (``BenchLLM(pace=Pace(...))``, or ``--ttft-ms``, ``--tokens-per-s`` and
+``--tokens``), a streamed reply comes at a model's speed instead: ``tokens`` content
+chunks of one token each, stamped with the time each was written, then the tool call
+(``bench/llm_stream.py``). A ``bench-turn=<id>`` in a turn's input has the server keep
+what it streamed for that turn: its replies' time from request to last write, tokens and
+characters (``GET /bench/turns`` returns and clears them). The load bench runs on it
+(``python -m bench.load``).
+
+    python -m bench.llm_server --port N [--ttft-ms 200 --tokens-per-s 50 --tokens 20]
 """
 
 from __future__ import annotations
@@ -32,13 +42,16 @@ import itertools
 import re
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from bench.llm_stream import Pace, PacedReply, Streamed
 from loopmesh.aio import run
 
 _ECHO = re.compile(r"echo (\d+)\s*$")
+_TURN = re.compile(r"bench-turn=(\S+)")
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 16 * 1024 * 1024
 FRAGMENT = 7  # characters of a tool call's arguments per chunk (as the test fake)
@@ -58,14 +71,21 @@ def _text(message: dict[str, Any]) -> str:
     return str(content)
 
 
+#: What starts a paced reply on a connection's transport; it calls back when it is done.
+Start = Callable[[Any, Callable[[], None]], PacedReply]
+
+
 class BenchLLM:
     """The server; ``async with BenchLLM() as llm`` serves on a free loopback port."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", pace: Pace | None = None) -> None:
         self.host = host
         self.port = port
-        self.arrivals: dict[str, list[float]] = {}
+        self.pace = pace or Pace()
+        self.arrivals: dict[str, list[float]] = {}  # unpaced only: gaps mean nothing paced
+        self.turns: dict[str, Streamed] = {}  # bench-turn id -> what was streamed for it
         self.requests = 0
+        self.tokens = 0  # paced content tokens streamed
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
         self.connections: set[Any] = set()  # the open connections' transports
@@ -91,8 +111,9 @@ class BenchLLM:
 
     # -- the routes -------------------------------------------------------------------
 
-    def respond(self, method: str, path: str, body: bytes, arrived: float) -> bytes:
-        """The whole HTTP response to one request."""
+    def respond(self, method: str, path: str, body: bytes, arrived: float) -> bytes | Start:
+        """The whole HTTP response to one request, or (a paced reply) what starts it on
+        the connection's transport."""
         if method == "POST" and path == "/v1/chat/completions":
             try:
                 request = _decode(body)
@@ -110,19 +131,24 @@ class BenchLLM:
             self.arrivals = {}
             return _json(200, {"gaps_ms": gaps})
         if method == "GET" and path == "/bench/stats":
-            return _json(200, {"requests": self.requests, "cpu_s": time.process_time()})
+            stats = {"requests": self.requests, "tokens": self.tokens, "cpu_s": time.process_time()}
+            return _json(200, stats)
+        if method == "GET" and path == "/bench/turns":
+            turns, self.turns = self.turns, {}
+            return _json(200, {"turns": turns})
         return _json(404, {"error": {"message": f"no route {method} {path}"}})
 
-    def _completion(self, request: dict[str, Any], arrived: float) -> bytes:
+    def _completion(self, request: dict[str, Any], arrived: float) -> bytes | Start:
         self.requests += 1
         messages: list[dict[str, Any]] = request.get("messages") or []
-        users = [m for m in messages if m.get("role") == "user"]
-        key = _text(users[0]) if users else ""
-        self.arrivals.setdefault(key, []).append(arrived)
+        if not self.pace.on:
+            users = [m for m in messages if m.get("role") == "user"]
+            key = _text(users[0]) if users else ""
+            self.arrivals.setdefault(key, []).append(arrived)
         names = [(t.get("function") or {}).get("name", "") for t in request.get("tools") or []]
-        match = _ECHO.search(key)
+        current, done = _turn_input(messages)
+        match = _ECHO.search(current)
         wanted = int(match.group(1)) if match else 1
-        done = sum(1 for m in messages if m.get("role") == "tool")
         echo = next((n for n in names if n.endswith("echo")), "echo")
         finish = next((n for n in names if n.endswith("task_completion")), None)
         call: tuple[str, str] | None = None
@@ -131,9 +157,47 @@ class BenchLLM:
         elif finish:
             call = (finish, _encode({"result": "done"}).decode())
         reply = _Reply(request, f"c{next(self._ids)}", call, "" if call else "done")
+        if request.get("stream") and self.pace.on:
+            found = _TURN.search(current)
+            turn = found.group(1) if found else None
+
+            def start(transport: Any, finished: Callable[[], None]) -> PacedReply:
+                def done(paced: PacedReply) -> None:
+                    self._streamed(turn, paced)
+                    finished()
+
+                paced = PacedReply(
+                    transport, self.pace, arrived=arrived, head=reply.head(),
+                    token=reply.content_chunk(), tail=reply.tail(), done=done,
+                )  # fmt: skip
+                paced.begin()
+                return paced
+
+            return start
         if request.get("stream"):
             return _response(200, b"text/event-stream", reply.events())
         return _json(200, reply.whole())
+
+    def _streamed(self, turn: str | None, paced: PacedReply) -> None:
+        self.tokens += paced.tokens
+        if turn is not None:
+            s = self.turns.setdefault(turn, Streamed())
+            s.model_s += paced.model_s
+            s.tokens += paced.tokens
+            s.chars += paced.chars
+            s.replies += 1
+
+
+def _turn_input(messages: list[dict[str, Any]]) -> tuple[str, int]:
+    """The turn's input (its last user message without a ``name``: the engine names the
+    ones it adds) and how many tool results follow it."""
+    results = 0
+    for m in reversed(messages):
+        if m.get("role") == "tool":
+            results += 1
+        elif m.get("role") == "user" and not m.get("name"):
+            return _text(m), results
+    return "", results
 
 
 class _Reply:
@@ -157,9 +221,23 @@ class _Reply:
         return b"data: " + _encode({**self.base, "choices": [choice]}) + b"\n\n"
 
     def events(self) -> bytes:
-        out = [self._chunk({"role": "assistant", "content": ""})]
+        out = [self.head()]
         for i in range(0, len(self.content), 8):
             out.append(self._chunk({"content": self.content[i : i + 8]}))
+        out.append(self.tail())
+        return b"".join(out)
+
+    def head(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def content_chunk(self) -> tuple[bytes, bytes]:
+        """A content chunk's bytes before and after its JSON string."""
+        before, _, after = self._chunk({"content": "\0"}).partition(b'"\\u0000"')
+        return before, after
+
+    def tail(self) -> bytes:
+        """The chunks after the content: the tool call, the finish, the usage, [DONE]."""
+        out = []
         if self.call is not None:
             name, arguments = self.call
             first = {
@@ -226,13 +304,16 @@ def _json(status: int, body: dict[str, Any]) -> bytes:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: requests read in order, each answered in one write."""
+    """One client connection: requests read in order, each answered in one write, or
+    over time (a paced reply: the next request waits for its end)."""
 
     def __init__(self, app: BenchLLM) -> None:
         self.app = app
         self.buffer = bytearray()
         self.arrived = 0.0
         self.transport: Any = None  # uvloop's transports are no asyncio.Transport
+        self.paced: PacedReply | None = None
+        self.close_after = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -241,11 +322,24 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
             self.app.connections.discard(self.transport)
+        if self.paced is not None:
+            self.paced.cancel()
 
     def data_received(self, data: bytes) -> None:
         if not self.buffer:
             self.arrived = time.perf_counter()  # the first bytes of a request
         self.buffer += data
+        if self.paced is None:
+            self._answer()
+
+    def _paced_done(self) -> None:
+        self.paced = None
+        if self.close_after:
+            self.transport.close()
+        elif self.buffer:
+            self._answer()
+
+    def _answer(self) -> None:
         try:
             while self._one():
                 self.arrived = time.perf_counter()
@@ -282,24 +376,38 @@ class _Connection(asyncio.Protocol):
         body = bytes(self.buffer[start : start + length])
         del self.buffer[: start + length]
         assert self.transport is not None
-        self.transport.write(self.app.respond(method, target.split("?", 1)[0], body, self.arrived))
-        if headers.get("connection", "").lower() == "close":
+        answer = self.app.respond(method, target.split("?", 1)[0], body, self.arrived)
+        self.close_after = headers.get("connection", "").lower() == "close"
+        if not isinstance(answer, bytes):
+            self.paced = answer(self.transport, self._paced_done)
+            return False  # the next request, if any, once this reply is all written
+        self.transport.write(answer)
+        if self.close_after:
             self.transport.close()
             return False
         return bool(self.buffer)
 
 
-async def _serve(port: int) -> None:
+async def _serve(port: int, pace: Pace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with BenchLLM(port=port) as fake:
+    async with BenchLLM(port=port, pace=pace) as fake:
         print(f"bench LLM serving {fake.base_url}", flush=True)
         await stop.wait()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m bench.llm_server", description=__doc__)
-    parser.add_argument("--port", type=int, default=0)
-    run(_serve(parser.parse_args().port))
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.llm_server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--port", type=int, default=0, help="0: a free one (printed)")
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
+    parser.add_argument("--tokens-per-s", type=float, default=50.0)
+    parser.add_argument("--tokens", type=int, default=0, help="content tokens per reply")
+    args = parser.parse_args()
+    pace = Pace(ttft_s=args.ttft_ms / 1000, tokens_per_s=args.tokens_per_s, tokens=args.tokens)
+    run(_serve(args.port, pace))

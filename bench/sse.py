@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -63,6 +62,15 @@ sys.path.insert(0, str(ROOT))
 WARM_UP = 2
 CLIENTS = ROOT / "bench" / "sse_clients.py"
 FLOOR = ROOT / "bench" / "sse_floor.py"
+
+
+def unlimited(streams: int) -> dict[str, str]:
+    """The gateway's settings for a bench: ``streams`` SSE streams per key, rates lifted."""
+    return {
+        "LOOPMESH_GATEWAY__MAX_STREAMS_PER_KEY": str(streams),
+        "LOOPMESH_GATEWAY__RATE_PER_S": "100000",
+        "LOOPMESH_GATEWAY__RATE_BURST": "100000",
+    }
 
 
 def pct(values: list[float], p: float) -> float:
@@ -77,25 +85,12 @@ async def driver(args: argparse.Namespace) -> None:
     import httpx
 
     from bench.harness import CpuMeter, Mesh, pid_of
-    from loopmesh.testing.durable import Proc
 
     store = Path(tempfile.mkdtemp(prefix="bench-sse-"))
     async with Mesh(store, ack_wait_s=30, lease_ttl_s=30) as mesh:
         tools = await mesh.tool_worker(concurrency=64)
         worker = await mesh.instant_worker("w1", iterations=args.echo)
-        gateway = Proc(
-            "-m", "loopmesh", "gateway", "--nats-url", mesh.server.url, "--no-auth", "--port", "0",
-            env={
-                "LOOPMESH_GATEWAY__MAX_STREAMS_PER_KEY": str(args.clients + 10),
-                "LOOPMESH_GATEWAY__RATE_PER_S": "100000",
-                "LOOPMESH_GATEWAY__RATE_BURST": "100000",
-            },
-        )  # fmt: skip
-        mesh.procs.append(gateway)
-        await gateway.start("gateway   http")
-        url = re.search(r"gateway\s+(http://\S+)", await gateway.wait_line("gateway   http"))
-        assert url is not None
-        base = url.group(1)
+        gateway, base = await mesh.gateway(unlimited(args.clients + 10))
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             r = await http.post("/v1/sessions", json={"session": "watched"})
             assert r.status_code == 201, r.text

@@ -23,6 +23,7 @@ import resource
 import sys
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -48,45 +49,15 @@ class Clients:
         self._decode = msgspec.json.Decoder(_Head).decode
 
     async def client(self) -> None:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-        request = (
-            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            "Accept: text/event-stream\r\n\r\n"
-        )
-        writer.write(request.encode())
-        status = await reader.readline()
-        if b" 200 " not in status:
-            self.errors.append(status.decode().strip())
-            writer.close()
-            return
-        chunked = False
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            chunked |= line.lower().startswith(b"transfer-encoding: chunked")
+        try:
+            await read_sse(self.host, self.port, self.path, self._message, self._opened)
+        except SseRefused as exc:
+            self.errors.append(str(exc))
+
+    def _opened(self) -> None:
         self.connected += 1
         if self.connected == self.count:
             self.all_connected.set()
-        pending = b""
-        try:
-            while True:
-                if chunked:
-                    size = int((await reader.readline()).split(b";")[0], 16)
-                    if size == 0:
-                        return
-                    data = (await reader.readexactly(size + 2))[:-2]
-                else:
-                    data = await reader.read(65536)
-                    if not data:
-                        return
-                now = time.time()
-                pending += data
-                while True:
-                    end = pending.find(b"\r\n\r\n")
-                    if end < 0:
-                        break
-                    block, pending = pending[:end], pending[end + 4 :]
-                    self._message(block, now)
-        finally:
-            writer.close()
 
     def _message(self, block: bytes, now: float) -> None:
         for line in block.split(b"\r\n"):
@@ -98,6 +69,55 @@ class Clients:
                 if head.turn_id in self.counted:
                     self.latencies_ms.append((now - head.ts) * 1000)
                 return
+
+
+class SseRefused(Exception):
+    """The server answered an event stream's request with another status than 200."""
+
+
+async def read_sse(
+    host: str,
+    port: int,
+    path: str,
+    on_message: Callable[[bytes, float], None],
+    on_open: Callable[[], None] = lambda: None,
+) -> None:
+    """Read one SSE stream (``GET path``, HTTP/1.1, chunked or not) until the server ends
+    it: ``on_open()`` once its head is read, then ``on_message(block, received_at)`` for
+    each message (its lines, without the blank line that ends it; ``received_at`` is
+    ``time.time()`` when the bytes holding its end arrived). Raises :class:`SseRefused`."""
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+    try:
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n"
+        writer.write(request.encode())
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise SseRefused(status.decode().strip())
+        chunked = False
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            chunked |= line.lower().startswith(b"transfer-encoding: chunked")
+        on_open()
+        pending = b""
+        while True:
+            if chunked:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    return
+                data = (await reader.readexactly(size + 2))[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    return
+            now = time.time()
+            pending += data
+            while True:
+                end = pending.find(b"\r\n\r\n")
+                if end < 0:
+                    break
+                block, pending = pending[:end], pending[end + 4 :]
+                on_message(block, now)
+    finally:
+        writer.close()
 
 
 async def clients_main(args: argparse.Namespace) -> None:

@@ -4,6 +4,7 @@ the offered echo tool, then the finish, and the request gaps it measures come ba
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import openai
 
 from bench.common import ECHO_TOOL, chat
 from bench.llm_server import BenchLLM
+from bench.llm_stream import STAMP, Pace, stamp
 
 FINISH = {
     "type": "function",
@@ -80,3 +82,53 @@ async def test_stats_count_completions_and_bad_requests_get_400() -> None:
     assert missing.status_code == 404
     assert chunked.startswith(b"HTTP/1.1 400 ")
     assert b"Content-Length" in chunked
+
+
+async def _streamed(client: openai.AsyncOpenAI, messages: list[Any]) -> dict[str, Any]:
+    stream = await client.chat.completions.create(
+        model="fake-model", messages=messages, tools=[ECHO_TOOL, FINISH], stream=True
+    )
+    content, call = [], ""
+    async for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None and delta.content:
+            content.append(delta.content)  # one token a chunk
+            assert STAMP.fullmatch(delta.content)
+        for fragment in (delta.tool_calls or ()) if delta is not None else ():
+            call += fragment.function.name or "" if fragment.function else ""
+    return {"role": "assistant", "content": "".join(content), "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": call, "arguments": "{}"}}
+    ]}  # fmt: skip
+
+
+async def test_a_paced_reply_streams_stamped_tokens_at_its_pace_then_the_call() -> None:
+    pace = Pace(ttft_s=0.05, tokens_per_s=100, tokens=5)
+    async with BenchLLM(pace=pace) as llm:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        first = [{"role": "user", "content": "earlier\necho 3"}, {"role": "tool", "content": "x"}]
+        first += [{"role": "user", "content": "bench-turn=t1\necho 1"}]
+        started = time.time()
+        reply = await _streamed(client, first)  # the same connection for both requests
+        # the engine's own user messages have a name: the input is the one before it
+        second = [*first, reply, {"role": "tool", "tool_call_id": "c", "content": "hi 0"}]
+        second += [{"role": "user", "name": "loop", "content": "a reminder"}]
+        finish = await _streamed(client, second)
+        ended = time.time()
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            turns = (await http.get(f"http://{llm.host}:{llm.port}/bench/turns")).json()
+            again = (await http.get(f"http://{llm.host}:{llm.port}/bench/turns")).json()
+            stats = (await http.get(f"http://{llm.host}:{llm.port}/bench/stats")).json()
+    assert reply["tool_calls"][0]["function"]["name"] == "echo"
+    assert finish["tool_calls"][0]["function"]["name"] == "task_completion"
+    stamps = [float(s) for s in STAMP.findall(reply["content"] + finish["content"])]
+    assert len(stamps) == 10 and reply["content"] + finish["content"] == "".join(
+        stamp(s) for s in stamps
+    )
+    assert started + 0.05 <= stamps[0] and stamps[-1] <= ended
+    assert stamps[4] - stamps[0] >= 0.04 - 0.002  # four token gaps at 100/s (ms timers)
+    model_s, tokens, chars, replies = turns["turns"]["t1"]
+    assert (tokens, replies, chars) == (10, 2, len(reply["content"] + finish["content"]))
+    assert 2 * pace.nominal_s - 0.004 <= model_s <= ended - started
+    assert again == {"turns": {}}
+    assert stats["tokens"] == 10
