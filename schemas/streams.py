@@ -150,8 +150,25 @@ def definitions(
                 description="cancel/pause/approval state by session",
             ),
             embeddings_bucket(s, ttl_s=embeddings_ttl_s, replicas=replicas),
+            agents_bucket(s, replicas=replicas),
         ),
     )
+
+
+def agents_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The named agents' definitions (:class:`schemas.agents.AgentSpec`) by name: written
+    by provisioning, watched by loop workers, read by gateways. Keys never expire; the
+    last few revisions of each are kept, so what an earlier turn ran can be read back."""
+    return KVDef(
+        bucket=subjects.agents_bucket,
+        history=AGENTS_HISTORY,
+        replicas=replicas,
+        description="named agents' definitions by name",
+    )
+
+
+#: Revisions of each agent's definition that the agents bucket keeps.
+AGENTS_HISTORY = 5
 
 
 def embeddings_bucket(

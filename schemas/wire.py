@@ -133,6 +133,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     context: Annotated[tuple[Passage, ...], msgspec.Meta(max_length=MAX_PASSAGES)] = ()
     #: Images and files that go with ``input`` (OpenAI content parts), passed to the model.
     parts: Annotated[tuple[ContentPart, ...], msgspec.Meta(max_length=MAX_PARTS)] = ()
+    #: The named agent this turn runs (``schemas.agents``): its definition applies, with
+    #: this turn's own fields above on top. ``None``: the session's agent (``default``
+    #: for a new session). A session belongs to one agent: a turn naming another is
+    #: refused with an ``error`` event and its ``loop_end``, and so is an unknown name.
+    agent: Token | None = None
 
     @property
     def msg_id(self) -> str:
