@@ -3,7 +3,8 @@
 LoopWorkerError            (``loop_worker.engine.errors``)
 ├── LeaseLostError         the session lease expired or was taken over (``.key``)
 └── BucketNotLoadedError   a watched bucket did not load in time (``.bucket``, ``.timeout_s``)
-    └── CatalogNotLoadedError  the tool catalog
+    ├── CatalogNotLoadedError  the tool catalog
+    └── AgentsNotLoadedError   the named agents
 """
 
 from __future__ import annotations
@@ -38,3 +39,10 @@ class CatalogNotLoadedError(BucketNotLoadedError):
             "the tool catalog", bucket, timeout_s, last, "no turn runs on a half-known catalog"
         )
 
+
+class AgentsNotLoadedError(BucketNotLoadedError):
+    def __init__(self, bucket: str, timeout_s: float, last: BaseException | None = None) -> None:
+        super().__init__(
+            "the named agents", bucket, timeout_s, last,
+            "no turn runs before its agent's definition is known",
+        )  # fmt: skip
