@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
 from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
@@ -28,9 +29,11 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Create a session; without ``session`` the gateway picks an id."""
+    """Create a session; without ``session`` the gateway picks an id. ``agent``: the
+    named agent the session belongs to (default ``default``); its turns run that agent."""
 
     session: Id | None = None
+    agent: Id | None = None
 
 
 class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -38,7 +41,10 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     ``mode``, ``planner_model`` and ``executor_model`` choose the dual-model
     orchestrator for this turn (default: the deployment's ``[loop]`` settings).
     ``context``: passages the client retrieved, for the prompt; ``parts``: images and
-    files (OpenAI content parts) that go with the input."""
+    files (OpenAI content parts) that go with the input. ``agent``: the named agent
+    that runs it (default: the session's, ``default`` for a new session); a session
+    belongs to one agent, and a turn naming another is refused by its loop worker with
+    an ``error`` event."""
 
     input: str
     instructions: str | None = None
@@ -50,6 +56,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     executor_model: str | None = None
     context: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] | None = None
     parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
+    agent: Id | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +75,7 @@ class ApprovalRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields
 class SessionCreated(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     session: str
+    agent: str = DEFAULT_AGENT
 
 
 class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +83,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
     status: SessionStatus
     turns: int
     updated_at: float
+    agent: str = DEFAULT_AGENT
 
 
 class SessionList(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +101,7 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     messages: list[ChatMessage]
     plan: list[PlanStep]
     summary: str
+    agent: str = DEFAULT_AGENT
 
 
 class TurnPosted(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +120,14 @@ class ControlAccepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
 
 class ToolList(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[ToolSpec]
+
+
+class AgentList(msgspec.Struct, frozen=True, kw_only=True):
+    """The named agents, ``default`` first. A field left ``null`` takes the deployment's
+    ``[loop]`` / ``[llm]`` setting; ``revision`` is the agents bucket's (0: ``default``
+    as ``[loop]`` defines it, not provisioned)."""
+
+    agents: list[AgentSpec]
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
