@@ -62,6 +62,38 @@ async def test_agents_lists_them_and_shows_one(mesh: Mesh):
     assert code == 1 and "no agent 'nobody' (defined: default, calc)" in "\n".join(lines)
 
 
+async def test_agents_apply_provisions_the_configured_agents_and_workers_take_them(
+    mesh: Mesh, tmp_path: Path
+):
+    config = tmp_path / "loopmesh.toml"
+    config.write_text(
+        '[[agents]]\nname = "calc"\ninstructions = "You count twice."\n'
+        'tools = ["local.count"]\n\n'
+        '[[agents]]\nname = "clock"\ndescription = "Tells the time."\n'
+        'tools = ["local.clock"]\n'
+    )
+    code, lines = await loopmesh(
+        "agents", "--nats-url", mesh.url, "--config", str(config), "--apply"
+    )
+    assert code == 0, lines
+    assert [line.split(" (")[0] for line in lines if line.startswith(("created", "updated"))] == [
+        "updated agent calc", "created agent clock",
+    ]  # fmt: skip
+    assert "warning: agent clock.tools[0]: 'local.clock' matches no tool in the catalog" in (
+        "\n".join(lines)
+    )
+    book = mesh.running[-1].service.agents
+    assert await book.wait_for(lambda b: b.get("clock") is not None, 10)
+    assert book.get("calc").instructions == "You count twice."
+
+    config.write_text('[[agents]]\nname = "calc"\nagents = ["nobody"]\n')
+    code, lines = await loopmesh(
+        "agents", "--nats-url", mesh.url, "--config", str(config), "--apply"
+    )
+    assert code == 1 and "agents[0].agents[0]" in "\n".join(lines)  # refused, nothing written
+    assert book.get("clock") is not None
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_run_with_agent_runs_a_turn_of_that_agent(
     transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
