@@ -3,6 +3,7 @@
     .venv/bin/python examples/publish_turn.py "What is 17 * 23?"
     .venv/bin/python examples/publish_turn.py --url nats://127.0.0.1:4222 \\
         --tenant local --session s1 "What is 17 * 23?"
+    .venv/bin/python examples/publish_turn.py --agent calc --session c1 "What is 17 * 23?"
 
 Only the wire contract is used (README, "The wire contract"): a turn is JSON published
 with JetStream to ``loopmesh.turns.<tenant>.<session>`` with ``Nats-Msg-Id`` =
@@ -23,7 +24,9 @@ import uuid
 import nats
 
 
-async def run(url: str, tenant: str, session: str, text: str, timeout: float) -> int:
+async def run(
+    url: str, tenant: str, session: str, text: str, timeout: float, agent: str | None = None
+) -> int:
     nc = await nats.connect(url)
     turn_id = uuid.uuid4().hex
     ended: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
@@ -45,6 +48,8 @@ async def run(url: str, tenant: str, session: str, text: str, timeout: float) ->
     # 2. ... then publish the turn (deduplicated by its id) and wait for the stream's ack
     turn = {"id": turn_id, "tenant": tenant, "session": session, "input": text,
             "created_at": time.time()}  # fmt: skip
+    if agent is not None:  # a named agent (docs/AGENTS.md); unset: the session's
+        turn["agent"] = agent
     ack = await nc.jetstream().publish(
         f"loopmesh.turns.{tenant}.{session}",
         json.dumps(turn).encode(),
@@ -70,8 +75,11 @@ def main() -> int:
     parser.add_argument("--tenant", default="local")
     parser.add_argument("--session", default="s1")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--agent", help="the named agent that runs the turn")
     args = parser.parse_args()
-    return asyncio.run(run(args.url, args.tenant, args.session, args.text, args.timeout))
+    return asyncio.run(
+        run(args.url, args.tenant, args.session, args.text, args.timeout, args.agent)
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
 from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
@@ -28,9 +29,11 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Create a session; without ``session`` the gateway picks an id."""
+    """Create a session; without ``session`` the gateway picks an id. ``agent``: the
+    named agent the session belongs to (default ``default``); its turns run that agent."""
 
     session: Id | None = None
+    agent: Id | None = None
 
 
 class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -40,7 +43,11 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     ``context``: passages the client retrieved, for the prompt; ``parts``: images and
     files (OpenAI content parts) that go with the input. ``on_busy``: what to do when
     an earlier turn of the session has not ended (``enqueue``, ``reject``: answered 409,
-    ``interrupt``, ``rollback``; default: the deployment's ``[loop] on_busy``)."""
+    ``interrupt``, ``rollback``; default: the deployment's ``[loop] on_busy``).
+    ``agent``: the named agent
+    that runs it (default: the session's, ``default`` for a new session); a session
+    belongs to one agent, and a turn naming another is refused by its loop worker with
+    an ``error`` event."""
 
     input: str
     instructions: str | None = None
@@ -53,6 +60,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     context: Annotated[list[Passage], msgspec.Meta(max_length=MAX_PASSAGES)] | None = None
     parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
+    agent: Id | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,6 +79,7 @@ class ApprovalRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields
 class SessionCreated(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     session: str
+    agent: str = DEFAULT_AGENT
 
 
 class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +87,7 @@ class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
     status: SessionStatus
     turns: int
     updated_at: float
+    agent: str = DEFAULT_AGENT
 
 
 class SessionList(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +105,7 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     messages: list[ChatMessage]
     plan: list[PlanStep]
     summary: str
+    agent: str = DEFAULT_AGENT
 
 
 class TurnPosted(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,6 +152,14 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     cost: float
     calls: int
+
+
+class AgentList(msgspec.Struct, frozen=True, kw_only=True):
+    """The named agents, ``default`` first. A field left ``null`` takes the deployment's
+    ``[loop]`` / ``[llm]`` setting; ``revision`` is the agents bucket's (0: ``default``
+    as ``[loop]`` defines it, not provisioned)."""
+
+    agents: list[AgentSpec]
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

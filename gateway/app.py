@@ -27,6 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from loopmesh import tracing
 from loopmesh.usage import day_of
 from schemas import (
+    DEFAULT_AGENT,
+    AgentSpec,
     ApprovalDecision,
     Cancel,
     Pause,
@@ -50,7 +52,7 @@ from .errors import (
     Unprocessable,
 )
 from .fanout import Fanout
-from .openapi import CALL_ID, SESSION, Operation, Param, document
+from .openapi import AGENT, CALL_ID, SESSION, Operation, Param, document
 from .settings import GatewaySettings, OnBusy
 from .sse import SseResponse
 from .stream import EventStream
@@ -135,9 +137,10 @@ class Gateway:
         who = self.principal(request)
         body = await self.body(request, api.CreateSession)
         session = check_id(body.session, "session") if body.session is not None else new_id()
-        if not await self.backend.create_session(who.tenant, session):
+        agent = await self.known_agent(body.agent)
+        if not await self.backend.create_session(who.tenant, session, agent):
             raise Conflict(f"session {session!r} exists already", field="session")
-        return _json(api.SessionCreated(tenant=who.tenant, session=session), 201)
+        return _json(api.SessionCreated(tenant=who.tenant, session=session, agent=agent), 201)
 
     async def list_sessions(self, request: Request) -> Response:
         who = self.principal(request)
@@ -146,7 +149,11 @@ class Gateway:
             api.SessionList(
                 sessions=[
                     api.SessionSummary(
-                        session=s.session, status=s.status, turns=s.turns, updated_at=s.updated_at
+                        session=s.session,
+                        status=s.status,
+                        turns=s.turns,
+                        updated_at=s.updated_at,
+                        agent=s.agent,
                     )
                     for s in found
                 ]
@@ -161,6 +168,7 @@ class Gateway:
                 tenant=s.tenant, session=s.session, status=s.status, turn_id=s.turn_id,
                 iteration=s.iteration, turns=s.turns, updated_at=s.updated_at,
                 messages=list(s.messages), plan=list(s.plan), summary=s.summary,
+                agent=s.agent,
             )
         )  # fmt: skip
 
@@ -173,6 +181,8 @@ class Gateway:
         turn_id = check_id(key, "Idempotency-Key") if key is not None else new_id()
         body = await self.body(request, api.PostTurn)
         turn = self.turn(who, session, turn_id, body)
+        if turn.agent is not None:
+            await self.known_agent(turn.agent)
         if (turn.on_busy or self.on_busy) == "reject":
             busy = await self.backend.unfinished(who.tenant, session)
             if busy:
@@ -181,7 +191,7 @@ class Gateway:
                     f"session {session} is busy with turn {names}; this turn asked "
                     "on_busy=reject (enqueue waits, interrupt stops the running turn)"
                 )
-        await self.backend.create_session(who.tenant, session)
+        await self.backend.create_session(who.tenant, session, turn.agent or DEFAULT_AGENT)
         _, last = await self.backend.events_bounds()
         with turn_span(request, turn):  # continues the caller's traceparent; off: a no-op
             # the turn's message carries the trace on (the caller's own while off)
@@ -234,7 +244,19 @@ class Gateway:
             planner_model=body.planner_model, executor_model=body.executor_model,
             context=tuple(body.context or ()), parts=tuple(body.parts or ()),
             on_busy=body.on_busy,
+            agent=check_id(body.agent, "agent") if body.agent is not None else None,
         )  # fmt: skip
+
+    async def known_agent(self, name: str | None) -> str:
+        """``name`` (``default`` when ``None``), checked: an id, and a defined agent."""
+        if name is None or name == DEFAULT_AGENT:
+            return DEFAULT_AGENT
+        check_id(name, "agent")
+        if await self.backend.agent(name) is None:
+            raise Unprocessable(
+                f"no agent {name!r} is defined (GET /v1/agents lists them)", field="agent"
+            )
+        return name
 
     # -- events -----------------------------------------------------------------------
 
@@ -349,11 +371,23 @@ class Gateway:
         kind = "approve" if body.approve else "deny"
         return _json(api.ControlAccepted(type=kind, session=session, call_id=call_id), 202)
 
-    # -- catalog and health -------------------------------------------------------------
+    # -- catalog, agents and health ------------------------------------------------------
 
     async def tools(self, request: Request) -> Response:
         self.principal(request)
         return _json(api.ToolList(tools=await self.backend.tools()))
+
+    async def agents(self, request: Request) -> Response:
+        self.principal(request)
+        return _json(api.AgentList(agents=await self.backend.agents()))
+
+    async def agent(self, request: Request) -> Response:
+        self.principal(request)
+        name = check_id(request.path_params["agent"], "agent")
+        agent = await self.backend.agent(name)
+        if agent is None:
+            raise NotFound(f"no agent {name!r} (GET /v1/agents lists them)")
+        return _json(agent)
 
     async def healthz(self, request: Request) -> Response:
         return _json(api.Health(status="ok"))
@@ -420,6 +454,11 @@ class Gateway:
                        (400, 401, 404, 413, 422, 429, 503)), self.approval),
             (Operation("GET", "/v1/tools", "the tool catalog", 200, api.ToolList,
                        errors=(401, 429, 503), tags=("tools",)), self.tools),
+            (Operation("GET", "/v1/agents", "the named agents", 200, api.AgentList,
+                       errors=(401, 429, 503), tags=("agents",)), self.agents),
+            (Operation("GET", "/v1/agents/{agent}", "read a named agent", 200, AgentSpec,
+                       params=(AGENT,), errors=(401, 404, 422, 429, 503), tags=("agents",)),
+             self.agent),
             (Operation("GET", "/v1/events/latest", "the tenant's latest events, with `seq`", 200,
                        api.LatestEvents, params=(limit,), errors=(401, 422, 429, 503),
                        tags=("events",)), self.latest_events),

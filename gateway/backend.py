@@ -1,4 +1,4 @@
-"""The gateway's side of NATS: turns, controls, sessions, the catalog, events.
+"""The gateway's side of NATS: turns, controls, sessions, the catalog, agents, events.
 
 Every call takes the caller's tenant and builds subjects and keys with it, so a request
 can only ever reach its own tenant's data; ids are checked before they get here.
@@ -16,14 +16,22 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
+from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
 from loopmesh.jetstream import Publisher, kv_values
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
+    DEFAULT_AGENT,
+    AgentSpec,
     ApprovalDecision,
     Control,
     DecodeError,
@@ -35,6 +43,7 @@ from schemas import (
     encode,
     session_key,
 )
+from schemas.agents import default_agent
 from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
 
 from .errors import Unavailable
@@ -107,10 +116,11 @@ class Backend:
             log.warning("unreadable session tenant=%s session=%s error=%s", tenant, session, exc)
             return None
 
-    async def create_session(self, tenant: str, session: str) -> bool:
-        """Store an empty snapshot unless the session exists; whether it was created."""
+    async def create_session(self, tenant: str, session: str, agent: str = DEFAULT_AGENT) -> bool:
+        """Store an empty snapshot of a session of ``agent`` unless the session exists;
+        whether it was created."""
         kv = await self._bucket(self.subjects.sessions_bucket)
-        empty = SessionSnapshot(tenant=tenant, session=session, updated_at=time.time())
+        empty = SessionSnapshot(tenant=tenant, session=session, updated_at=time.time(), agent=agent)
         try:
             await self._call(
                 "create session", kv.create(session_key(tenant, session), encode(empty))
@@ -182,6 +192,25 @@ class Backend:
                 continue
         specs.sort(key=lambda s: (s.server, s.name))
         return specs
+
+    # -- agents -----------------------------------------------------------------------
+
+    async def agents(self) -> list[AgentSpec]:
+        """Every named agent, ``default`` first, each with its revision."""
+        await self._bucket(self.subjects.agents_bucket)
+        found = await self._call(
+            "list agents", read_agents(self.js, self.subjects, timeout=self.timeout)
+        )
+        return list(found.values())
+
+    async def agent(self, name: str) -> AgentSpec | None:
+        """The named agent as it stands now, or ``None``."""
+        kv = await self._bucket(self.subjects.agents_bucket)
+        try:
+            entry = await self._call("read agent", kv.get(name))
+        except (KeyNotFoundError, KeyDeletedError):
+            return default_agent() if name == DEFAULT_AGENT else None
+        return spec_of(name, entry.value, entry.revision or 0)
 
     # -- events -----------------------------------------------------------------------
 

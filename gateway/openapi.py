@@ -19,7 +19,7 @@ REF = "#/components/schemas/{name}"
 _STATUS_TEXT = {
     400: "malformed body: the message names the bad field's path",
     401: "missing or unknown API key",
-    404: "no such session in this tenant (or no such route)",
+    404: "no such session in this tenant, no such agent (or no such route)",
     409: "the session exists already",
     413: "body over the size limit",
     422: "a value out of bounds or an invalid id: `field` names it",
@@ -58,6 +58,7 @@ SESSION = Param(
 CALL_ID = Param(
     "call_id", "path", "tool call id", {"type": "string", "pattern": PATH_ID_PATTERN}, True
 )
+AGENT = Param("agent", "path", "agent name", {"type": "string", "pattern": PATH_ID_PATTERN}, True)
 
 
 def document(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:

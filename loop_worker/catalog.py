@@ -2,50 +2,25 @@
 
 Tool workers put each tool's :class:`~schemas.ToolSpec` under ``<server>.<tool>`` and
 put it again every third of the bucket's TTL (``tool_worker/catalog.py``). A
-:class:`Catalog` watches the bucket (``kv.watchall()``): a tool is offered from the
-moment its worker has put it, and withdrawn when its key is deleted or purged.
-
-Expiry: on nats-server 2.15 a key that lapses through the bucket's TTL (``max_age``)
-produces no watch update (the server drops the message and tells no consumer unless
-the stream places delete markers, which the bucket does not ask for). So the catalog
-keeps its own clock: each entry lapses ``ttl`` after it was put (the server's
-timestamp, for entries of the initial load; the moment it arrived, for live ones),
-and is dropped then unless a newer put came. A delete marker, where a server places
-one (nats-py reads ``Nats-Marker-Reason`` as a purge), drops the entry too. A spec
-that says ``pinned`` (put with ``Nats-TTL: never`` for a pool that may scale to zero,
+:class:`Catalog` watches the bucket (:class:`~.watch.BucketWatch`, which says how): a
+tool is offered from the moment its worker has put it, and withdrawn when its key is
+deleted or purged, or when its TTL lapses with no newer put. A spec that says
+``pinned`` (put with ``Nats-TTL: never`` for a pool that may scale to zero,
 ``tool_worker/catalog.py``) does not lapse: it stays until deleted.
 
-Loading: :meth:`Catalog.loaded` waits for the watch's "initial values done" marker, so
-nothing runs on a half-known catalog. A watch that ends or fails is opened again, and
-so is one that lived through a reconnect of the client (``nc.stats["reconnects"]``,
-looked at every ``check_s``): nats-py's ordered consumer behind a watch only notices a
-restarted server after two missed heartbeats, and took about 20 s to deliver again in
-a test. The tools known so far stay offered until the new watch's initial values are
-in, which then replace them whole.
-
-The watch runs in a task the catalog owns: ``async with Catalog(...)`` (or ``start`` and
-the idempotent ``close``) bounds it.
+Loading: :meth:`Catalog.loaded` waits for the watch's initial values, so no turn runs
+on a half-known catalog (:class:`~.errors.CatalogNotLoadedError` after the timeout).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime
 import logging
-import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-from nats.js.kv import KeyValue
-
-from loopmesh.aio import raise_if_cancelled
 from schemas import DecodeError, ToolSpec, decode
 
 from .errors import CatalogNotLoadedError
+from .watch import BucketWatch
 
 log = logging.getLogger("loopmesh.loop_worker.catalog")
 
@@ -53,237 +28,24 @@ log = logging.getLogger("loopmesh.loop_worker.catalog")
 OnChange = Callable[[Sequence[ToolSpec]], object]
 
 
-class Catalog:
+class Catalog(BucketWatch[ToolSpec]):
     """Every tool spec in ``bucket``, kept current by a KV watch."""
 
-    def __init__(
-        self,
-        nc: Client,
-        bucket: str,
-        *,
-        load_timeout_s: float = 10.0,
-        on_change: OnChange | None = None,
-        retry_max_s: float = 2.0,
-        check_s: float = 0.5,
-    ) -> None:
-        self._nc = nc
-        self._js = nc.jetstream()
-        self._check_s = check_s
-        self.bucket = bucket
-        self.load_timeout_s = load_timeout_s
-        self._on_change = on_change
-        self._retry_max_s = retry_max_s
-        self._specs: dict[str, ToolSpec] = {}
-        self._list: tuple[ToolSpec, ...] = ()
-        self._loaded = asyncio.Event()
-        self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
-        self._last_error: BaseException | None = None
-        self.watches = 0  # how many watches were opened (1 unless one ended or failed)
+    what = "catalog"
 
-    # -- lifecycle ----------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start watching (idempotent): :meth:`loaded` tells when the first load is in."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="catalog")
-
-    async def close(self) -> None:
-        """Stop watching. Idempotent."""
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def __aenter__(self) -> Catalog:
-        self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    # -- reading ------------------------------------------------------------------------
-
-    @property
-    def is_loaded(self) -> bool:
-        return self._loaded.is_set()
-
-    async def loaded(self, timeout: float | None = None) -> None:
-        """Return once the initial load is in; raise :class:`CatalogNotLoadedError`
-        after ``timeout`` (default ``load_timeout_s``) or when the catalog is closed."""
-        if self._loaded.is_set():
-            return
-        timeout = self.load_timeout_s if timeout is None else timeout
-        task = self._task
-        if task is None or task.done():
-            raise CatalogNotLoadedError(self.bucket, 0.0, self._last_error)
-        waiter = asyncio.ensure_future(self._loaded.wait())
+    def decode(self, key: str, revision: int, value: bytes) -> ToolSpec | None:
         try:
-            await asyncio.wait({waiter, task}, timeout=timeout, return_when=_FIRST)
-        finally:
-            waiter.cancel()
-        if not self._loaded.is_set():
-            raise CatalogNotLoadedError(self.bucket, timeout, self._last_error)
+            return decode(value, ToolSpec)
+        except DecodeError as exc:
+            log.warning("bad catalog entry key=%s error=%s", key, exc)
+            return None
+
+    def lasts(self, item: ToolSpec) -> bool:
+        return item.pinned  # its pool is provisioned to outlive its workers
+
+    def not_loaded(self, timeout_s: float, last: BaseException | None) -> Exception:
+        return CatalogNotLoadedError(self.bucket, timeout_s, last)
 
     def specs(self) -> Sequence[ToolSpec]:
         """The tools known now (empty until loaded), the same tuple until a change."""
-        return self._list
-
-    def get(self, key: str) -> ToolSpec | None:
-        return self._specs.get(key)
-
-    async def wait_for(self, predicate: Callable[[Catalog], bool], timeout: float) -> bool:
-        """Wait up to ``timeout`` until ``predicate(self)`` holds (tests, tools)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout), self._changed:
-                await self._changed.wait_for(lambda: predicate(self))
-        return predicate(self)
-
-    # -- the watch ----------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        delay = 0.05
-        while True:
-            try:
-                kv = await self._js.key_value(self.bucket)
-                status = await kv.status()
-                self.watches += 1
-                await self._watch(kv, status.ttl or 0.0, status.stream_info.state.last_seq)
-                delay = 0.05
-            except Exception as exc:
-                self._last_error = exc
-                log.warning("catalog watch failed bucket=%s error=%r", self.bucket, exc)
-            raise_if_cancelled()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._retry_max_s)
-
-    async def _watch(self, kv: KeyValue, ttl: float, last_seq: int) -> None:
-        """Follow one watch until it ends. Entries are collected in ``fresh`` and
-        published whole once the initial values are in, then one change at a time.
-
-        The initial values are in once the watch has delivered the bucket's last
-        message as of before it opened (``last_seq``), or that message is gone. The
-        watch's own end-of-initial-values marker is not enough: nats-py sends it when
-        the consumer has nothing pending and its callback has seen nothing yet, which
-        is also true when the server has already pushed every value to a busy client.
-        """
-        loop = asyncio.get_running_loop()
-        reconnects = self._nc.stats["reconnects"]
-        watcher = await kv.watchall()
-        fresh: dict[str, ToolSpec] = {}
-        lapses: dict[str, float] = {}  # key -> loop time at which it expires
-        initial = True
-        reached = last_seq == 0  # the watch delivered the last message there was
-        marked = False  # nats-py said the initial values were in
-        try:
-            while True:
-                raise_if_cancelled()  # nats-py may have swallowed a cancel
-                if self._nc.stats["reconnects"] != reconnects:
-                    log.info("reconnected: watching the catalog again bucket=%s", self.bucket)
-                    return
-                wake = min([*lapses.values(), loop.time() + self._check_s])
-                try:
-                    async with asyncio.timeout_at(wake):
-                        entry = await anext(watcher)
-                except TimeoutError:
-                    now = loop.time()
-                    for key in [k for k, t in lapses.items() if t <= now]:
-                        del lapses[key]
-                        fresh.pop(key, None)
-                        log.info("catalog entry expired key=%s", key)
-                    if initial and marked and await _gone(self._js, kv, last_seq):
-                        initial = False
-                        self._last_error = None
-                    if not initial:
-                        await self._publish(fresh)
-                    continue
-                except StopAsyncIteration:
-                    log.info("catalog watch ended; watching again bucket=%s", self.bucket)
-                    return
-                if entry is None:
-                    marked = True
-                    if initial and (reached or await _gone(self._js, kv, last_seq)):
-                        initial = False
-                        self._last_error = None
-                        await self._publish(fresh)
-                    continue
-                reached = reached or entry.revision >= last_seq
-                key = entry.key
-                spec = _spec(key, entry.operation, entry.value)
-                if spec is None:
-                    fresh.pop(key, None)
-                    lapses.pop(key, None)
-                else:
-                    fresh[key] = spec
-                    if ttl > 0 and not spec.pinned:
-                        age = _age(entry.created) if initial else 0.0
-                        lapses[key] = loop.time() + ttl - min(max(age, 0.0), ttl)
-                    else:  # pinned: its pool is provisioned to outlive its workers
-                        lapses.pop(key, None)
-                if initial and reached:  # everything the bucket held is in
-                    initial = False
-                    self._last_error = None
-                if not initial:
-                    await self._publish(fresh)
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()
-
-    async def _publish(self, fresh: dict[str, ToolSpec]) -> None:
-        changed = fresh.keys() != self._specs.keys() or not self._loaded.is_set()
-        if not changed and fresh == self._specs:
-            return
-        self._specs = dict(fresh)
-        self._list = tuple(fresh.values())
-        self._loaded.set()
-        if changed and self._on_change is not None:  # before any waiter resumes
-            try:
-                self._on_change(self._list)
-            except Exception:
-                log.exception("catalog change callback failed")
-        async with self._changed:
-            self._changed.notify_all()
-
-
-_FIRST = asyncio.FIRST_COMPLETED
-
-
-async def _gone(js: JetStreamContext, kv: KeyValue, seq: int) -> bool:
-    """Whether the bucket no longer holds its message ``seq`` (it expired or was replaced),
-    so a watch will never deliver it. Pinned entries (no TTL) outlive later ones that
-    lapse, so ``seq`` can be gone while older messages stay: then it is looked up."""
-    status = await kv.status()
-    state = status.stream_info.state
-    if state.messages == 0 or state.first_seq > seq:
-        return True
-    try:
-        await js.get_msg(status.stream_info.config.name or "", seq=seq)
-    except NotFoundError:
-        return True
-    return False
-
-
-def _spec(key: str, operation: str | None, value: bytes | None) -> ToolSpec | None:
-    """The spec an entry holds; ``None`` for a delete, a purge or a bad value."""
-    if operation is not None or not value:
-        return None
-    try:
-        return decode(value, ToolSpec)
-    except DecodeError as exc:
-        log.warning("bad catalog entry key=%s error=%s", key, exc)
-        return None
-
-
-def _age(created: object) -> float:
-    """Seconds since the server stored an entry (0 when it does not say)."""
-    if isinstance(created, datetime.datetime):
-        return time.time() - created.timestamp()
-    if isinstance(created, int | float) and created > 0:
-        return time.time() - (created / 1e9 if created > 1e12 else created)
-    return 0.0
+        return self.items()

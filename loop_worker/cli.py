@@ -206,7 +206,8 @@ async def serve(
     nc = await connect(config.nats, name="loop-worker")
     try:
         if provision and config.loop_worker.provision:
-            await provision_all(nc, config.nats)
+            for action in await provision_all(nc, config.nats, agents=config.agents):
+                log.info("%s", action)  # a change is never silent
         async with OpenAILLM(config.llm) as openai_llm, contextlib.AsyncExitStack() as stack:
             llm: LLM = openai_llm
             if config.loop.tool_choice_strategy == "constrained":

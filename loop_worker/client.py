@@ -87,6 +87,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "default: [loop] on_busy",
     )
     parser.add_argument(
+        "--agent", type=token("agent"),
+        help="the named agent that runs the turn (default: the session's; `loopmesh agents` "
+        "lists them)",
+    )  # fmt: skip
+    parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
     )
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
@@ -180,6 +185,7 @@ async def main(args: argparse.Namespace) -> int:
         max_iterations=args.max_iterations,
         model=args.model,
         on_busy=args.on_busy,
+        agent=args.agent,
     )
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
     async with open_remote(args) as remote:
@@ -258,7 +264,10 @@ class Printer:
                 self.max_iterations = n
                 how = "resumed" if resumed else "started"
                 where = worker or "a worker"
-                return f"▶ turn {how} on {where} · model {model or '?'} · up to {n} iterations"
+                agent = "" if event.agent == "default" else f" · agent {event.agent}"
+                return (
+                    f"▶ turn {how} on {where}{agent} · model {model or '?'} · up to {n} iterations"
+                )
             case LoopIteration(iteration=k, max_iterations=n):
                 self._streamed.clear()
                 return f"── iteration {k} of {n or self.max_iterations}"

@@ -1,5 +1,5 @@
 """The loop worker's configuration: the ``[nats]``, ``[llm]``, ``[loop]`` and
-``[loop_worker]`` tables.
+``[loop_worker]`` tables, and the ``[[agents]]``.
 
 ::
 
@@ -20,6 +20,7 @@ from typing import Annotated
 
 import msgspec
 
+from loopmesh.agents import Agents, check_agents
 from loopmesh.settings import NatsSettings, Port, Price
 
 from .engine.settings import LLMSettings, LoopSettings
@@ -57,3 +58,9 @@ class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     loop: LoopSettings = LoopSettings()
     loop_worker: ServiceSettings = ServiceSettings()
     prices: dict[str, Price] = {}  # per model: the budgets' cost ([loop.budget])
+    #: The named agents (``[[agents]]``, docs/AGENTS.md): provisioned to the agents
+    #: bucket when the worker starts; its turns read them from there.
+    agents: Agents = ()
+
+    def __post_init__(self) -> None:
+        check_agents(self.agents)

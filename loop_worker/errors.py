@@ -2,7 +2,9 @@
 
 LoopWorkerError            (``loop_worker.engine.errors``)
 ├── LeaseLostError         the session lease expired or was taken over (``.key``)
-└── CatalogNotLoadedError  the tool catalog did not load in time (``.bucket``, ``.timeout_s``)
+└── BucketNotLoadedError   a watched bucket did not load in time (``.bucket``, ``.timeout_s``)
+    ├── CatalogNotLoadedError  the tool catalog
+    └── AgentsNotLoadedError   the named agents
 """
 
 from __future__ import annotations
@@ -16,13 +18,31 @@ class LeaseLostError(LoopWorkerError):
         self.key = key
 
 
-class CatalogNotLoadedError(LoopWorkerError):
-    def __init__(self, bucket: str, timeout_s: float, last: BaseException | None = None) -> None:
+class BucketNotLoadedError(LoopWorkerError):
+    """A watched KV bucket's first load was not in within ``timeout_s``."""
+
+    def __init__(
+        self, what: str, bucket: str, timeout_s: float, last: BaseException | None, then: str
+    ) -> None:
         why = f" (last error: {last!r})" if last is not None else ""
         super().__init__(
-            f"the tool catalog (KV bucket {bucket}) did not load within {timeout_s:g} s{why}; "
-            "no turn runs on a half-known catalog"
+            f"{what} (KV bucket {bucket}) did not load within {timeout_s:g} s{why}; {then}"
         )
         self.bucket = bucket
         self.timeout_s = timeout_s
         self.last = last
+
+
+class CatalogNotLoadedError(BucketNotLoadedError):
+    def __init__(self, bucket: str, timeout_s: float, last: BaseException | None = None) -> None:
+        super().__init__(
+            "the tool catalog", bucket, timeout_s, last, "no turn runs on a half-known catalog"
+        )
+
+
+class AgentsNotLoadedError(BucketNotLoadedError):
+    def __init__(self, bucket: str, timeout_s: float, last: BaseException | None = None) -> None:
+        super().__init__(
+            "the named agents", bucket, timeout_s, last,
+            "no turn runs before its agent's definition is known",
+        )  # fmt: skip

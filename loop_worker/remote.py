@@ -334,6 +334,8 @@ class GatewayRemote:
             body["max_iterations"] = turn.max_iterations
         if turn.model:
             body["model"] = turn.model
+        if turn.agent:
+            body["agent"] = turn.agent
         posted = await self._call(
             "POST", f"/v1/sessions/{turn.session}/turns", body, {"Idempotency-Key": turn.id}
         )

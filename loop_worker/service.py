@@ -56,9 +56,16 @@ from schemas import (
     turn_msg_id,
 )
 from schemas.admit import Refused
-from schemas.streams import advisories_consumer, advisories_stream, embeddings_bucket
+from schemas.streams import (
+    advisories_consumer,
+    advisories_stream,
+    agents_bucket,
+    embeddings_bucket,
+)
 
 from . import refusals
+from .agents import AgentBook
+from .agents import Report as AgentReport
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .deadletter import DeadLetters
@@ -116,11 +123,18 @@ class LoopWorker:
         self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
         self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
+        self._approvals, self._report = Approvals(config.loop.approval_tools), AgentReport()
+        self.agents = AgentBook(
+            nc,
+            self.subjects.agents_bucket,
+            load_timeout_s=self.settings.catalog_load_timeout_s,
+            on_change=self._unmatched,
+        )
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,
             catalog_load_timeout_s=self.settings.catalog_load_timeout_s,
-            on_catalog=Approvals(config.loop.approval_tools).report,
+            on_catalog=self._unmatched,
             grace_s=self.settings.tool_grace_s,
             default_timeout_s=config.loop.tool_timeout_s,
             effects_first=False,
@@ -154,6 +168,7 @@ class LoopWorker:
             prefilter=self.prefilter,
             prices=config.prices,
             usage=self._usage,
+            agents=self.agents,
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}
@@ -178,7 +193,8 @@ class LoopWorker:
                 "bind the turns consumer",
             )
         except BaseException:
-            await self.tools.close()  # its catalog watch ends with the worker
+            await self.agents.close()  # the watches end with the worker
+            await self.tools.close()
             raise
         try:
             async with asyncio.TaskGroup() as tg:
@@ -209,6 +225,7 @@ class LoopWorker:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            await self.agents.close()
             await self.tools.close()
             await self.controls.close()
             await self.publisher.close()
@@ -254,6 +271,9 @@ class LoopWorker:
                 ),
                 msg_ttl=msg_ttl,
             )
+            done += "\n" + await ensure_bucket(
+                self._js, agents_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
+            )
             if self.prefilter is not None and self.prefilter.embedder is not None:
                 done += "\n" + await ensure_bucket(
                     self._js,
@@ -275,6 +295,7 @@ class LoopWorker:
         await self.leases.start()
         await self.controls.start()
         await self.tools.start()
+        self.agents.start()  # turns wait for its first load (AgentBook.agent)
 
     async def _finish_in_flight(self) -> None:
         tasks = [h.task for h in self._held.values() if h.task is not None]
@@ -431,6 +452,18 @@ class LoopWorker:
                 if not self._tenants[tenant]:
                     del self._tenants[tenant]
                 self._tenant_room.notify_all()
+
+    def _unmatched(self, changed: object = None) -> None:
+        """Report the names of ``[loop] approval_tools`` and of the agents that match
+        nothing, once the catalog (and, for the agents' names, the agents) are loaded;
+        called when either changes."""
+        catalog = self.tools.catalog
+        if not catalog.is_loaded:
+            return
+        if changed is catalog.items():
+            self._approvals.report(catalog.specs())
+        if self.agents.is_loaded:
+            self._report(self.agents.items(), catalog.specs())
 
     async def _events_stored(self, snapshot: SessionSnapshot) -> None:
         """On a cluster a checkpoint does not vouch for the events emitted before it

@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "deny": "loop_worker.cli_approval",
     "cancel": "loop_worker.cli_cancel",
     "tools": "tool_worker.cli_catalog",
+    "agents": "loop_worker.cli_agents",
     "exporter": "loopmesh.exporter",
 }
 

@@ -282,7 +282,7 @@ class Exporter:
         turn = (event.tenant, event.session, event.turn_id)
         match event:
             case LoopStart():
-                self._agents[turn] = getattr(event, "agent", None) or "default"
+                self._agents[turn] = event.agent or "default"
                 if len(self._agents) > _OPEN_REQUESTS:
                     self._agents.popitem(last=False)
             case LLMResponse():

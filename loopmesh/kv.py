@@ -200,7 +200,16 @@ def replicated(info: StreamInfo) -> bool:
 async def kv_values(
     js: JetStreamContext, bucket: str, keys: str = ">", *, timeout: float = 5.0
 ) -> dict[str, bytes]:
-    """Every live key matching ``keys`` in ``bucket`` with its value, as of the call.
+    """Every live key matching ``keys`` in ``bucket`` with its value, as of the call
+    (see :func:`kv_entries`)."""
+    entries = await kv_entries(js, bucket, keys, timeout=timeout)
+    return {key: entry.value or b"" for key, entry in entries.items()}
+
+
+async def kv_entries(
+    js: JetStreamContext, bucket: str, keys: str = ">", *, timeout: float = 5.0
+) -> dict[str, KVEntry]:
+    """Every live key matching ``keys`` in ``bucket`` with its last revision, as of the call.
 
     A consumer that starts at each key's last revision, whose creation says how many
     messages it has to deliver, fetched until that many are in. (A KV watch cannot say
@@ -217,7 +226,7 @@ async def kv_values(
         inactive_threshold=max(timeout, 5.0),
     )
     info = await js.add_consumer(stream, config)
-    values: dict[str, bytes] = {}
+    values: dict[str, KVEntry] = {}
     try:
         pending = info.num_pending or 0
         sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
@@ -234,7 +243,7 @@ async def kv_values(
                     if headers.get("KV-Operation") or headers.get("Nats-Marker-Reason"):
                         values.pop(key, None)
                     else:
-                        values[key] = msg.data
+                        values[key] = KVEntry(msg.metadata.sequence.stream, msg.data)
         finally:
             await quietly(sub.unsubscribe())
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nats.aio.client import Client
@@ -24,9 +24,11 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
+from schemas.agents import AgentSpec
 from schemas.streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions
 from schemas.subjects import Subjects
 
+from .agents import apply_agents
 from .errors import ProvisionError
 from .jetstream import retry
 from .settings import NatsSettings
@@ -80,19 +82,28 @@ async def provision(
 
 
 async def provision_all(
-    nc: Client, settings: NatsSettings, *, placement_wait_s: float = PLACEMENT_WAIT_S
+    nc: Client,
+    settings: NatsSettings,
+    *,
+    agents: Sequence[AgentSpec] | None = None,
+    placement_wait_s: float = PLACEMENT_WAIT_S,
 ) -> list[str]:
-    """Provision everything loopmesh needs under ``settings.prefix``."""
+    """Provision everything loopmesh needs under ``settings.prefix``. With ``agents``
+    (a configuration's ``[[agents]]``, checked), the agents bucket is made to hold
+    exactly them (:func:`loopmesh.agents.apply_agents`); ``None`` leaves it as it is."""
+    subjects = Subjects(settings.prefix)
     defs = definitions(
-        Subjects(settings.prefix),
+        subjects,
         events_max_age_s=settings.events_max_age_s,
         events_max_bytes=settings.events_max_bytes,
         sessions_ttl_s=settings.sessions_ttl_s,
         replicas=settings.replicas,
     )
-    return await provision(
-        nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=placement_wait_s
-    )
+    js = nc.jetstream()
+    actions = await provision(js, defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=placement_wait_s)
+    if agents is not None:
+        actions += await apply_agents(js, subjects, agents)
+    return actions
 
 
 async def ensure_stream(

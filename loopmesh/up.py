@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from .agents import Agents, check_agents
 from .cli import config_from_args
 from .nats import connect
 from .provision import provision_all
@@ -43,6 +44,10 @@ Service = Callable[[asyncio.Event, str], Coroutine[Any, Any, None]]
 
 class UpConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
+    agents: Agents = ()  # provisioned with the rest (docs/AGENTS.md)
+
+    def __post_init__(self) -> None:
+        check_agents(self.agents)
 
 
 #: The services that run beside NATS: name → the module whose ``up_service(args)``
@@ -102,7 +107,7 @@ async def main(args: argparse.Namespace) -> int:
             url, where, monitor = server.url, f"embedded, store {store}", server.monitor_url
         nc = await connect(msgspec.structs.replace(settings, url=url), name="loopmesh-up")
         stack.push_async_callback(nc.close)
-        actions = await provision_all(nc, settings)
+        actions = await provision_all(nc, settings, agents=config.agents)
         for action in actions:
             log.info(action)
 

@@ -3,6 +3,7 @@
 Depends on msgspec only, so any service (or another project) can import it alone.
 """
 
+from .agents import DEFAULT_AGENT, AgentSpec
 from .codec import DecodeError, decode, encode
 from .events import EVENT_NAMES, EVENT_TYPES, AnyEvent, Event
 from .ids import (
@@ -37,9 +38,11 @@ from .wire import (
 )
 
 __all__ = [
+    "DEFAULT_AGENT",
     "EVENT_NAMES",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
+    "AgentSpec",
     "AnyEvent",
     "ApprovalDecision",
     "Cancel",

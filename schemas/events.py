@@ -47,10 +47,15 @@ class TurnAccepted(Event, tag="turn_accepted", frozen=True, kw_only=True):
 
 
 class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):
+    """``agent`` and ``agent_revision``: the named agent whose definition runs the turn,
+    and the agents bucket's revision of it (0: the ``default`` agent, not provisioned)."""
+
     max_iterations: int = 0
     model: str = ""
     resumed: bool = False
     worker: str = ""
+    agent: str = "default"
+    agent_revision: int = 0
 
 
 class LoopIteration(Event, tag="loop_iteration", frozen=True, kw_only=True):

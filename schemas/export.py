@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from . import events, messages, wire
+from . import agents, events, messages, wire
 
 EXPORT_DIR = Path(__file__).parent / "jsonschema"
 
@@ -26,6 +26,7 @@ WIRE_TYPES: dict[str, Any] = {
     "Control": wire.Control,
     "SessionSnapshot": messages.SessionSnapshot,
     "Event": events.AnyEvent,
+    "AgentSpec": agents.AgentSpec,
 }
 
 

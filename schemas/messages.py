@@ -128,3 +128,6 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     orchestrator: OrchestratorState | None = None
     #: How the turn ``turn_id`` ended, once ``status`` is idle (``None`` before).
     last_end: TurnEnd | None = None
+    #: The named agent the session belongs to (``schemas.agents``), set by its first
+    #: turn (or when the session was created): a turn naming another is refused.
+    agent: Token = "default"

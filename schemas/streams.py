@@ -156,12 +156,29 @@ def definitions(
                 replicas=replicas,
                 description="LLM usage by <tenant>.<UTC day>, counted from the events",
             ),
+            agents_bucket(s, replicas=replicas),
         ),
     )
 
 
 #: How long a day of usage is kept (``GET /v1/usage`` reaches back this far).
 USAGE_TTL_S = 40 * 24 * 3600.0
+
+
+def agents_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The named agents' definitions (:class:`schemas.agents.AgentSpec`) by name: written
+    by provisioning, watched by loop workers, read by gateways. Keys never expire; the
+    last few revisions of each are kept, so what an earlier turn ran can be read back."""
+    return KVDef(
+        bucket=subjects.agents_bucket,
+        history=AGENTS_HISTORY,
+        replicas=replicas,
+        description="named agents' definitions by name",
+    )
+
+
+#: Revisions of each agent's definition that the agents bucket keeps.
+AGENTS_HISTORY = 5
 
 
 def embeddings_bucket(

@@ -167,6 +167,10 @@ class Subjects:
     def embeddings_bucket(self) -> str:
         return f"{self.prefix}-embeddings"
 
+    @property
+    def agents_bucket(self) -> str:
+        return f"{self.prefix}-agents"
+
 
 @functools.lru_cache(maxsize=16_384)
 def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times

@@ -147,6 +147,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: or ``rollback`` (the same, and the session returns to its snapshot from before
     #: the interrupted turn began). ``None``: ``[loop] on_busy``.
     on_busy: OnBusy | None = None
+    #: The named agent this turn runs (``schemas.agents``): its definition applies, with
+    #: this turn's own fields above on top. ``None``: the session's agent (``default``
+    #: for a new session). A session belongs to one agent: a turn naming another is
+    #: refused with an ``error`` event and its ``loop_end``, and so is an unknown name.
+    agent: Token | None = None
 
     @property
     def msg_id(self) -> str:

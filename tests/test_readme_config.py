@@ -33,6 +33,9 @@ def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
     assert (loop.plan_max_steps, loop.step_max_iterations, loop.step_retries) == (8, 6, 1)
     assert (loop.deadline_s, loop.max_tool_calls, loop.max_parallel_tools) == (120, 30, 8)
     assert (loop.tool_failure, loop.max_iterations) == ("continue", 20)
+    # a named agent, as docs/AGENTS.md defines one
+    (calc,) = config.agents
+    assert (calc.name, calc.tools) == ("calc", ("local.calculator",))
 
 
 def test_the_readme_shows_budgets_and_prices(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ const $ = (id) => document.getElementById(id);
 const app = {
   key: sessionStorage.getItem(KEY_STORE) || "",
   session: null, // the View of the open session
+  agents: new Map(), // name -> the agent's definition (GET /v1/agents)
+  sessionAgents: new Map(), // session -> the agent it belongs to (GET /v1/sessions)
 };
 
 // -- small DOM helpers ------------------------------------------------------------------
@@ -132,6 +134,7 @@ function useKey(key) {
   $("key-show").hidden = false;
   showKeyState();
   notice("");
+  refreshAgents();
   refreshSessions();
   if (app.session) open(app.session.session);
 }
@@ -400,8 +403,11 @@ class View {
         this.running = e.turn_id;
         turn.max = e.max_iterations;
         turn.node.dataset.state = "running";
+        turn.node.dataset.agent = e.agent || "default";
         turn.meta.textContent = [e.model, e.worker && `on ${e.worker}`, e.resumed && "resumed"]
           .filter(Boolean).join(" · ");
+        $("agent-fact").textContent = agentLabel(e.agent, e.agent_revision);
+        this.showAgent(e.agent || "default");
         $("model").textContent = e.model || "–";
         $("worker").textContent = e.worker || "–";
         this.pendingQuestion = null;
@@ -586,6 +592,13 @@ class View {
     turn.iter.textContent = `${e.iterations} of ${turn.max || e.iterations} iterations`;
   }
 
+  showAgent(name) {
+    const badge = $("session-agent");
+    badge.textContent = `agent ${name}`;
+    badge.title = app.agents.get(name)?.description || "";
+    badge.hidden = false;
+  }
+
   showRunning() {
     const running = this.running !== null;
     $("cancel").disabled = !running;
@@ -617,9 +630,14 @@ function open(session) {
   $("timeline").replaceChildren();
   delete $("timeline").dataset.lastId;
   $("plan").replaceChildren(el("li", "empty", "no plan yet"));
-  for (const id of ["iteration", "model", "worker", "context", "tokens"]) $(id).textContent = "–";
+  for (const id of ["agent-fact", "iteration", "model", "worker", "context", "tokens"]) {
+    $(id).textContent = "–";
+  }
   $("session-title").textContent = session;
   $("session-status").hidden = true;
+  $("session-agent").hidden = true;
+  const agent = app.sessionAgents.get(session);
+  if (agent) view.showAgent(agent);
   $("input").disabled = $("send").disabled = false;
   $("cancel").disabled = true;
   $("question").hidden = true;
@@ -642,13 +660,16 @@ async function refreshSessions() {
       list.replaceChildren();
       if (!sessions.length) list.append(el("li", "empty", "no sessions yet"));
       for (const s of sessions) {
+        app.sessionAgents.set(s.session, s.agent);
         const item = el("li", "session");
         item.dataset.session = s.session;
+        item.dataset.agent = s.agent;
         item.classList.toggle("selected", app.session?.session === s.session);
         const name = el("span", "session-name", s.session);
         const badge = el("span", "badge", s.status);
         badge.dataset.status = s.status;
-        const meta = el("span", "session-meta", `${s.turns} turn${s.turns === 1 ? "" : "s"} · ${ago(s.updated_at)}`);
+        const meta = el("span", "session-meta",
+          `${s.agent} · ${s.turns} turn${s.turns === 1 ? "" : "s"} · ${ago(s.updated_at)}`);
         item.append(name, badge, meta);
         item.tabIndex = 0;
         item.addEventListener("click", () => open(s.session));
@@ -664,9 +685,41 @@ async function refreshSessions() {
   return listing;
 }
 
+function agentLabel(name, revision) {
+  if (!name) return "–";
+  return revision ? `${name} (revision ${revision})` : name;
+}
+
+// Fills the agent picker from GET /v1/agents, keeping the choice made.
+async function refreshAgents() {
+  try {
+    const { agents } = await api("GET", "/v1/agents");
+    const picker = $("agent");
+    const chosen = picker.value || "default";
+    app.agents = new Map(agents.map((a) => [a.name, a]));
+    picker.replaceChildren();
+    for (const agent of agents) {
+      const option = el("option", null, agent.name);
+      option.value = agent.name;
+      option.title = agent.description || "";
+      picker.append(option);
+    }
+    picker.value = app.agents.has(chosen) ? chosen : "default";
+    describeAgent();
+  } catch (error) {
+    if (error.status !== 401) notice(`Could not list agents: ${error.message}`, "list");
+  }
+}
+
+function describeAgent() {
+  $("agent-about").textContent = app.agents.get($("agent").value)?.description || "";
+}
+
 async function newSession() {
   try {
-    const created = await api("POST", "/v1/sessions", {});
+    const agent = $("agent").value || "default";
+    const created = await api("POST", "/v1/sessions", { agent });
+    app.sessionAgents.set(created.session, created.agent);
     await refreshSessions();
     open(created.session);
     $("input").focus();
@@ -712,12 +765,14 @@ function start() {
   $("key-forget").addEventListener("click", () => useKey(""));
   $("key-show").addEventListener("click", () => askForKey(""));
   $("new-session").addEventListener("click", newSession);
+  $("agent").addEventListener("change", describeAgent);
   $("composer").addEventListener("submit", send);
   $("input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) send(ev);
   });
   $("cancel").addEventListener("click", cancel);
   showKeyState();
+  refreshAgents();
   refreshSessions();
   setInterval(refreshSessions, 10000);
   const wanted = decodeURIComponent(location.hash.slice(1));

@@ -13,6 +13,11 @@ checkpoint re-issues exactly those calls, with the same call ids (the dispatcher
 returns the results of those that finished), and does not ask the model again: a
 different reply would otherwise be paired with the recorded results of other calls.
 
+Agents: a turn runs as its named agent (``Turn.agent``, else its session's), whose
+definition :mod:`.agents` applies over the settings. A session belongs to one agent;
+a turn naming another, or an agent nobody defined, is refused before anything is
+checkpointed (an ``error`` event and its ``loop_end``), so the session keeps its state.
+
 A cancelled ``run`` *task* (a worker shutting down) is not the end of the turn: it
 leaves the snapshot "running" for another worker to resume. Cancelling the turn itself
 goes through :class:`~loop_worker.engine.control.TurnControl`.
@@ -24,15 +29,24 @@ import time
 from collections.abc import Callable, Mapping
 
 from loopmesh.settings import Price
-from schemas import SessionSnapshot, Turn
+from schemas import DEFAULT_AGENT, AgentSpec, SessionSnapshot, Turn
 from schemas.events import Error, LoopEnd
 
+from .agents import TURN_FALLBACKS, Agent, StaticAgents, resolve
 from .budget import UsageToday
 from .control import TurnControl
 from .hooks import Hooks, Retriever
 from .prefilter import Prefilter
 from .prompt import load_prompts
-from .protocols import LLM, EventSink, SessionStore, ToolDispatcher, ToolSelector, all_tools
+from .protocols import (
+    LLM,
+    Agents,
+    EventSink,
+    SessionStore,
+    ToolDispatcher,
+    ToolSelector,
+    all_tools,
+)
 from .run import TurnRun, describe, ended_again
 from .scope import TurnScope
 from .settings import LLMSettings, LoopSettings
@@ -58,12 +72,16 @@ class Engine:
         prefilter: Prefilter | None = None,
         prices: Mapping[str, Price] | None = None,
         usage: UsageToday | None = None,
+        agents: Agents | None = None,
     ) -> None:
         self.settings = settings
         #: What models' tokens cost ([prices]) and the tenants' spend today, for the
         #: budgets ([loop.budget]; without ``usage`` the daily ceilings are not checked).
         self.prices: Mapping[str, Price] = prices or {}
         self.usage = usage
+        #: The named agents' definitions (``None``: only ``default``, the settings above).
+        self.agents: Agents = agents if agents is not None else StaticAgents()
+        self._agents: dict[AgentSpec, Agent] = {}
         self.llm = llm
         self.tools = tools
         self.events = events
@@ -100,14 +118,53 @@ class Engine:
             counter = self._counters[model] = TokenCounter(model)
         return counter.fork()
 
+    def agent_for(self, spec: AgentSpec) -> Agent:
+        """``spec`` resolved over this engine's settings (``agents.resolve``), kept for
+        the turns that follow until the definition changes."""
+        agent = self._agents.get(spec)
+        if agent is None:
+            if len(self._agents) >= 256:
+                self._agents.clear()
+            agent = self._agents[spec] = resolve(spec, self.settings, self.model)
+        return agent
+
     async def run(self, turn: Turn, control: TurnControl | None = None) -> LoopEnd | None:
         scope = TurnScope(turn, control or TurnControl(), self.events, self.clock)
         try:
-            snapshot = await self.store.load(turn.tenant, turn.session)
+            stored = await self.store.load(turn.tenant, turn.session)
         except Exception as exc:
-            await scope.emit(Error, code="store", message=describe(exc), fatal=True)
-            return await scope.emit(LoopEnd, reason="error", error=describe(exc))
-        snapshot = snapshot or SessionSnapshot(tenant=turn.tenant, session=turn.session)
-        if snapshot.turn_id == turn.id and snapshot.status == "idle":
-            return await ended_again(scope, snapshot.last_end)
-        return await TurnRun(self, scope, snapshot).run()
+            return await refuse(scope, "store", describe(exc))
+        if stored is not None and stored.turn_id == turn.id and stored.status == "idle":
+            return await ended_again(scope, stored.last_end)
+        # the turn's agent: a session belongs to the one its first turn named
+        name = turn.agent or (stored.agent if stored is not None else DEFAULT_AGENT)
+        if stored is not None and name != stored.agent:
+            return await refuse(
+                scope, "agent_mismatch",
+                f"session {turn.session!r} belongs to agent {stored.agent!r}, and this turn "
+                f"names agent {name!r}: send it to a session of its own",
+            )  # fmt: skip
+        try:
+            spec = await self.agents.agent(name)
+        except Exception as exc:
+            return await refuse(scope, "agents_unavailable", describe(exc))
+        if spec is None:
+            return await refuse(
+                scope, "unknown_agent",
+                f"no agent {name!r} is defined (the [[agents]] of the configuration; "
+                "`loopmesh agents` lists them)",
+            )  # fmt: skip
+        agent = self.agent_for(spec)
+        snapshot = stored or SessionSnapshot(tenant=turn.tenant, session=turn.session, agent=name)
+        fallbacks = TURN_FALLBACKS.set(agent.fallbacks)
+        try:
+            return await TurnRun(self, scope, snapshot, agent).run()
+        finally:
+            TURN_FALLBACKS.reset(fallbacks)
+
+
+async def refuse(scope: TurnScope, code: str, message: str) -> LoopEnd:
+    """End a turn that cannot start: an ``error`` event and its ``loop_end``, nothing
+    checkpointed, so the session keeps what it had."""
+    await scope.emit(Error, code=code, message=message, fatal=True)
+    return await scope.emit(LoopEnd, reason="error", error=f"{code}: {message}")

@@ -2,8 +2,9 @@
 
 The turn may set each (``Turn.tools``, ``deadline_s``, ``max_tool_calls``,
 ``max_parallel_tools``, ``tool_failure``); what it leaves ``None`` comes from
-``[loop]``. Tool allowlists only narrow: a tool must be on the deployment's list (if
-any) *and* on the turn's (if any). Loop tools (``task_completion`` and the rest) are
+``[loop]`` as the turn's named agent sets it (``agents.py``). Tool allowlists only
+narrow: a tool must be on the deployment's list (if any), the agent's (if any) *and*
+the turn's (if any). Loop tools (``task_completion`` and the rest) are
 always allowed.
 
 :meth:`Limits.police` marks the calls of one iteration that must not run — a tool
@@ -41,8 +42,9 @@ class Limits:
     tool_failure: str
 
     @classmethod
-    def of(cls, turn: Turn, settings: LoopSettings) -> Limits:
-        lists = tuple(x for x in (settings.tools, turn.tools) if x is not None)
+    def of(cls, turn: Turn, settings: LoopSettings, agent: Sequence[str] | None = None) -> Limits:
+        """``agent``: the allowlist of the turn's named agent, if it has one."""
+        lists = tuple(tuple(x) for x in (settings.tools, agent, turn.tools) if x is not None)
         return cls(
             allowlists=lists,
             deadline_s=_pick(turn.deadline_s, settings.deadline_s),
@@ -68,7 +70,7 @@ class Limits:
                 call.error = WireError(
                     code=NOT_ALLOWED,
                     message=f"the tool {call.server}.{call.tool} is not allowed in this turn; "
-                    f"allowed: {allowed} (Turn.tools, [loop] tools)",
+                    f"allowed: {allowed} (Turn.tools, the agent's tools, [loop] tools)",
                 )
             elif self.max_tool_calls is not None and used >= self.max_tool_calls:
                 call.error = WireError(

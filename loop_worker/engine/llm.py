@@ -4,7 +4,8 @@ Every response is streamed (``stream_options.include_usage``): text fragments go
 ``on_delta`` as they arrive; tool-call fragments are assembled per ``index``. The
 ``openai`` client runs with ``max_retries=0``; retries are ours:
 
-    for each model (the requested one, then ``settings.fallback_models``):
+    for each model (the requested one, then ``settings.fallback_models``, or the running
+    turn's agent's own, ``agents.TURN_FALLBACKS``):
         up to 1 + ``settings.max_retries`` attempts; between them, after a 429, a 5xx,
         a timeout, a connection error or a stream cut short, wait ``Retry-After``
         (capped at ``backoff_max_s``) or a full-jitter exponential backoff.
@@ -40,6 +41,7 @@ from prometheus_client import Counter
 from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
 
+from .agents import TURN_FALLBACKS
 from .errors import LLMError
 from .protocols import Completion, OnDelta, OnRetry
 from .settings import LLMSettings
@@ -175,7 +177,9 @@ class OpenAILLM:
         """``tool_choice`` is sent as is (``"auto"``, ``"none"``, ``"required"`` or
         ``{"type": "function", "function": {"name": ...}}``); ``None`` leaves it out."""
         s = self.settings
-        models = list(dict.fromkeys([model or s.model, *s.fallback_models]))
+        fallbacks = TURN_FALLBACKS.get()  # the turn's agent's, when it names its own
+        chain = s.fallback_models if fallbacks is None else fallbacks
+        models = list(dict.fromkeys([model or s.model, *chain]))
         payload = to_openai_messages(messages)
         failures: list[str] = []
         attempts = 0

@@ -1,7 +1,8 @@
 """The engine's view of the world: four small Protocols.
 
 The agent loop engine (``engine.py``) is pure: it reaches the LLM, the tools, the event
-stream and the session store only through these. ``inmemory.py`` implements the last
+stream and the session store only through these (and the named agents' definitions
+through :class:`Agents`). ``inmemory.py`` implements the last
 three for one process (tests, benchmarks, embedding as a library); ``nats.py`` (the
 durable service) implements them over NATS; ``llm.py`` implements :class:`LLM` with the
 ``openai`` client.
@@ -14,7 +15,15 @@ from typing import Any, Protocol
 
 import msgspec
 
-from schemas import ChatMessage, SessionSnapshot, ToolCall, ToolCallRequest, ToolResult, ToolSpec
+from schemas import (
+    AgentSpec,
+    ChatMessage,
+    SessionSnapshot,
+    ToolCall,
+    ToolCallRequest,
+    ToolResult,
+    ToolSpec,
+)
 from schemas.events import Event, Usage
 
 
@@ -78,6 +87,14 @@ class ToolDispatcher(Protocol):
 
 class EventSink(Protocol):
     async def emit(self, event: Event) -> None: ...
+
+
+class Agents(Protocol):
+    async def agent(self, name: str) -> AgentSpec | None:
+        """The named agent's definition, as it stands now (``None``: no such agent).
+        May raise when the definitions cannot be known yet (the durable service's
+        watch has not loaded); the turn then ends with an ``error`` event."""
+        ...
 
 
 class SessionStore(Protocol):

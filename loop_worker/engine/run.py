@@ -33,6 +33,7 @@ from schemas.events import (
     TurnAccepted,
 )
 
+from .agents import Agent
 from .budget import BudgetExceeded, Meter
 from .context import bound, passage_text
 from .inference import Conversation, Inference
@@ -63,11 +64,14 @@ NOT_AN_ANSWER = "this only repeats the loop's reminder; give your own answer for
 class TurnRun:
     """One turn's state between iterations."""
 
-    def __init__(self, engine: Engine, scope: TurnScope, snapshot: SessionSnapshot) -> None:
+    def __init__(
+        self, engine: Engine, scope: TurnScope, snapshot: SessionSnapshot, agent: Agent
+    ) -> None:
         self.e = engine
         self.scope = scope
         self.turn = scope.turn
-        self.settings = engine.settings
+        self.agent = agent
+        self.settings = agent.settings  # [loop], as the turn's agent sets it
         self.resumed = snapshot.turn_id == self.turn.id
         #: The session as it was before this turn began (a rollback's target), known
         #: when this run started the turn.
@@ -90,7 +94,7 @@ class TurnRun:
                 turn_tool_calls=0,
                 orchestrator=None,
             )
-        self.limits = Limits.of(self.turn, self.settings)
+        self.limits = Limits.of(self.turn, self.settings, agent.tools)
         scope.meter = self.meter = Meter(
             engine.settings.budget, engine.prices, self.turn.tenant, engine.usage,
             tokens=self.snapshot.turn_tokens if self.resumed else 0,
@@ -102,7 +106,7 @@ class TurnRun:
         if self.limits.deadline_s is not None:  # a resumed turn keeps its first start
             started = self.snapshot.turn_started_at or scope.clock()
             scope.deadline = started + self.limits.deadline_s
-        self.model = self.turn.model or engine.model
+        self.model = self.turn.model or agent.model
         self.breaker = CircuitBreaker(self.settings.circuit_breaker_threshold)
         self.end: End | None = None
 
@@ -181,6 +185,8 @@ class TurnRun:
             model=self.model or "",
             resumed=self.resumed,
             worker=e.worker,
+            agent=self.agent.name,
+            agent_revision=self.agent.revision,
         )
         await self._checkpoint()
         if not self.resumed:
@@ -197,7 +203,7 @@ class TurnRun:
             hooks=e.hooks,
             settings=self.settings,
             prompts=e.prompts,
-            model=e.model,
+            model=self.agent.model,
             fallback_message=e.fallback_message,
             scope=scope,
             names=names,
@@ -257,7 +263,7 @@ class TurnRun:
     ) -> End | None:
         """Plan, execute, synthesize (see ``orchestrator.py``); ``None``: fell back."""
         e, s, turn = self.e, self.settings, self.turn
-        model = turn.model or e.model
+        model = self.model
 
         async def save(iteration: int) -> None:
             await self._checkpoint(iteration=iteration)

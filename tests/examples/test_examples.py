@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from loopmesh.testing.durable import ROOT, Proc
+from loopmesh.agents import apply_agents
+from loopmesh.testing.durable import ROOT, SUBJECTS, Proc
+from schemas import AgentSpec
 from tests.loop_worker.durable import Mesh, mesh_on
 
 
@@ -37,6 +39,27 @@ async def test_the_nats_py_example_publishes_a_turn_and_prints_its_events_to_the
     end = json.loads(proc.lines[-2].split(" ", 1)[1])
     assert end["reason"] == "task_completion"
     assert proc.lines[-1] == "done: hi there"
+
+
+async def test_the_example_runs_a_turn_of_a_named_agent(mesh: Mesh):
+    assert mesh.fake is not None
+    echo = AgentSpec(name="echoer", instructions="You echo.", model="echo-model")
+    await apply_agents(mesh.nc.jetstream(), SUBJECTS, [echo])
+    assert await mesh.running[-1].service.agents.wait_for(lambda b: b.get("echoer"), 10)
+    proc = Proc(
+        str(ROOT / "examples" / "publish_turn.py"), "--url", mesh.url, "--tenant", "acme",
+        "--session", "ex2", "--agent", "echoer", "--timeout", "60",
+        'call local__echo {"text": "hi"}',
+    )  # fmt: skip
+    await proc.start()
+    assert proc.proc is not None
+    assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
+    await proc.close()
+    start = json.loads(
+        next(li for li in proc.lines if li.startswith("loop_start")).split(" ", 1)[1]
+    )
+    assert start["agent"] == "echoer" and start["model"] == "echo-model"
+    assert "You echo." in mesh.fake.requests_for("echo-model")[0]["messages"][0]["content"]
 
 
 def test_the_example_needs_only_nats_py():

@@ -33,7 +33,7 @@ async def turns_in_stream(url: str) -> list[tuple[Turn, dict[str, str]]]:
 async def test_a_session_is_created_listed_and_read(client: httpx.AsyncClient):
     r = await client.post("/v1/sessions", json={"session": "s1"})
     assert r.status_code == 201, r.text
-    assert r.json() == {"tenant": "acme", "session": "s1"}
+    assert r.json() == {"tenant": "acme", "session": "s1", "agent": "default"}
     r = await client.post("/v1/sessions", json={})
     assert r.status_code == 201
     generated = r.json()["session"]

@@ -81,7 +81,8 @@ async def test_no_auth_mode_makes_every_request_tenant_local_and_says_so(gateway
     caplog.set_level(logging.WARNING, logger="loopmesh.gateway")
     async with gateway_at(no_auth=True) as gw, httpx.AsyncClient(base_url=gw.url) as c:
         r = await c.post("/v1/sessions", json={"session": "s1"})
-        assert r.status_code == 201 and r.json() == {"tenant": "local", "session": "s1"}
+        assert r.status_code == 201
+        assert r.json() == {"tenant": "local", "session": "s1", "agent": "default"}
     assert any("NO-AUTH mode" in rec.getMessage() for rec in caplog.records)
 
 

@@ -19,8 +19,10 @@ import httpx
 import pytest
 
 from gateway.server import GatewayServer
-from loopmesh.testing.durable import stream_events, wait_for
+from loopmesh.agents import apply_agents
+from loopmesh.testing.durable import SUBJECTS, stream_events, wait_for
 from loopmesh.testing.fake_llm import FakeLLM, error, text, tool_calls
+from schemas import AgentSpec
 from tests.gateway.conftest import ACME_KEY, GatewayFactory
 from tests.gateway.proxy import Proxy
 from tests.loop_worker.durable import Mesh, Watch, mesh_on
@@ -321,6 +323,46 @@ async def test_text_taken_back_is_dropped_and_a_reloaded_page_shows_what_was_ask
         assert await page.locator(".user").text_content() == "draft something"
         assert await page.locator(".line.retracted").count() == 1
         assert "draft that calls no tool" not in await page.locator("#timeline").inner_text()
+
+
+async def test_the_page_lists_the_agents_and_starts_a_session_with_the_one_picked(
+    mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any
+):
+    calc = AgentSpec(
+        name="calc",
+        description="Counts with the count tool.",
+        instructions="You are a careful counter.",
+        model="calc-model",
+        tools=("local.count",),
+    )
+    await apply_agents(mesh.nc.jetstream(), SUBJECTS, [calc])
+    book = mesh.running[-1].service.agents  # the loop worker's live view of them
+    assert await book.wait_for(lambda b: b.get("calc") is not None, 10)
+    revision = book.get("calc").revision
+    llm.script(tool_calls(("task_completion", {"result": "counted to 3"})))
+    async with gateway_at(no_auth=True) as gw:
+        await page.goto(gw.url)
+        await page.locator("#agent option[value=calc]").wait_for(state="attached")
+        assert await texts(page, "#agent option") == ["default", "calc"]
+        await page.locator("#agent").select_option("calc")
+        assert await page.locator("#agent-about").text_content() == calc.description
+        await page.locator("#new-session").click()
+        session = await _selected_session(page)
+        item = page.locator(f"#session-list li[data-session='{session}']")
+        assert await item.get_attribute("data-agent") == "calc"
+        assert (await item.locator(".session-meta").text_content() or "").startswith("calc · ")
+        assert await page.locator("#session-agent").text_content() == "agent calc"
+
+        await page.locator("#input").fill("Count to three.")
+        await page.locator("#send").click()
+        await page.locator(".final").wait_for()
+        assert await page.locator(".turn").get_attribute("data-agent") == "calc"
+        assert await page.locator("#agent-fact").text_content() == f"calc (revision {revision})"
+        assert await page.locator(".final-text").text_content() == "counted to 3"
+    [request] = llm.requests_for("calc-model")
+    assert "You are a careful counter." in request["messages"][0]["content"]
+    offered = {t["function"]["name"] for t in request["tools"]}
+    assert "local__count" in offered and "local__echo" not in offered
 
 
 async def test_the_page_and_its_assets_are_served_with_a_strict_policy(

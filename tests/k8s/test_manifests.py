@@ -361,6 +361,27 @@ def test_plain_hpas_cover_every_worker() -> None:
         assert 1 <= spec["minReplicas"] < spec["maxReplicas"]
 
 
+# -- agents ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_agents_live_in_the_config_map_the_loop_workers_provision_from(
+    target: str, tmp_path: Path
+) -> None:
+    """The loop workers read the named agents from the mounted ConfigMap (checked as the
+    service checks them at start) and provision them; the tools they allow are served
+    by the default pool."""
+    docs = render(target)
+    (worker,) = [d for d in of_kind(docs, "Deployment") if service_of(d) == "loop-worker"]
+    config = container_config(docs, worker, tmp_path)
+    assert [a.name for a in config.agents] == ["calc", "clock"]
+    assert config.loop_worker.provision  # it writes them to the agents bucket at start
+    (pool,) = [c for c in of_kind(docs, "ConfigMap") if "tools-default" in c["metadata"]["name"]]
+    served = {f"local.{name}" for name in pool["data"]["LOOPMESH_TOOL_WORKER__BUILTINS"].split(",")}
+    for agent in config.agents:
+        assert agent.tools and set(agent.tools) <= served, (agent.name, agent.tools, served)
+
+
 # -- Grafana and NATS ------------------------------------------------------------------------
 
 
