@@ -72,3 +72,14 @@ def make_certs(directory: Path, *, server_names: tuple[str, ...] = LOOPBACK) -> 
     client.cert_chain_pems[0].write_to_path(str(certs.client_cert))
     client.private_key_pem.write_to_path(str(certs.client_key))
     return certs
+
+
+def certificate_secret(directory: Path) -> Path:
+    """The files cert-manager writes into a client Certificate's Secret, as its volume
+    holds them: ``tls.crt``, ``tls.key`` and the CA's ``ca.crt``."""
+    certs = make_certs(directory / ".made")
+    for key, made in (
+        ("tls.crt", certs.client_cert), ("tls.key", certs.client_key), ("ca.crt", certs.ca)
+    ):  # fmt: skip
+        (directory / key).write_bytes(made.read_bytes())
+    return directory
