@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from loopmesh import llama
+from loopmesh.aio import unless
 from loopmesh.cli import config_from_args
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
@@ -166,20 +167,10 @@ async def copying_llm(settings: LLMSettings, stack: contextlib.AsyncExitStack) -
 
 async def _start_unless_stopped(server: llama.LlamaServer, stop: asyncio.Event) -> bool:
     """Start ``server``; give up (and stop it) if ``stop`` is set first."""
-    starting = asyncio.ensure_future(server.start())
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not starting.done():
-            starting.cancel()
-            await asyncio.wait({starting})
-    if starting.cancelled():
-        await server.stop()
-        return False
-    starting.result()
-    return True
+    if await unless(stop, server.start()):
+        return True
+    await server.stop()
+    return False
 
 
 def _say(line: str) -> None:

@@ -30,7 +30,7 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from loopmesh.aio import quietly
 from loopmesh.cli import config_from_args
-from loopmesh.errors import LoopmeshError, NatsConnectError
+from loopmesh.errors import LoopmeshError, NatsConnectError, NatsTlsError
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import DEFAULT_URL, connect
 from loopmesh.settings import NatsSettings, replace
@@ -190,6 +190,8 @@ async def _connect(settings: NatsSettings, deadline: float) -> Client:
     while True:
         try:
             return await connect(settings, name="loopmesh-cli")
+        except NatsTlsError:
+            raise  # a setting to change: no use waiting
         except NatsConnectError:
             if time.monotonic() >= deadline:
                 raise

@@ -21,6 +21,8 @@ nats-py catches ``CancelledError`` when a cancel lands while it flushes
 during a NATS call can carry on as if nothing happened. Loops that run until cancelled
 call :func:`raise_if_cancelled` after their NATS calls, so a cancel is never lost.
 
+:func:`unless` awaits work that an event makes pointless (a stop, a failure).
+
 :func:`quietly` awaits an ack, nak or flush whose failure changes nothing.
 """
 
@@ -85,6 +87,25 @@ async def both(first: Awaitable[A], second: Coroutine[Any, Any, B]) -> tuple[A, 
             task.exception()  # retrieved: its failure is not the one that matters
         raise
     return a, await task
+
+
+async def unless(event: asyncio.Event, work: Coroutine[Any, Any, object]) -> bool:
+    """Await ``work`` unless ``event`` is set first: then ``work`` is cancelled (and
+    awaited) and the answer is False. True when ``work`` finished; what it raised
+    propagates."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        return False
+    task.result()
+    return True
 
 
 async def quietly(op: Awaitable[object]) -> None:

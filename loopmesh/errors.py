@@ -5,6 +5,7 @@ LoopmeshError
 ├── NatsServerError        the embedded nats-server could not start or stop
 │   └── NatsServerNotFound the binary is missing (``.searched``)
 ├── NatsConnectError       the first connection to NATS failed (``.url``)
+│   └── NatsTlsError       TLS with NATS failed or was refused: what to set (``.url``)
 ├── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
@@ -53,6 +54,16 @@ class NatsConnectError(LoopmeshError):
             "Start one with `loopmesh up`, or give the right --nats-url."
         )
         self.url = url
+
+
+class NatsTlsError(NatsConnectError):
+    """TLS with NATS failed, or a server would not speak it when asked to: the message
+    says why and which setting to change (see :mod:`loopmesh.tls`)."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        LoopmeshError.__init__(self, f"TLS with NATS at {url} failed: {detail}")
+        self.url = url
+        self.detail = detail
 
 
 class StoppedAtOnce(LoopmeshError):

@@ -66,6 +66,14 @@ def setup_logging(level: str = "INFO", json: bool = False, *, stream: TextIO | N
     # (the openai client logs through ``httpx2``, one line per request.)
     for noisy in ("httpx", "httpx2", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("asyncio").addFilter(_tls_eof)  # once: addFilter skips a known one
+
+
+def _tls_eof(record: logging.LogRecord) -> bool:
+    """False for the warning the standard event loop logs at each close of a TLS
+    connection to NATS: nats-py's stream protocol answers ``eof_received`` with True,
+    which only matters without TLS (nats-io/nats.py#727). uvloop does not log it."""
+    return not record.getMessage().startswith("returning true from eof_received()")
 
 
 def _level(level: str) -> int:

@@ -1,9 +1,10 @@
 """The NATS connection every service uses.
 
 The first connection must succeed within a couple of attempts, or :func:`connect`
-raises :class:`~loopmesh.errors.NatsConnectError` naming the URL. Once connected, the
-client reconnects forever, with jitter so that a fleet of workers does not stampede a
-restarted server, and says so in the log::
+raises :class:`~loopmesh.errors.NatsConnectError` naming the URL (a
+:class:`~loopmesh.errors.NatsTlsError` saying what to set, when TLS is why: see
+:mod:`loopmesh.tls`). Once connected, the client reconnects forever, with jitter so
+that a fleet of workers does not stampede a restarted server, and says so in the log::
 
     nc = await connect(settings.nats, name="loop-worker")
     try:
@@ -14,16 +15,20 @@ restarted server, and says so in the log::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+import ssl
 from typing import Any
 
 import nats
 from nats.aio.client import Client
 from nats.aio.client import Server as _Server
 
-from .errors import NatsConnectError
+from .aio import unless
+from .errors import NatsConnectError, NatsTlsError
 from .settings import NatsSettings
+from .tls import ClientTls
 
 log = logging.getLogger("loopmesh.nats")
 
@@ -38,15 +43,22 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 async def connect(settings: NatsSettings, *, name: str | None = None) -> Client:
     """Connect to ``settings.url`` (or :data:`DEFAULT_URL`); then reconnect forever."""
     url = settings.url or DEFAULT_URL
+    servers = [u.strip() for u in url.split(",") if u.strip()]
     client_name = name or settings.name
+    tls = ClientTls(settings, servers)
     connected = False
     errors: list[Exception] = []
+    handshake_failed = asyncio.Event()
 
     async def on_error(exc: Exception) -> None:
         if not connected:
             errors.append(exc)  # reported once, by NatsConnectError
+            if isinstance(exc, ssl.SSLError):
+                handshake_failed.set()  # see below
             return
-        log.warning("nats error url=%s name=%s error=%r", _current(nc), client_name, exc)
+        told = tls.explain(url, exc)
+        error = str(told) if told else repr(exc)
+        log.warning("nats error url=%s name=%s error=%s", _current(nc), client_name, error)
 
     async def on_disconnect() -> None:
         if connected and not nc.is_closed:
@@ -64,31 +76,79 @@ async def connect(settings: NatsSettings, *, name: str | None = None) -> Client:
         server = min(servers, key=lambda s: (s.reconnects, random.random()))
         jitter = random.uniform(0.5, 1.5) if server.reconnects else random.random()
         wait = settings.reconnect_wait_s * jitter
+        if tls.context is not None:
+            nc.options["tls"] = tls.refresh()  # a renewed certificate, for this attempt
         return server, wait
 
-    nc = Client()
+    nc = _Client(tls, close_timeout_s=2 * settings.connect_timeout_s)
     try:
-        await nc.connect(
-            servers=[u.strip() for u in url.split(",") if u.strip()],
-            name=client_name,
-            connect_timeout=settings.connect_timeout_s,  # type: ignore[arg-type]
-            reconnect_time_wait=settings.reconnect_wait_s,  # type: ignore[arg-type]
-            max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS - 1,
-            reconnect_to_server_handler=next_server,
-            user_credentials=settings.creds_file,
-            error_cb=on_error,
-            disconnected_cb=on_disconnect,
-            reconnected_cb=on_reconnect,
-            closed_cb=on_closed,
+        # After a failed TLS handshake nats-py 2.16 waits forever for the plain socket
+        # under it to close (nats-io/nats.py#718): give up there; on_error has the error.
+        connected_now = await unless(
+            handshake_failed,
+            nc.connect(
+                servers=servers,
+                name=client_name,
+                connect_timeout=settings.connect_timeout_s,  # type: ignore[arg-type]
+                reconnect_time_wait=settings.reconnect_wait_s,  # type: ignore[arg-type]
+                max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS - 1,
+                reconnect_to_server_handler=next_server,
+                user_credentials=settings.creds_file,
+                tls=tls.context,  # None: nats-py's default, if the server requires TLS
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+                closed_cb=on_closed,
+            ),
         )
+        if not connected_now:
+            raise ConnectionAbortedError("given up after a failed TLS handshake")
     except Exception as exc:
         await nc.close()
         cause = errors[-1] if errors else exc
-        raise NatsConnectError(url, cause) from cause
+        raise tls.explain(url, cause) or NatsConnectError(url, cause) from cause
+    if tls.required and not tls.checked:
+        await nc.close()  # this nats-py no longer shows _Client the INFO: fail closed
+        raise NatsTlsError(
+            url,
+            "nats-py connected without showing loopmesh the server's INFO, "
+            "so it cannot tell whether TLS was used; pin nats-py to 2.16",
+        )
     connected = True
     nc.options["max_reconnect_attempts"] = -1  # from now on, never give up
     log.info("nats connected url=%s name=%s", _current(nc), client_name)
     return nc
+
+
+class _Client(Client):
+    """nats-py's client, showing each server's INFO to :meth:`ClientTls.check` before
+    the TLS handshake and the CONNECT. ``_process_info`` is nats-py's own (2.16): no
+    public hook sees the INFO in time, and without one a ``tls://`` URL goes on in
+    plaintext with a server that does not require TLS. Should a nats-py stop calling
+    it, :func:`connect` refuses every TLS connection (tests/loopmesh/test_tls.py)."""
+
+    def __init__(self, tls: ClientTls, close_timeout_s: float) -> None:
+        super().__init__()
+        self._loopmesh_tls = tls
+        self._close_timeout_s = close_timeout_s
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        if initial_connection:
+            self._loopmesh_tls.check(info)
+        await super()._process_info(info, initial_connection)
+
+    async def close(self) -> None:
+        """nats-py's close, given up after a while: after a reconnect's failed TLS
+        handshake it waits forever for a socket that never reports its close
+        (nats-io/nats.py#718); the socket is closed already."""
+        deadline = asyncio.timeout(self._close_timeout_s)
+        try:
+            async with deadline:
+                await super().close()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning("nats close gave up waiting after %ss", self._close_timeout_s)
 
 
 def _current(nc: Client) -> str:

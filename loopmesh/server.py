@@ -6,6 +6,10 @@ server is ready, and the monitoring endpoint confirms JetStream is up::
 
     async with NatsServer(store_dir) as server:
         nc = await nats.connect(server.url)
+
+With ``tls=ServerTls(cert, key, ca)`` clients must speak TLS, and present a certificate
+that ``ca`` signed (mutual TLS, nats-server's ``--tlsverify``); :attr:`NatsServer.url`
+is then ``tls://``. Monitoring stays plain HTTP.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -44,6 +49,22 @@ def find_binary() -> str:
     raise NatsServerNotFound([str(p.parent) for p in candidates] + ["PATH"])
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The server's certificate and key (PEM) for client connections; with ``ca_file``,
+    every client must present a certificate that CA signed."""
+
+    cert_file: str | Path
+    key_file: str | Path
+    ca_file: str | Path | None = None
+
+    def args(self) -> list[str]:
+        args = ["--tls", "--tlscert", str(self.cert_file), "--tlskey", str(self.key_file)]
+        if self.ca_file is not None:
+            args += ["--tlsverify", "--tlscacert", str(self.ca_file)]
+        return args
+
+
 class NatsServer:
     """One nats-server process. ``port=-1`` picks a free port on first start; a restart
     (``await server.restart()``) keeps the port and the store, as a real restart would."""
@@ -59,6 +80,7 @@ class NatsServer:
         monitor_port: int = -1,
         binary: str | None = None,
         extra_args: tuple[str, ...] = (),
+        tls: ServerTls | None = None,
         start_timeout: float = 15.0,
     ) -> None:
         self.store_dir = Path(store_dir)
@@ -67,13 +89,15 @@ class NatsServer:
         self.monitor_port = monitor_port
         self.binary = binary
         self.extra_args = extra_args
+        self.tls = tls
         self.start_timeout = start_timeout
         self.log_file = self.store_dir / "nats-server.log"
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        scheme = "tls" if self.tls else "nats"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def monitor_url(self) -> str:
@@ -95,7 +119,8 @@ class NatsServer:
         self.log_file.write_bytes(b"")
         args = [
             binary, "-js", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
-            "-sd", str(self.store_dir), "-l", str(self.log_file), *self.extra_args,
+            "-sd", str(self.store_dir), "-l", str(self.log_file),
+            *(self.tls.args() if self.tls else ()), *self.extra_args,
         ]  # fmt: skip
         self._proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -49,6 +49,13 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     connect_timeout_s: Positive = 5.0
     reconnect_wait_s: Positive = 0.5
     creds_file: str | None = None
+    # TLS with a private CA, PEM files (docs/ARCHITECTURE.md, "NATS over TLS"): the CA
+    # that signed the server's certificate (unset: the system's CAs), and this client's
+    # certificate and key where the server verifies clients (mutual TLS), always both.
+    # Any of them, or a tls:// URL, means TLS or no connection: never plaintext.
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     store_dir: str = ".loopmesh/nats"  # the embedded server's JetStream store
     events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600  # 0: forever
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
@@ -56,6 +63,20 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # oldest events go; a session untouched for sessions_ttl_s loses its snapshot (0: never).
     events_max_bytes: Annotated[int, msgspec.Meta(ge=2**20, le=2**40)] = 4 * 2**30
     sessions_ttl_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 24 * 3600)] = 30 * 24 * 3600
+
+    def __post_init__(self) -> None:
+        for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            _check_readable(field, getattr(self, field))
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (
+                ("tls_cert_file", "tls_key_file")
+                if self.tls_key_file is None
+                else ("tls_key_file", "tls_cert_file")
+            )
+            raise ValueError(
+                f"`{given}` is set without `{missing}`: a client certificate and its key go "
+                "together (set both, or neither)"
+            )
 
 
 class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -129,6 +150,18 @@ def environ(name: str, env: Mapping[str, str] | None = None, *, empty: bool = Fa
 def env_var(table: str, field: str) -> str:
     """The variable that overrides ``[table] field``: ``LOOPMESH_TABLE__FIELD``."""
     return f"{ENV_PREFIX}{table.upper()}__{field.upper()}"
+
+
+def _check_readable(field: str, path: str | None) -> None:
+    """A ValueError naming ``field`` when ``path`` (if set) cannot be opened for reading:
+    inside a Struct's ``__post_init__`` it becomes the load's ConfigError."""
+    if path is None:
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"`{field}`: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

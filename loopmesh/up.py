@@ -20,11 +20,13 @@ import msgspec
 
 from .agents import Agents, check_agents
 from .cli import config_from_args
+from .errors import ConfigError
 from .nats import connect
 from .provision import provision_all
 from .server import NatsServer
 from .settings import NatsSettings
 from .shutdown import shutdown_on_signals
+from .tls import FILES as TLS_FILES
 
 log = logging.getLogger("loopmesh.up")
 
@@ -35,7 +37,8 @@ HELP = """\
 Run loopmesh on this machine until Ctrl-C.
 
 Starts nats-server with JetStream in the store directory (unless --nats-url or
-[nats] url names a server), provisions every stream, consumer and KV bucket, and
+[nats] url names a server, such as tls://HOST:4222 with the [nats] tls_* files),
+provisions every stream, consumer and KV bucket, and
 prints the URLs to connect to."""
 
 #: A service ``up`` runs: it works until ``stop`` is set, then returns.
@@ -100,6 +103,12 @@ async def main(args: argparse.Namespace) -> int:
         if settings.url:
             url, where = settings.url, "external"
             monitor = None
+        elif tls := [f for f in TLS_FILES if getattr(settings, f)]:
+            raise ConfigError(
+                "[nats] " + ", ".join(tls),
+                "set without a NATS URL, but the server `loopmesh up` starts has no TLS: "
+                "give the URL of your NATS server with TLS (--nats-url tls://HOST:4222)",
+            )
         else:
             store = args.store_dir or settings.store_dir
             server = NatsServer(store, port=args.port, monitor_port=args.monitor_port)

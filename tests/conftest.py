@@ -19,6 +19,7 @@ from loopmesh.server import NatsServer
 from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.shared_cluster import SharedCluster
+from tests.certs import Certs, make_certs
 
 T = TypeVar("T")
 
@@ -63,6 +64,24 @@ def restartable_server(store_dir: Path) -> NatsServer:
     free, where a port the kernel picked could meanwhile be any outgoing connection's."""
     port, monitor_port = free_ports(2)
     return NatsServer(store_dir, port=port, monitor_port=monitor_port)
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Certs:
+    """A private CA with a server certificate for loopback and a client certificate."""
+    return make_certs(tmp_path / "certs")
+
+
+@pytest.fixture
+async def mtls_server(tmp_path: Path, certs: Certs) -> AsyncIterator[NatsServer]:
+    """A nats-server with JetStream that requires TLS and a client certificate signed by
+    ``certs``' CA (mutual TLS); ``url`` is ``tls://``. Restartable, as ``nats_server``."""
+    port, monitor_port = free_ports(2)
+    server = NatsServer(
+        tmp_path / "nats-tls", port=port, monitor_port=monitor_port, tls=certs.server_tls()
+    )
+    async with server:
+        yield server
 
 
 @pytest.fixture

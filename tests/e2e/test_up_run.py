@@ -58,8 +58,13 @@ async def up(tmp_path, extra: tuple[str, ...] = (), **env) -> tuple[Proc, str]:
     return proc, url
 
 
-async def run(url: str, task: str, *args: str, timeout: float = 60) -> tuple[int, str]:
-    proc = Proc("-m", "loopmesh", "run", "--nats-url", url, "--timeout", str(timeout), *args, task)
+async def run(
+    url: str, task: str, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    proc = Proc(
+        "-m", "loopmesh", "run", "--nats-url", url, "--timeout", str(timeout), *args, task,
+        env=env,
+    )  # fmt: skip
     await proc.start()
     code = await asyncio.wait_for(proc.proc.wait(), timeout + 30)
     await proc.close()

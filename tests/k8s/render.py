@@ -24,6 +24,7 @@ from loop_worker.config import LoopWorkerConfig
 from loopmesh.cli import COMMANDS
 from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import load
+from tests.certs import certificate_secret
 from tool_worker.config import ToolWorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +125,9 @@ def service_of(deployment: Doc) -> str:
 def container_config(docs: list[Doc], deployment: Doc, tmp_path: Path) -> Any:
     """The settings the Deployment's container reads, through loopmesh's own loader:
     the mounted ConfigMap's TOML file, then its env and envFrom variables (the values
-    of Secrets stay unset)."""
+    of Secrets stay unset). A Secret that a cert-manager Certificate of ``docs`` makes
+    is mounted from a local directory with the files cert-manager writes, and paths
+    under its mount point are read there: a TLS file that is not in it fails the load."""
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env: dict[str, str] = {}
@@ -133,6 +136,15 @@ def container_config(docs: list[Doc], deployment: Doc, tmp_path: Path) -> Any:
     env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
     config_path = Path(env["LOOPMESH_CONFIG"])
     volumes = {v["name"]: v for v in pod["volumes"]}
+    made = {c["spec"]["secretName"] for c in of_kind(docs, "Certificate")}
+    for mount in container["volumeMounts"]:
+        secret = volumes[mount["name"]].get("secret", {}).get("secretName")
+        if secret in made:
+            local = certificate_secret(tmp_path / "secrets" / secret)
+            prefix = mount["mountPath"].rstrip("/") + "/"
+            env.update(
+                {k: str(local / v[len(prefix) :]) for k, v in env.items() if v.startswith(prefix)}
+            )
     for mount in container["volumeMounts"]:
         if config_path.parent == Path(mount["mountPath"]):
             config_map = named(docs, "ConfigMap", volumes[mount["name"]]["configMap"]["name"])

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from loopmesh.aio import both, raise_if_cancelled
+from loopmesh.aio import both, raise_if_cancelled, unless
 
 
 async def test_a_cancel_that_a_library_swallowed_is_raised_again() -> None:
@@ -69,6 +69,19 @@ async def test_both_raises_what_the_second_raised() -> None:
 
     with pytest.raises(KeyError):
         await both(_later(0.01, "a"), second())
+
+
+async def test_unless_gives_up_work_once_the_event_is_set_and_otherwise_finishes_it() -> None:
+    event = asyncio.Event()
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await unless(event, asyncio.Event().wait()) is False  # cancelled and awaited
+    assert await unless(asyncio.Event(), _later(0, "done")) is True
+    with pytest.raises(KeyError):
+        await unless(asyncio.Event(), _raises(KeyError("work failed")))
+
+
+async def _raises(exc: Exception) -> None:
+    raise exc
 
 
 async def _later(delay: float, value: str) -> str:

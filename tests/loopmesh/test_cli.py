@@ -69,6 +69,14 @@ def test_a_bad_config_file_exits_with_the_field_and_expected_type(tmp_path):
     assert "Expected `int`, got `str` - at `$.nats.replicas`" in result.stderr
 
 
+def test_up_with_tls_files_but_no_nats_url_says_its_own_server_has_no_tls(tmp_path, certs):
+    config = tmp_path / "tls.toml"
+    config.write_text(f'[nats]\ntls_ca_file = "{certs.ca}"\n')
+    result = up_with(config)
+    assert result.returncode == 1
+    assert "[nats] tls_ca_file" in result.stderr and "--nats-url tls://" in result.stderr
+
+
 def test_the_runtime_table_is_read_before_the_command_starts(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text('[runtime]\nevent_loop = "trio"\n')

@@ -62,3 +62,13 @@ def test_http_clients_do_not_log_a_line_per_request_even_at_info(stream):
     logging.getLogger("httpx2").warning("a real problem")
     lines = stream.getvalue().strip().splitlines()
     assert len(lines) == 1 and "a real problem" in lines[0]
+
+
+def test_the_standard_loops_warning_at_each_tls_close_is_dropped(stream):
+    """asyncio logs it at every close of a TLS connection to NATS (nats-io/nats.py#727)."""
+    setup_logging("INFO", stream=stream)
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.warning("returning true from eof_received() has no effect when using ssl")
+    asyncio_log.warning("a real problem")
+    lines = stream.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "a real problem" in lines[0]

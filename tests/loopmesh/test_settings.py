@@ -135,3 +135,30 @@ def test_a_nats_prefix_that_is_not_a_subject_token_is_refused(tmp_path):
         load(Config, path, env={})
     with pytest.raises(ConfigError, match="LOOPMESH_NATS__PREFIX"):
         load(Config, env={"LOOPMESH_NATS__PREFIX": "*"})
+
+
+def test_tls_files_are_set_by_variables_like_the_other_fields(certs):
+    config = load(Config, env=certs.env())
+    assert config.nats.tls_ca_file == str(certs.ca)
+    assert config.nats.tls_cert_file == str(certs.client_cert)
+    assert config.nats.tls_key_file == str(certs.client_key)
+
+
+def test_a_tls_file_that_cannot_be_read_is_refused_at_load_naming_the_field(tmp_path, certs):
+    missing = tmp_path / "nope.crt"
+    with pytest.raises(ConfigError) as info:
+        load(Config, env={"LOOPMESH_NATS__TLS_CA_FILE": str(missing)})
+    assert info.value.source == "environment (LOOPMESH_NATS__TLS_CA_FILE)"
+    assert f"`tls_ca_file`: cannot read {missing}: No such file or directory" in str(info.value)
+    path = write(tmp_path, f'[nats]\ntls_key_file = "{tmp_path}"\ntls_cert_file = "{certs.ca}"\n')
+    with pytest.raises(ConfigError, match=r"`tls_key_file`: cannot read .*: Is a directory"):
+        load(Config, path, env={})
+
+
+@pytest.mark.parametrize("given", ["tls_cert_file", "tls_key_file"])
+def test_a_client_certificate_without_its_key_or_a_key_without_its_certificate_is_refused(
+    given, certs
+):
+    missing = {"tls_cert_file": "tls_key_file", "tls_key_file": "tls_cert_file"}[given]
+    with pytest.raises(ConfigError, match=f"`{given}` is set without `{missing}`"):
+        load(Config, env={env_var("nats", given): str(certs.client_cert)})
