@@ -1,4 +1,5 @@
-"""The README's configuration example is a file every service accepts."""
+"""The configuration examples (docs/CONFIGURATION.md's whole one, the README's
+essentials) are files every service accepts, with the values they show."""
 
 from __future__ import annotations
 
@@ -8,20 +9,34 @@ from pathlib import Path
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.settings import load
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "CONFIGURATION.md"
 
 
-def readme_config(tmp_path: Path) -> LoopWorkerConfig:
-    """The README's configuration example, loaded as a loop worker loads its file."""
-    section = README.read_text().split("## Configuration", 1)[1]
+def example(doc: Path, tmp_path: Path) -> Path:
+    """The first TOML block of ``doc``'s configuration section, as a file."""
+    section = doc.read_text().split("Configuration", 1)[1]
     block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
     assert block is not None
     path = tmp_path / "loopmesh.toml"
     path.write_text(block.group(1))
+    return path
+
+
+def readme_config(tmp_path: Path) -> LoopWorkerConfig:
+    """docs/CONFIGURATION.md's example, loaded as a loop worker loads its file."""
+    path = example(CONFIGURATION, tmp_path)
     return load(LoopWorkerConfig, path, env={})
 
 
-def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
+def test_the_readme_essentials_load(tmp_path: Path) -> None:
+    config = load(LoopWorkerConfig, example(README, tmp_path), env={})
+    assert config.llm.model == "gpt-4o-mini" and config.loop.budget.turn_tokens == 200_000
+    assert config.loop.approval_tools == ("local.fs_write",)
+
+
+def test_the_configuration_example_loads(tmp_path: Path) -> None:
     config = readme_config(tmp_path)
     assert config.loop.reply_reserve_tokens == 1000
     assert config.loop.prefilter.enabled and config.loop.prefilter.top_k == 8

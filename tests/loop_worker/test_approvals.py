@@ -13,6 +13,7 @@ import pytest
 
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.approvals import Approvals
+from loop_worker.engine.settings import BudgetSettings
 from loopmesh.nats import connect
 from loopmesh.settings import load
 from loopmesh.testing.durable import SUBJECTS
@@ -25,7 +26,7 @@ from tests.loop_worker.durable import Mesh, Running, Watch, mesh_on, send_turn
 from tests.loop_worker.scripted import Rig
 from tool_worker.config import ToolWorkerConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "CONFIGURATION.md"
 
 FS = [ToolSpec(server="local", name=n) for n in ("fs_list", "fs_read", "fs_write")]
 
@@ -80,13 +81,13 @@ async def test_with_a_misspelt_name_the_engine_makes_every_tool_call_wait(
     assert [r.tool for r in rig.tools.runs] == ["echo"]
 
 
-# -- the README's configuration, run as it is -----------------------------------------------
+# -- the documented configuration, run as it is -----------------------------------------------
 
 
 def readme_config(tmp_path: Path) -> Path:
-    """The TOML block of the README's Configuration section, as a file."""
-    text = README.read_text()
-    section = text[text.index("## Configuration") :]
+    """The TOML block of docs/CONFIGURATION.md, as a file."""
+    text = CONFIGURATION.read_text()
+    section = text[text.index("# Configuration") :]
     block = re.search(r"```toml\n(.*?)```", section, re.DOTALL)
     assert block is not None
     path = tmp_path / "loopmesh.toml"
@@ -133,7 +134,8 @@ async def test_the_readme_example_makes_fs_write_wait_for_a_persons_approval(mes
         tool_config, tool_worker=msgspec.structs.replace(tool_config.tool_worker, fs_root=str(root))
     )
     await start_tool_worker(mesh, tool_config)
-    loop = msgspec.structs.replace(loop_config.loop, max_iterations=4)
+    # the documented cost ceiling would refuse the fake model, which has no price
+    loop = msgspec.structs.replace(loop_config.loop, max_iterations=4, budget=BudgetSettings())
     worker = await mesh.loop_worker(loop=loop)
     catalog = worker.service.tools.catalog
     await catalog.loaded()
@@ -168,7 +170,9 @@ async def test_a_loop_worker_reports_a_misspelt_approval_name_when_the_catalog_l
     )
     await start_tool_worker(mesh, tool_config)
     loop = msgspec.structs.replace(
-        load(LoopWorkerConfig, path, env={}).loop, approval_tools=("local.fs_wirte",)
+        load(LoopWorkerConfig, path, env={}).loop,
+        approval_tools=("local.fs_wirte",),
+        budget=BudgetSettings(),  # the documented cost ceiling would refuse the fake model
     )
     worker = await mesh.loop_worker(loop=loop)
     await worker.service.tools.catalog.loaded()
