@@ -64,6 +64,7 @@ from schemas.streams import (
 )
 
 from . import refusals
+from .agent_calls import NatsAgentCalls
 from .agents import AgentBook
 from .agents import Report as AgentReport
 from .config import LoopWorkerConfig, ServiceSettings
@@ -122,6 +123,7 @@ class LoopWorker:
         )  # fmt: skip
         self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
+        self.agent_calls = NatsAgentCalls(nc, self.subjects, publisher, self.controls)
         self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
         self._approvals, self._report = Approvals(config.loop.approval_tools), AgentReport()
         self.agents = AgentBook(
@@ -168,6 +170,7 @@ class LoopWorker:
             prefilter=self.prefilter,
             prices=config.prices,
             usage=self._usage,
+            agent_calls=self.agent_calls,
             agents=self.agents,
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject

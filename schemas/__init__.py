@@ -19,7 +19,7 @@ from .ids import (
 from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
-from .types import SCHEMA_VERSION, Token
+from .types import AGENTS_SERVER, SCHEMA_VERSION, Parent, Token
 from .wire import (
     ApprovalDecision,
     Cancel,
@@ -38,6 +38,7 @@ from .wire import (
 )
 
 __all__ = [
+    "AGENTS_SERVER",
     "DEFAULT_AGENT",
     "EVENT_NAMES",
     "EVENT_TYPES",
@@ -57,6 +58,7 @@ __all__ = [
     "ImagePart",
     "InvalidIdError",
     "KVDef",
+    "Parent",
     "Passage",
     "Pause",
     "PlanStep",

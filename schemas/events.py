@@ -20,16 +20,20 @@ import msgspec
 
 from .codec import DecodeError, decode
 from .messages import PlanStep
-from .types import SCHEMA_VERSION, Timestamp, Token
+from .types import SCHEMA_VERSION, Parent, Timestamp, Token
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """``parent``: set on the events of a child turn (an agent called by another's turn as
+    a tool), naming the calling turn and call."""
+
     v: int = SCHEMA_VERSION
     tenant: Token
     session: Token
     turn_id: Token
     iteration: int = 0
     ts: Timestamp = 0.0
+    parent: Parent | None = None
 
     @property
     def type(self) -> str:
@@ -182,11 +186,16 @@ class MemoryPruned(Event, tag="memory_pruned", frozen=True, kw_only=True):
 
 
 class ApprovalRequired(Event, tag="approval_required", frozen=True, kw_only=True):
+    """A call waits for a person. ``call_session``: set when the call is a called
+    agent's (a child turn's), announced here in the calling turn's session too; the
+    decision goes to that session (``POST /v1/sessions/<call_session>/approvals/...``)."""
+
     call_id: str
     server: str = ""
     tool: str = ""
     arguments: dict[str, Any] = {}
     timeout_s: float = 0.0
+    call_session: str | None = None
 
 
 class ApprovalDecided(Event, tag="approval_decision", frozen=True, kw_only=True):

@@ -21,3 +21,16 @@ Token = Annotated[
 Timestamp = Annotated[float, msgspec.Meta(ge=0, description="seconds since the Unix epoch")]
 
 SCHEMA_VERSION = 1
+
+
+class Parent(msgspec.Struct, frozen=True, kw_only=True):
+    """The turn that called an agent, on a child turn and its events: the calling turn's
+    ``session`` and ``turn``, and the ``call`` (its tool call id) the child answers."""
+
+    session: Token
+    turn: Token
+    call: Token
+
+
+#: The server name of the tools that call agents (``agents.<name>``).
+AGENTS_SERVER = "agents"

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .ids import turn_msg_id
-from .types import SCHEMA_VERSION, Timestamp, Token
+from .types import SCHEMA_VERSION, Parent, Timestamp, Token
 
 
 class WireError(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +152,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: for a new session). A session belongs to one agent: a turn naming another is
     #: refused with an ``error`` event and its ``loop_end``, and so is an unknown name.
     agent: Token | None = None
+    #: On a child turn (an agent that another agent's turn called as a tool): the calling
+    #: turn and call; ``chain``: the agents above it, the first caller first (a callee
+    #: already in it is refused: a cycle).
+    parent: Parent | None = None
+    chain: Annotated[tuple[Token, ...], msgspec.Meta(max_length=16)] = ()
 
     @property
     def msg_id(self) -> str:

@@ -193,9 +193,14 @@ const END_TITLES = {
   error: "Stopped by an error",
 };
 
+// A session's events on the page. A nested view (``root`` given) shows a called agent's
+// turn inside its caller's call card: it touches nothing of the page around it.
 class View {
-  constructor(session) {
+  constructor(session, root = null) {
     this.session = session;
+    this.nested = root !== null;
+    this.root = root || $("timeline");
+    this.children = new Map(); // session -> the nested view of a called agent's turn
     this.lastId = null; // the last event id applied (ids are stream sequences: they only grow)
     this.turns = new Map(); // turn_id -> {node, body, head, parts: Map}
     this.calls = new Map(); // call_id -> card parts
@@ -208,6 +213,16 @@ class View {
 
   close() {
     this.abort.abort();
+    for (const child of this.children.values()) child.close();
+  }
+
+  // Page-wide facts (the sidebar, the link state) belong to the top view only.
+  fact(id, text) {
+    if (!this.nested) $(id).textContent = text;
+  }
+
+  link(state, text) {
+    if (!this.nested) setLink(state, text);
   }
 
   // Reads the stream until the view closes; reconnects with Last-Event-ID.
@@ -222,7 +237,7 @@ class View {
       try {
         const response = await fetch(url, { headers: h, signal, cache: "no-store" });
         if (!response.ok) throw await failure(response);
-        setLink("live", "live");
+        this.link("live", "live");
         delay = 250;
         for await (const message of sse(response.body)) {
           this.receive(message);
@@ -230,8 +245,9 @@ class View {
       } catch (error) {
         if (signal.aborted) return;
         if (error instanceof ApiError) {
-          if (error.status === 401 || error.status === 404) {
-            setLink("down", error.status === 404 ? "no such session" : "needs a key");
+          // a called agent's session appears once its turn starts: a nested view waits
+          if (error.status === 401 || (error.status === 404 && !this.nested)) {
+            this.link("down", error.status === 404 ? "no such session" : "needs a key");
             if (error.status === 404) notice(error.message);
             return;
           }
@@ -239,7 +255,7 @@ class View {
         }
       }
       if (signal.aborted) return;
-      setLink("retry", "reconnecting…");
+      this.link("retry", "reconnecting…");
       await sleep(delay, signal);
       delay = Math.min(delay * 2, 5000);
     }
@@ -263,8 +279,8 @@ class View {
       return; // already on screen
     }
     this.lastId = seq;
-    $("timeline").dataset.lastId = String(seq);
-    this.followSoon();
+    this.root.dataset.lastId = String(seq);
+    if (!this.nested) this.followSoon();
     this.apply(data, seq);
   }
 
@@ -296,7 +312,7 @@ class View {
     input.hidden = true;
     const body = el("div", "turn-body");
     node.append(head, input, body);
-    $("timeline").append(node);
+    this.root.append(node);
     turn = { id: turnId, node, meta, iter, input, body, parts: new Map(), max: 0, iteration: 0 };
     this.turns.set(turnId, turn);
     if (this.inputs[turnId]) this.showInput(turn, this.inputs[turnId]);
@@ -334,7 +350,7 @@ class View {
   }
 
   timelineNote(className, text) {
-    $("timeline").append(el("div", `line ${className}`, text));
+    this.root.append(el("div", `line ${className}`, text));
   }
 
   card(event) {
@@ -360,6 +376,17 @@ class View {
     return card;
   }
 
+  // A called agent's turn (its session is the call's id), shown inside the call's card.
+  nest(card, session) {
+    if (this.children.has(session)) return;
+    const box = el("div", "child");
+    box.dataset.session = session;
+    card.node.insertBefore(box, card.result);
+    const child = new View(session, box);
+    this.children.set(session, child);
+    child.follow();
+  }
+
   setStatus(card, status, label) {
     card.status.textContent = label || status;
     card.status.dataset.status = status;
@@ -378,7 +405,9 @@ class View {
     const decide = async (approved) => {
       approve.disabled = deny.disabled = true;
       try {
-        await api("POST", `${sessionPath(this.session)}/approvals/${encodeURIComponent(event.call_id)}`,
+        // a called agent's call is decided in its own session (``call_session``)
+        const where = sessionPath(event.call_session || this.session);
+        await api("POST", `${where}/approvals/${encodeURIComponent(event.call_id)}`,
           { approve: approved });
       } catch (error) {
         notice(`Could not send the decision: ${error.message}`);
@@ -406,10 +435,10 @@ class View {
         turn.node.dataset.agent = e.agent || "default";
         turn.meta.textContent = [e.model, e.worker && `on ${e.worker}`, e.resumed && "resumed"]
           .filter(Boolean).join(" · ");
-        $("agent-fact").textContent = agentLabel(e.agent, e.agent_revision);
-        this.showAgent(e.agent || "default");
-        $("model").textContent = e.model || "–";
-        $("worker").textContent = e.worker || "–";
+        this.fact("agent-fact", agentLabel(e.agent, e.agent_revision));
+        if (!this.nested) this.showAgent(e.agent || "default");
+        this.fact("model", e.model || "–");
+        this.fact("worker", e.worker || "–");
         this.pendingQuestion = null;
         this.showIteration(turn, 0);
         break;
@@ -422,8 +451,8 @@ class View {
         break;
       case "llm_response":
         if (e.usage) {
-          $("tokens").textContent =
-            `${e.usage.prompt_tokens} in · ${e.usage.completion_tokens} out · ${ms(e.latency_ms)}`;
+          this.fact("tokens",
+            `${e.usage.prompt_tokens} in · ${e.usage.completion_tokens} out · ${ms(e.latency_ms)}`);
         }
         break;
       case "thinking_start":
@@ -463,9 +492,11 @@ class View {
         const card = this.card(e);
         card.args.textContent = pretty(e.arguments);
         if (!card.status.dataset.status) this.setStatus(card, "running");
+        if (e.server === "agents") this.nest(card, e.call_id); // its turn, inside the card
         break;
       }
       case "approval_required": {
+        if (e.call_session && this.children.has(e.call_session)) break; // shown nested
         const card = this.card(e);
         if (!card.args.textContent) card.args.textContent = pretty(e.arguments);
         this.askApproval(card, e);
@@ -506,13 +537,13 @@ class View {
         break;
       }
       case "plan_update":
-        this.showPlan(e.plan);
+        if (!this.nested) this.showPlan(e.plan);
         break;
       case "orchestrator_fallback":
         this.line(turn, "note", `The plan was given up (${e.reason}): ${e.message}. The single-model loop goes on.`);
         break;
       case "context_budget":
-        $("context").textContent = `${e.tokens} of ${e.budget} tokens`;
+        this.fact("context", `${e.tokens} of ${e.budget} tokens`);
         break;
       case "memory_pruned":
         this.line(turn, "note", `Memory pruned: ${e.removed} messages (${e.tokens_before} → ${e.tokens_after} tokens)`);
@@ -547,7 +578,7 @@ class View {
       default:
         break; // message, question: shown by loop_end; unknown types: ignored
     }
-    if (e.type === "loop_start" || e.type === "loop_end") {
+    if (!this.nested && (e.type === "loop_start" || e.type === "loop_end")) {
       this.showRunning();
       refreshSessions(); // the list shows each session's status
     }
@@ -557,7 +588,7 @@ class View {
     turn.iteration = k;
     const text = k ? `iteration ${k} of ${turn.max}` : "starting";
     turn.node.dataset.iteration = String(k);
-    $("iteration").textContent = k ? `${k} of ${turn.max}` : "–";
+    this.fact("iteration", k ? `${k} of ${turn.max}` : "–");
     turn.iter.textContent = text;
   }
 
@@ -588,7 +619,7 @@ class View {
     box.append(el("div", "final-meta", `${e.iterations} iteration${e.iterations === 1 ? "" : "s"}`));
     turn.body.append(box);
     this.pendingQuestion = e.reason === "ask_question" ? e.content : null;
-    $("iteration").textContent = `${e.iterations} of ${turn.max || e.iterations} (finished)`;
+    this.fact("iteration", `${e.iterations} of ${turn.max || e.iterations} (finished)`);
     turn.iter.textContent = `${e.iterations} of ${turn.max || e.iterations} iterations`;
   }
 

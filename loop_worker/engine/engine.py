@@ -40,6 +40,7 @@ from .prefilter import Prefilter
 from .prompt import load_prompts
 from .protocols import (
     LLM,
+    AgentCalls,
     Agents,
     EventSink,
     SessionStore,
@@ -73,6 +74,7 @@ class Engine:
         prices: Mapping[str, Price] | None = None,
         usage: UsageToday | None = None,
         agents: Agents | None = None,
+        agent_calls: AgentCalls | None = None,
     ) -> None:
         self.settings = settings
         #: What models' tokens cost ([prices]) and the tenants' spend today, for the
@@ -81,6 +83,8 @@ class Engine:
         self.usage = usage
         #: The named agents' definitions (``None``: only ``default``, the settings above).
         self.agents: Agents = agents if agents is not None else StaticAgents()
+        #: How a turn runs the agents its agent calls (``None``: it cannot call any).
+        self.agent_calls = agent_calls
         self._agents: dict[AgentSpec, Agent] = {}
         self.llm = llm
         self.tools = tools

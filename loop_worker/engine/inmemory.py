@@ -22,10 +22,12 @@ from typing import Any, TypeVar, get_type_hints
 
 import msgspec
 
-from schemas import SessionSnapshot, ToolCallRequest, ToolResult, ToolSpec, WireError
-from schemas.events import Event
+from schemas import SessionSnapshot, ToolCallRequest, ToolResult, ToolSpec, Turn, WireError
+from schemas.events import Event, LoopEnd
 
+from .control import TurnControl
 from .errors import StaleSessionError
+from .protocols import Relay
 
 E = TypeVar("E", bound=Event)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -243,3 +245,34 @@ class LocalTools:
             return done(content=msgspec.json.encode(value).decode())
         except (TypeError, msgspec.EncodeError):
             return done(content=str(value))
+
+
+class LocalAgentCalls:
+    """:class:`~.protocols.AgentCalls` in one process: a called agent's turn runs on
+    ``engine`` (set after the engine is made: ``calls.engine = engine``), in the calling
+    task. A child asked for again after it ended answers with its stored end, as the
+    durable service does; approval requests are not relayed (the caller's person sees
+    them in the child's session)."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.children: list[Turn] = []
+
+    async def call(self, child: Turn, *, timeout_s: float, relay: Relay) -> LoopEnd:
+        from .run import ended_again
+        from .scope import TurnScope
+
+        stored = await self.engine.store.load(child.tenant, child.session)
+        if stored is not None and stored.turn_id == child.id and stored.status == "idle":
+            scope = TurnScope(child, TurnControl(), self.engine.events, time.time)
+            end = await ended_again(scope, stored.last_end)
+            if end is not None:
+                return end
+        self.children.append(child)
+        async with asyncio.timeout(timeout_s):
+            end = await self.engine.run(child)
+        assert end is not None
+        return end
+
+    async def cancel(self, child: Turn, reason: str) -> None:
+        return None  # the child ran in the caller's task, and was cancelled with it

@@ -2,10 +2,10 @@
 
 The agent loop engine (``engine.py``) is pure: it reaches the LLM, the tools, the event
 stream and the session store only through these (and the named agents' definitions
-through :class:`Agents`). ``inmemory.py`` implements the last
-three for one process (tests, benchmarks, embedding as a library); ``nats.py`` (the
-durable service) implements them over NATS; ``llm.py`` implements :class:`LLM` with the
-``openai`` client.
+through :class:`Agents`, the agents a turn calls through :class:`AgentCalls`).
+``inmemory.py`` implements the last three for one process (tests, benchmarks, embedding
+as a library); the durable service implements them over NATS; ``llm.py`` implements
+:class:`LLM` with the ``openai`` client.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from schemas import (
     ToolCallRequest,
     ToolResult,
     ToolSpec,
+    Turn,
 )
-from schemas.events import Event, Usage
+from schemas.events import Event, LoopEnd, Usage
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +88,24 @@ class ToolDispatcher(Protocol):
 
 class EventSink(Protocol):
     async def emit(self, event: Event) -> None: ...
+
+
+#: Called with each event a called agent's turn announces to its caller (its approval
+#: requests), to emit in the calling turn's session.
+Relay = Callable[[Event], Awaitable[None]]
+
+
+class AgentCalls(Protocol):
+    async def call(self, child: Turn, *, timeout_s: float, relay: Relay) -> LoopEnd:
+        """Run ``child`` (an agent called as a tool: its id and session come from the
+        call's id) and return its ``loop_end``. Asked again with the same child (the
+        caller resumed after a crash), it never starts a second: it waits for the first,
+        or returns its stored end. Raises ``TimeoutError`` after ``timeout_s``."""
+        ...
+
+    async def cancel(self, child: Turn, reason: str) -> None:
+        """Cancel ``child`` (its caller was cancelled), whether it runs or waits."""
+        ...
 
 
 class Agents(Protocol):

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 
 from schemas import (
+    AGENTS_SERVER,
     ChatMessage,
     Passage,
     PlanStep,
     SessionSnapshot,
     ToolResult,
+    ToolSpec,
     TurnEnd,
     WireError,
 )
@@ -56,6 +58,19 @@ LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
     "converse": ("converse", "message"),
 }
 
+
+#: What an agent called as a tool takes.
+CALLEE_INPUT: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "input": {
+            "type": "string",
+            "description": "What to ask the agent: the whole request, in words.",
+        }
+    },
+    "required": ["input"],
+    "additionalProperties": False,
+}
 
 #: The error a loop-breaking call gets when its text only repeats the loop's reminders.
 NOT_AN_ANSWER = "this only repeats the loop's reminder; give your own answer for the user"
@@ -195,7 +210,8 @@ class TurnRun:
                 hook, message = failed
                 await scope.emit(HookErrorEvent, hook=hook, message=message, fatal=True)
                 return End("error", error=f"the before_turn hook {hook} failed: {message}")
-        specs = [*builtin_specs(e.prompts), *(await scope.race(e.tools.tools()))]
+        callees = await self._callees()
+        specs = [*builtin_specs(e.prompts), *callees, *(await scope.race(e.tools.tools()))]
         names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
         context = await self._context()
         inference = Inference(
@@ -219,6 +235,8 @@ class TurnRun:
             hooks=e.hooks,
             builtin=self._builtin,
             parallel=self.limits.max_parallel_tools,
+            agent=self.agent.name,
+            agent_calls=e.agent_calls,
         )
         if self._orchestrated():
             end = await self._orchestrate(inference, runner, names)
@@ -332,6 +350,25 @@ class TurnRun:
             if self.breaker.tripped(count):
                 return await self._circuit_open(outcome, count)
         return self.end
+
+    async def _callees(self) -> list[ToolSpec]:
+        """The agents this turn's agent may call, as tools (``agents.<name>``, taking
+        ``input``); a callee undefined since (the definitions changed) is left out."""
+        out = []
+        for name in self.agent.spec.agents:
+            spec = await self.e.agents.agent(name)
+            if spec is None:
+                continue
+            out.append(
+                ToolSpec(
+                    server=AGENTS_SERVER,
+                    name=name,
+                    description=spec.description or f"Ask the agent {name}.",
+                    input_schema=CALLEE_INPUT,
+                    timeout_s=self.settings.agent_timeout_s,
+                )
+            )
+        return out
 
     def _note_ran(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:

@@ -70,6 +70,7 @@ class TurnScope:
             turn_id=self.turn.id,
             iteration=self.iteration,
             ts=self.clock(),
+            parent=self.turn.parent,
             **fields,
         )
 

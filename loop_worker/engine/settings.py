@@ -115,6 +115,10 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # "constrained", for small models that pick tools badly: every reply is exactly one
     # tool call, chosen then filled in by two grammar-constrained calls (constrained.py)
     tool_choice_strategy: Literal["auto", "constrained"] = "auto"
+    # Agents calling agents (an agent's `agents`): a call waits this long for the
+    # called agent's turn, and a chain of calls is at most this deep
+    agent_timeout_s: Positive = 600.0
+    agent_max_depth: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
     # A turn that arrives while an earlier turn of its session has not ended (the
     # default of Turn.on_busy): "enqueue" (waits), "reject" (refused), "interrupt" (the
     # earlier turn stops at a safe point) or "rollback" (and its changes are undone)

@@ -17,10 +17,22 @@ from typing import Any
 
 import msgspec
 
-from schemas import ToolCall, ToolCallRequest, ToolResult, ToolSpec, Turn, WireError, call_id
+from schemas import (
+    AGENTS_SERVER,
+    DEFAULT_AGENT,
+    Parent,
+    ToolCall,
+    ToolCallRequest,
+    ToolResult,
+    ToolSpec,
+    Turn,
+    WireError,
+    call_id,
+)
 from schemas.events import (
     ApprovalDecided,
     ApprovalRequired,
+    Event,
     ToolCallEvent,
     ToolErrorEvent,
     ToolResultEvent,
@@ -34,7 +46,7 @@ from .hooks import SKIP, Hooks
 from .memory import truncate
 from .parser import ToolNames, parse_arguments, parse_text_calls, safe_function_name
 from .prompt import BUILTIN_SERVER, Prompts
-from .protocols import ToolDispatcher
+from .protocols import AgentCalls, ToolDispatcher
 from .scope import TurnScope
 from .settings import LoopSettings
 
@@ -154,6 +166,10 @@ def text_calls(
     return calls
 
 
+#: How a called agent's turn ends when it answered: its ``loop_end`` content is the result.
+ANSWERED = frozenset({"task_completion", "converse", "ask_question"})
+
+
 class ToolRunner:
     """Runs one iteration's calls. Built-in calls go to ``builtin`` (in order, after
     the others); refused calls become error results; the rest run concurrently."""
@@ -167,7 +183,11 @@ class ToolRunner:
         hooks: Hooks,
         builtin: Callable[[Call], Awaitable[ToolResult]],
         parallel: int | None = None,
+        agent: str = DEFAULT_AGENT,
+        agent_calls: AgentCalls | None = None,
     ) -> None:
+        self.agent = agent  # the turn's: who calls, when a call is an agent's
+        self.agent_calls = agent_calls
         self.scope = scope
         self.settings = settings
         self.tools = tools
@@ -221,7 +241,11 @@ class ToolRunner:
             server=call.server,
             tool=call.tool,
             arguments=call.arguments or {},
-            timeout_s=min(call.spec.timeout_s, self.settings.tool_timeout_s),
+            timeout_s=(
+                self.settings.agent_timeout_s
+                if call.server == AGENTS_SERVER
+                else min(call.spec.timeout_s, self.settings.tool_timeout_s)
+            ),
             created_at=self.scope.clock(),
         )
         try:
@@ -248,8 +272,75 @@ class ToolRunner:
             refusal = await self._ask_person(call, request)
             if refusal is not None:
                 return await self.hooks.after_tool(request, refusal)
-        result = await self.tools.call(request)
+        if request.server == AGENTS_SERVER:
+            result = await self._call_agent(call, request)
+        else:
+            result = await self.tools.call(request)
         return await self.hooks.after_tool(request, result)
+
+    async def _call_agent(self, call: Call, request: ToolCallRequest) -> ToolResult:
+        """Run the called agent's turn (a child turn, its id and session the call's id)
+        and answer with how it ended; refuse a cycle, a chain past ``agent_max_depth``
+        and arguments without an ``input``."""
+        turn, callee = self.scope.turn, call.tool
+        chain = (*turn.chain, self.agent)
+        if self.agent_calls is None:
+            return self._refused(call, "unavailable", "agents cannot be called here")
+        if callee in chain:
+            path = " → ".join((*chain, callee))
+            return self._refused(call, "cycle", f"calling agent {callee} would be a cycle: {path}")
+        if len(chain) > self.settings.agent_max_depth:
+            return self._refused(
+                call, "too_deep",
+                f"calling agent {callee} would make a chain of {len(chain) + 1} agents "
+                f"({' → '.join(chain)} → {callee}); at most {self.settings.agent_max_depth} "
+                "calls deep ([loop] agent_max_depth)",
+            )  # fmt: skip
+        text = request.arguments.get("input")
+        if not isinstance(text, str) or not text.strip():
+            return self._refused(
+                call, "invalid_arguments", "`input` must be a non-empty string: what to ask"
+            )
+        child = Turn(
+            id=call.call_id, tenant=turn.tenant, session=call.call_id, input=text,
+            created_at=self.scope.clock(), agent=callee,
+            parent=Parent(session=turn.session, turn=turn.id, call=call.call_id), chain=chain,
+        )  # fmt: skip
+        started = time.monotonic()
+        try:
+            end = await self.agent_calls.call(
+                child, timeout_s=request.timeout_s or self.settings.agent_timeout_s,
+                relay=self._relay,
+            )  # fmt: skip
+        except TimeoutError:
+            return self._result(call, "timeout")
+        except asyncio.CancelledError:
+            control = self.scope.control
+            if control.cancelled.is_set():  # this turn was cancelled: so is its child
+                reason = f"the calling turn {turn.id} was cancelled: {control.cancel_reason}"
+                await self.agent_calls.cancel(child, reason)
+            raise  # else a worker stopping: the turn resumes elsewhere and waits on
+        ok = end.reason in ANSWERED
+        error = None if ok else WireError(code=end.reason, message=end.error or end.content)
+        return ToolResult(
+            call_id=call.call_id, status="ok" if ok else "error", content=end.content,
+            error=error, server=AGENTS_SERVER, tool=callee,
+            duration_ms=(time.monotonic() - started) * 1000, worker=f"agent {callee}",
+            finished_at=time.time(),
+        )  # fmt: skip
+
+    async def _relay(self, event: Event) -> None:
+        """A called agent's approval request, announced in this turn's session too (the
+        decision goes to the session of the turn that asked: ``call_session``)."""
+        if isinstance(event, ApprovalRequired):
+            await self.scope.emit(
+                ApprovalRequired, call_id=event.call_id, server=event.server, tool=event.tool,
+                arguments=event.arguments, timeout_s=event.timeout_s,
+                call_session=event.call_session or event.session,
+            )  # fmt: skip
+
+    def _refused(self, call: Call, code: str, message: str) -> ToolResult:
+        return self._result(call, "error", error=WireError(code=code, message=message))
 
     async def _needs_approval(self, call: Call) -> bool:
         """See :mod:`loop_worker.engine.approvals` (a name that matches no tool fails closed)."""

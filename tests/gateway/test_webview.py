@@ -392,3 +392,53 @@ async def _selected_session(page: Any) -> str:
     name = await selected.get_attribute("data-session")
     assert name
     return name
+
+
+async def test_a_called_agents_turn_shows_in_its_call_and_is_approved_from_there(
+    mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any, tmp_path: Path
+):
+    """A parent agent calls a child agent whose tool needs a person's approval: the page
+    of the parent's session shows the child's turn inside the call, with its approval,
+    and the decision made there reaches the child."""
+    greeting = tmp_path / "greeting.txt"
+    boss = AgentSpec(name="boss", description="Delegates writing.", model="boss-model",
+                     agents=("writer",))  # fmt: skip
+    writer = AgentSpec(name="writer", description="Writes files.", model="writer-model",
+                       tools=("local.guarded",))  # fmt: skip
+    await apply_agents(mesh.nc.jetstream(), SUBJECTS, [boss, writer])
+    book = mesh.running[-1].service.agents
+    assert await book.wait_for(lambda b: b.get("writer") is not None, 10)
+    llm.script_for("boss-model",
+        tool_calls(("agents__writer", {"input": "write hello to the greeting file"})),
+        tool_calls(("task_completion", {"result": "the writer wrote it"})),
+    )  # fmt: skip
+    llm.script_for("writer-model",
+        tool_calls(("local__guarded", {"path": str(greeting), "label": "hello"})),
+        tool_calls(("task_completion", {"result": "written"})),
+    )  # fmt: skip
+    async with gateway_at(no_auth=True) as gw:
+        await page.goto(gw.url)
+        await page.locator("#agent option[value=boss]").wait_for(state="attached")
+        await page.locator("#agent").select_option("boss")
+        await page.locator("#new-session").click()
+        await _selected_session(page)
+        await page.locator("#input").fill("Have the writer greet.")
+        await page.locator("#send").click()
+
+        call = page.locator("#timeline > .turn .call", has_text="agents.writer").first
+        nested = call.locator(".child .call", has_text="local.guarded")
+        await nested.locator("button.approve").click()  # in the parent's page
+        final = page.locator("#timeline > .turn > .turn-body > .final")
+        await final.wait_for()
+        assert await final.locator(".final-text").text_content() == "the writer wrote it"
+        child_final = call.locator(".child .final .final-text")
+        assert await child_final.text_content() == "written"
+        assert await nested.locator(".badge").text_content() == "done"
+        assert await call.locator(".call-result").last.text_content() == "written"
+        session = await _selected_session(page)
+    assert greeting.read_text() == "hello\n"
+    # the child's approval request was announced in the parent's session too
+    stored = [e for e, _ in await stream_events(mesh.nc, "local", session)]
+    [relayed] = [e for e in stored if e.type == "approval_required"]
+    [agent_call] = [e for e in stored if e.type == "tool_call" and e.server == "agents"]
+    assert relayed.call_session == agent_call.call_id and relayed.tool == "guarded"
