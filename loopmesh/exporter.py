@@ -53,6 +53,7 @@ from schemas.events import (
 )
 from schemas.subjects import Subjects
 
+from .aio import quietly
 from .kv import open_kv
 from .metrics import MetricsServer
 from .publisher import Publisher
@@ -258,24 +259,28 @@ class Exporter:
                 description="loopmesh exporter: events into metrics",
             ),
         )
-        while not stop.is_set():
-            try:
-                msgs = await sub.fetch(self.settings.batch, timeout=1.0)
-            except (NatsTimeoutError, TimeoutError):  # nats-py raises either when idle
-                continue
-            for msg in msgs:
+        try:
+            while not stop.is_set():
                 try:
-                    event = _DECODER.decode(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    self.undecodable += 1
-                    log.warning("undecodable event subject=%s", msg.subject)
+                    msgs = await sub.fetch(self.settings.batch, timeout=1.0)
+                except (NatsTimeoutError, TimeoutError):  # nats-py raises either when idle
                     continue
-                self.metrics.observe(event)
-                self._count(msg.metadata.sequence.stream, event, ledger)
-            self.consumed += len(msgs)
-            if msgs:
-                await ledger.flush()  # then the ack: a usage counted is never lost
-                await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
+                for msg in msgs:
+                    try:
+                        event = _DECODER.decode(msg.data)
+                    except (msgspec.ValidationError, msgspec.DecodeError):
+                        self.undecodable += 1
+                        log.warning("undecodable event subject=%s", msg.subject)
+                        continue
+                    self.metrics.observe(event)
+                    self._count(msg.metadata.sequence.stream, event, ledger)
+                self.consumed += len(msgs)
+                if msgs:
+                    await ledger.flush()  # then the ack: a usage counted is never lost
+                    await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
+        finally:  # both subscriptions end here: a drain would wait for them
+            await quietly(sub.unsubscribe())
+            await publisher.close()
 
     def _count(self, seq: int, event: AnyEvent, ledger: Ledger) -> None:
         """Feed the usage ledger: an LLM call's usage, under its turn's agent."""
