@@ -345,15 +345,18 @@ async def serve(config: ExporterConfig, stop: asyncio.Event) -> None:
 
 
 def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
-    """The exporter as a service of ``loopmesh up``: its metrics, and the usage ledger
-    that ``GET /v1/usage`` and the daily budgets read."""
+    """The exporter as a service of ``loopmesh up``: its metrics (on a free port, which
+    it prints: a machine may run a separate exporter on the usual one), and the usage
+    ledger that ``GET /v1/usage`` and the daily budgets read."""
 
     async def service(stop: asyncio.Event, nats_url: str) -> None:
         from .cli import config_from_args
 
         config = config_from_args(ExporterConfig, args)
         config = msgspec.structs.replace(
-            config, nats=msgspec.structs.replace(config.nats, url=nats_url)
+            config,
+            nats=msgspec.structs.replace(config.nats, url=nats_url),
+            exporter=msgspec.structs.replace(config.exporter, metrics_port=0),
         )
         await serve(config, stop)
 
