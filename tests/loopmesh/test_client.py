@@ -285,3 +285,13 @@ async def test_through_the_gateway_a_dropped_stream_resumes_with_nothing_missed_
     stored = [e for e, _ in await stream_events(mesh.nc, "acme", "s1")]
     assert events == stored  # the one turn's events, each once, in order
     assert isinstance(events[-1], LoopEnd) and events[-1].reason == "task_completion"
+
+
+def test_a_turns_options_are_what_the_gateways_turn_body_takes():
+    from gateway.api import PostTurn
+    from loopmesh.client import TurnOptions
+    from loopmesh.client.gateway import TURN_FIELDS
+
+    assert set(TURN_FIELDS) == set(PostTurn.__struct_fields__)
+    ids = {"session", "turn_id"}  # the path and the Idempotency-Key
+    assert set(TurnOptions.__annotations__) - ids == set(TURN_FIELDS) - {"input"}
