@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-from schemas import ApprovalDecision
-
-from .remote import add_remote_options, client_config, open_remote, token
+from .remote import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only its own line, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -27,11 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     approved = args.command == "approve"
-    decision = ApprovalDecision(
-        tenant=client_config(args).client.tenant, session=args.session, call_id=args.call_id,
-        approved=approved, reason=args.reason, at=time.time(),
-    )  # fmt: skip
-    async with open_remote(args) as remote:
-        await remote.send(decision)
+    async with open_client(args) as client:
+        decide = client.approve if approved else client.deny
+        await decide(args.session, args.call_id, reason=args.reason)
     print(f"{'approved' if approved else 'denied'} call {args.call_id} in session {args.session}")
     return 0

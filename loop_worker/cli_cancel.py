@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-from schemas import Cancel
-
-from .remote import add_remote_options, client_config, open_remote, token
+from .remote import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only its own line, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -27,11 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def main(args: argparse.Namespace) -> int:
-    cancel = Cancel(
-        tenant=client_config(args).client.tenant, session=args.session, turn_id=args.turn,
-        reason=args.reason, at=time.time(),
-    )  # fmt: skip
-    async with open_remote(args) as remote:
-        await remote.send(cancel)
+    async with open_client(args) as client:
+        await client.cancel(args.session, turn_id=args.turn, reason=args.reason)
     print(f"cancel sent to session {args.session}")
     return 0

@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import sys
 
+from loopmesh.client import SessionEvent
+
 from .client import Printer
-from .remote import add_remote_options, open_remote, token
+from .remote import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only the events, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -17,8 +19,8 @@ HELP = """Print a session's events: those stored, then (with --follow) new ones 
 Straight from NATS (an ordered consumer on the events stream), or through the gateway
 with --gateway URL. With --json each line is the event's JSON with its stream
 sequence first ({"seq": 4711, "type": ...}); --since SEQ starts after that sequence,
-so a reader that stopped resumes with nothing missed or repeated. Without --follow,
-through a gateway, the stored events are read until none has come for a second."""
+so a reader that stopped resumes with nothing missed or repeated. Without --follow it
+stops after the events that were stored when it started."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,16 +46,19 @@ def _sequence(value: str) -> int:
 
 async def main(args: argparse.Namespace) -> int:
     printer = Printer(sys.stdout, deltas=args.deltas)
-    async with open_remote(args) as remote:
-        items = remote.events(args.session, after=args.since, turn=args.turn, follow=args.follow)
-        async with contextlib.aclosing(items):  # type: ignore[type-var]
+    async with open_client(args) as client:
+        items = client.events(
+            args.session, since=args.since or 0, turn=args.turn, follow=args.follow
+        )
+        async with contextlib.aclosing(items):
             async for item in items:
                 if args.json:
-                    printer._line(item.json_line())
-                    continue
-                event = item.event()
-                if event is not None:
-                    printer.show(event)
-                elif item.seq is None:  # the gateway's notice (history trimmed)
-                    print(f"! {item.type}: {item.data.decode()}", file=sys.stderr)
+                    printer.line(json_line(item))
+                else:
+                    printer.show(item.event)
     return 0
+
+
+def json_line(item: SessionEvent) -> str:
+    """The event's JSON as stored, with ``"seq"`` first (resume with ``--since SEQ``)."""
+    return f'{{"seq":{item.seq},{item.data.decode()[1:]}'

@@ -1,13 +1,10 @@
-"""``loopmesh run "task"``: publish a turn (to NATS, or ``--gateway URL``) and print its events.
+"""``loopmesh run "task"``: run a turn with :class:`loopmesh.Client` (over NATS, or
+``--gateway URL``) and print its events.
 
-Over NATS the command subscribes to the session's events first (an ordered consumer on
-the events stream, from "new"), then publishes the :class:`~schemas.Turn`; through the
-gateway it posts the turn and reads its ``events_url`` (see ``remote.py``). It prints each
-event of that turn as it arrives: iteration k of N, tool calls and their results, and
-the final answer. It exits 0 when the turn ended with ``task_completion``,
-``converse`` or ``ask_question``, 1 when it ended otherwise, 3 on ``--timeout``.
-
-:func:`publish_turn`, :class:`Follower` and :func:`run_turn` are the same steps for programs.
+It prints each event of the turn as it arrives: iteration k of N, tool calls and their
+results, and the final answer. It exits 0 when the turn ended with ``task_completion``,
+``converse`` or ``ask_question``, 1 when it ended otherwise or was refused, 3 on
+``--timeout``. :class:`Printer` is how ``run`` and ``events`` print events.
 """
 
 from __future__ import annotations
@@ -17,17 +14,11 @@ import asyncio
 import contextlib
 import json
 import sys
-import time
-from collections.abc import AsyncIterator
-from typing import Any, TextIO
+from collections.abc import AsyncGenerator
+from typing import TextIO
 
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js import api as js_api
-
-from loopmesh.aio import quietly
-from loopmesh.jetstream import ordered_subscribe
-from schemas import DecodeError, Subjects, Turn, encode, new_id
+from loopmesh.client import TurnOptions, TurnRefused
+from schemas import encode, new_id
 from schemas.events import (
     ApprovalDecided,
     ApprovalRequired,
@@ -53,10 +44,9 @@ from schemas.events import (
     ToolErrorEvent,
     ToolResultEvent,
     ToolTimeout,
-    decode_event,
 )
 
-from .remote import Item, add_remote_options, client_config, open_remote, token
+from .remote import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -99,116 +89,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_remote_options(parser)
 
 
-async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> int:
-    """Publish ``turn``; return its stream sequence. Its ``Nats-Msg-Id`` is
-    ``<tenant>.<session>.<id>`` (:attr:`Turn.msg_id`): publishing it twice is
-    deduplicated, another tenant's or session's turn of the same id is not, and a
-    worker refuses a turn published under another id."""
-    ack = await js.publish(
-        subjects.turn(turn.tenant, turn.session),
-        encode(turn),
-        headers={"Nats-Msg-Id": turn.msg_id},
-    )
-    return ack.seq
-
-
-class Follower:
-    """An ordered consumer on one session's events: ``async with Follower(...) as f``,
-    then publish, then ``async for event in f``."""
-
-    def __init__(
-        self, nc: Client, subjects: Subjects, tenant: str, session: str, *, start_seq: int = 0
-    ) -> None:
-        self._nc = nc
-        self._subject = subjects.session_events(tenant, session)
-        self._start_seq = start_seq
-        self._sub: JetStreamContext.PushSubscription | None = None
-
-    async def __aenter__(self) -> Follower:
-        kwargs: dict[str, Any] = {"deliver_policy": js_api.DeliverPolicy.NEW}
-        if self._start_seq:
-            kwargs = {
-                "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
-                "config": js_api.ConsumerConfig(opt_start_seq=self._start_seq),
-            }
-        self._sub = await ordered_subscribe(self._nc, self._subject, **kwargs)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            await quietly(sub.unsubscribe())
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        assert self._sub is not None
-        while True:
-            msg = await self._sub.next_msg(timeout=None)
-            try:
-                yield decode_event(msg.data)
-            except DecodeError:
-                continue  # not an event at all (newer ones decode to a generic form)
-
-
-async def run_turn(
-    nc: Client,
-    subjects: Subjects,
-    turn: Turn,
-    *,
-    out: TextIO = sys.stdout,
-    as_json: bool = False,
-    deltas: bool = False,
-) -> LoopEnd:
-    """Publish ``turn``, print its events to ``out``, return its ``loop_end``."""
-    printer = Printer(out, as_json=as_json, deltas=deltas)
-    async with Follower(nc, subjects, turn.tenant, turn.session) as events:
-        await publish_turn(nc.jetstream(), subjects, turn)
-        async for event in events:
-            if event.turn_id != turn.id:
-                continue
-            printer.show(event)
-            if isinstance(event, LoopEnd):
-                return event
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 async def main(args: argparse.Namespace) -> int:
-    config = client_config(args)
-    turn = Turn(
-        id=args.turn_id or new_id(),
-        tenant=config.client.tenant,
-        session=args.session or new_id(),
-        input=args.task,
-        created_at=time.time(),
-        max_iterations=args.max_iterations,
-        model=args.model,
-        on_busy=args.on_busy,
-        agent=args.agent,
-    )
+    turn_id, session = args.turn_id or new_id(), args.session or new_id()
+    options = TurnOptions(
+        session=session, turn_id=turn_id, max_iterations=args.max_iterations,
+        model=args.model, on_busy=args.on_busy, agent=args.agent,
+    )  # fmt: skip
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
-    async with open_remote(args) as remote:
-        print(f"turn {turn.id} · session {turn.session} · {remote.where}", file=sys.stderr)
+    async with open_client(args) as client:
+        print(f"turn {turn_id} · session {session} · {client.where}", file=sys.stderr)
         try:
             async with asyncio.timeout(args.timeout):
-                end = await _follow(remote.run(turn), printer)
+                end = await _follow(client.run(args.task, **options), printer)
         except TimeoutError:
             print(
-                f"\nno end of turn {turn.id} within {args.timeout:g}s "
+                f"\nno end of turn {turn_id} within {args.timeout:g}s "
                 "(is a loop worker running? `loopmesh up` starts one)",
                 file=sys.stderr,
             )
             return EXIT_TIMEOUT
+        except TurnRefused as refused:
+            if refused.event is None:
+                raise  # the gateway's answer: said as an error
+            for event in (refused.event, refused.end):  # the loop worker's events
+                if event is not None:
+                    printer.show(event)
+            return EXIT_FAILED
     return EXIT_OK if end.reason in SUCCESS else EXIT_FAILED
 
 
-async def _follow(items: AsyncIterator[Item], printer: Printer) -> LoopEnd:
-    async with contextlib.aclosing(items):  # type: ignore[type-var]
-        async for item in items:
-            event = item.event()
-            if event is not None:
-                printer.show(event)
+async def _follow(events: AsyncGenerator[Event, None], printer: Printer) -> LoopEnd:
+    async with contextlib.aclosing(events):
+        async for event in events:
+            printer.show(event)
             if isinstance(event, LoopEnd):
                 return event
     raise AssertionError("the event stream ended before the turn did")  # pragma: no cover
@@ -233,7 +146,7 @@ class Printer:
 
     def show(self, event: Event) -> None:
         if self.as_json:
-            self._line(encode(event).decode())
+            self.line(encode(event).decode())
             return
         if isinstance(event, Retract):
             self._streamed.clear()  # not the answer: a message equal to it still prints
@@ -243,7 +156,7 @@ class Printer:
                     self.out.write("\n")
                     self._in_delta = False
                 why = event.reason or "discarded"
-                self._line(f"  ↶ the text above was taken back ({why}); it is not the answer")
+                self.line(f"  ↶ the text above was taken back ({why}); it is not the answer")
             return
         if isinstance(event, ContentDelta) and self.deltas:
             self.out.write(event.text)
@@ -256,7 +169,7 @@ class Printer:
             self.out.write("\n")
             self._in_delta = False
         if line is not None:
-            self._line(line)
+            self.line(line)
 
     def describe(self, event: Event) -> str | None:
         match event:
@@ -339,7 +252,7 @@ class Printer:
                 return f"{mark} {reason} after {k} iteration(s){err}{tail}"
         return None
 
-    def _line(self, text: str) -> None:
+    def line(self, text: str) -> None:
         self.out.write(text + "\n")
         self.out.flush()
 

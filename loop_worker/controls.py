@@ -28,7 +28,6 @@ cancel or pause, recorded or live, has none to clear: its end reads nothing.)
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from nats.aio.client import Client
@@ -37,6 +36,7 @@ from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import quietly
+from loopmesh.controls import record, send_control
 from loopmesh.jetstream import KV, Publisher, open_kv, retry
 from schemas import (
     ApprovalDecision,
@@ -48,7 +48,6 @@ from schemas import (
     Subjects,
     Turn,
     decode,
-    encode,
     new_id,
     session_key,
 )
@@ -179,14 +178,7 @@ class Controls:
 
     async def send(self, control: Control) -> None:
         """Record ``control`` and publish it to its session (as :func:`send_control`)."""
-        if not control.at:
-            control = _with_time(control)
-        await record(self.kv, control)
-        await self._nc.publish(
-            self._subjects.control(control.tenant, control.session),
-            encode(control),
-            headers={RECORDED_HEADER: "1"},
-        )
+        await send_control(self._nc, self._subjects, control, kv=self.kv, flush=False)
 
     def running(self, tenant: str, session: str) -> RecordedTurnControl | None:
         return self._running.get(session_key(tenant, session))
@@ -225,29 +217,6 @@ class Controls:
             log.warning("control not recorded control=%r error=%r", control, exc)
 
 
-async def record(kv: KeyValue, control: Control) -> None:
-    """Put ``control`` in the control bucket under its key."""
-    if isinstance(control, ApprovalDecision):
-        key = approval_key(control.tenant, control.session, control.call_id)
-    else:
-        key = session_key(control.tenant, control.session)
-    await retry(lambda: kv.put(key, encode(control)), f"record control {key}")
-
-
-async def send_control(nc: Client, subjects: Subjects, control: Control) -> None:
-    """Record ``control`` in KV, then publish it to the session's control subject."""
-    if not control.at:
-        control = _with_time(control)
-    kv = await nc.jetstream().key_value(subjects.control_bucket)
-    await record(kv, control)
-    await nc.publish(
-        subjects.control(control.tenant, control.session),
-        encode(control),
-        headers={RECORDED_HEADER: "1"},
-    )
-    await nc.flush()
-
-
 def _applies(control: Control, turn: Turn) -> bool:
     if control.turn_id is not None:
         return control.turn_id == turn.id
@@ -268,9 +237,3 @@ async def _apply(target: TurnControl, control: Control) -> None:
             target.resume()
         case ApprovalDecision():
             await target.decide(control)
-
-
-def _with_time(control: Control) -> Control:
-    import msgspec
-
-    return msgspec.structs.replace(control, at=time.time())

@@ -1,5 +1,6 @@
 """The examples in examples/ run as the README shows them: a real nats-server, a real
-loop worker and tool worker, the fake OpenAI server as the model."""
+loop worker and tool worker, the fake OpenAI server as the model, and the real gateway
+for the client's example through it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from loopmesh.agents import apply_agents
 from loopmesh.testing.durable import ROOT, SUBJECTS, Proc
 from schemas import AgentSpec
-from tests.loop_worker.durable import Mesh, mesh_on
+from tests.gateway.conftest import ACME_KEY, KEYS
+from tests.loop_worker.durable import Mesh, count_task, gateway_on, mesh_on
 
 
 @pytest.fixture
@@ -67,3 +70,30 @@ def test_the_example_needs_only_nats_py():
     imports = {line.split()[1].split(".")[0] for line in source.splitlines()
                if line.startswith(("import ", "from "))}  # fmt: skip
     assert imports - set(sys.stdlib_module_names) == {"nats"}
+
+
+@pytest.mark.parametrize("transport", ["nats", "gateway"])
+async def test_the_client_example_runs_a_turn_and_decides_its_approval(
+    transport: str, mesh: Mesh, tmp_path: Path
+):
+    target = tmp_path / "g"
+    task = count_task(target, "ok", tool="guarded")  # its call waits for a person
+    async with gateway_on(mesh.url, api_keys=KEYS) as gw:
+        where = (
+            ["--gateway", gw.url, "--api-key", ACME_KEY]
+            if transport == "gateway"
+            else ["--url", mesh.url, "--tenant", "acme"]
+        )
+        proc = Proc(
+            str(ROOT / "examples" / "run_turn.py"), *where, "--session", "ex1", "--approve",
+            "--timeout", "60", task,
+        )  # fmt: skip
+        await proc.start()
+        assert proc.proc is not None
+        assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
+        await proc.close()
+    assert target.read_text() == "ok\n"  # approved, so it ran
+    assert proc.lines[0] == "turn_accepted" and proc.lines[1] == "loop_start"
+    assert any(li.startswith("tool_call local.guarded ") for li in proc.lines), proc.lines
+    assert "approval_required guarded: approving" in proc.lines
+    assert proc.lines[-1].startswith("loop_end task_completion: done: ")

@@ -21,9 +21,9 @@ import httpx
 from nats.aio.client import Client
 
 from loop_worker import cli as loop_cli
-from loop_worker.client import publish_turn
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.settings import LLMSettings
+from loopmesh.client.nats import publish_turn
 from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.fake_llm import FakeLLM

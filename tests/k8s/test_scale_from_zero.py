@@ -10,9 +10,9 @@ from nats.aio.client import Client
 
 from loop_worker import cli as loop_cli
 from loop_worker.catalog import Catalog
-from loop_worker.client import publish_turn
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.settings import LLMSettings
+from loopmesh.client.nats import publish_turn
 from loopmesh.provision import provision
 from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings

@@ -21,6 +21,7 @@ from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
 from schemas import (
+    DecodeError,
     Subjects,
     ToolCallRequest,
     ToolResult,
@@ -31,7 +32,7 @@ from schemas import (
     encode,
     pool_consumer,
 )
-from schemas.events import Event, ToolResultEvent, tool_event_msg_id
+from schemas.events import Event, ToolResultEvent, decode_event, tool_event_msg_id
 
 Handler = Callable[[ToolCallRequest], Awaitable[str]]
 
@@ -273,6 +274,21 @@ async def mesh_on(
         await nc.close()
 
 
+def gateway_on(url: str, **settings: Any) -> Any:
+    """The real gateway (``async with``) on the NATS at ``url``, on a free port, with
+    ``settings`` (``gateway.settings.GatewaySettings``'s fields)."""
+    from gateway.server import GatewayServer
+    from gateway.settings import GatewayConfig, GatewaySettings
+
+    settings.setdefault("port", 0)
+    return GatewayServer(
+        GatewayConfig(
+            nats=NatsSettings(url=url, reconnect_wait_s=0.05),
+            gateway=GatewaySettings(**settings),
+        )
+    )
+
+
 async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
     waiter = asyncio.ensure_future(ready.wait())
     done, _ = await asyncio.wait({waiter, task}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
@@ -285,24 +301,25 @@ async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
 
 
 async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int:
-    from loop_worker.client import publish_turn
+    from loopmesh.client.nats import publish_turn
 
-    return await publish_turn(nc.jetstream(), subjects, turn)
+    return (await publish_turn(nc.jetstream(), subjects, turn)).seq
 
 
 class Watch:
     """Every event of one session from now on, in stream order; wait on them."""
 
     def __init__(self, nc: Client, tenant: str = "acme", session: str = "s1") -> None:
-        from loop_worker.client import Follower
-
         self.events: list[Event] = []
-        self._follower = Follower(nc, SUBJECTS, tenant, session)
+        self._nc, self._tenant, self._session = nc, tenant, session
+        self._sub: Any = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Watch:
-        await self._follower.__aenter__()
+        from loopmesh.client.nats import follow_session
+
+        self._sub = await follow_session(self._nc, SUBJECTS, self._tenant, self._session)
         self._task = asyncio.create_task(self._collect())
         return self
 
@@ -311,10 +328,16 @@ class Watch:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self._follower.__aexit__()
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
 
     async def _collect(self) -> None:
-        async for event in self._follower:
+        while True:
+            msg = await self._sub.next_msg(timeout=None)
+            try:
+                event = decode_event(msg.data)
+            except DecodeError:
+                continue
             async with self._changed:
                 self.events.append(event)
                 self._changed.notify_all()

@@ -19,7 +19,7 @@ from loopmesh.process import terminate
 from loopmesh.server import NatsServer, find_binary
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import Proc
-from tests.loop_worker.durable import Mesh, Watch, mesh_on
+from tests.loop_worker.durable import Mesh, Watch, gateway_on, mesh_on
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,7 @@ async def mesh(nats_server) -> AsyncIterator[Mesh]:
 
 @pytest.fixture
 async def gateway(mesh: Mesh) -> AsyncIterator[GatewayServer]:
-    config = GatewayConfig(
-        nats=NatsSettings(url=mesh.url, reconnect_wait_s=0.05),
-        gateway=GatewaySettings(no_auth=True, port=0),
-    )
-    async with GatewayServer(config) as gw:
+    async with gateway_on(mesh.url, no_auth=True) as gw:
         yield gw
 
 

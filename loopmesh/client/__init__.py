@@ -1,0 +1,47 @@
+"""The Python client: ``from loopmesh import Client`` (docs/CLIENT.md).
+
+One async API over NATS (:mod:`.nats`) or through the HTTP gateway (:mod:`.gateway`)::
+
+    async with Client(gateway="http://127.0.0.1:8080", api_key=KEY) as client:
+        async for event in client.run("What is 17 * 23?", session="s1"):
+            ...                                  # schemas.events, ending with loop_end
+        async for item in client.events("s1", since=0, follow=False):
+            print(item.seq, item.event.type)      # resume with since=item.seq
+        await client.approve("s1", call_id)       # deny, cancel, pause, resume
+        agents = await client.agents()
+
+Errors: :mod:`.errors`. Settings: :mod:`.config` (``[client]``, ``[nats]``).
+"""
+
+from __future__ import annotations
+
+from .client import Client, TurnOptions
+from .config import ClientConfig, ClientSettings
+from .errors import (
+    ClientError,
+    InvalidRequest,
+    NotFound,
+    NotSetUp,
+    RateLimited,
+    TurnRefused,
+    Unauthorized,
+    Unavailable,
+)
+from .transport import SessionEvent, Submitted
+
+__all__ = [
+    "Client",
+    "ClientConfig",
+    "ClientError",
+    "ClientSettings",
+    "InvalidRequest",
+    "NotFound",
+    "NotSetUp",
+    "RateLimited",
+    "SessionEvent",
+    "Submitted",
+    "TurnOptions",
+    "TurnRefused",
+    "Unauthorized",
+    "Unavailable",
+]

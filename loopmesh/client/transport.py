@@ -1,0 +1,68 @@
+"""What the client's two ways in (:mod:`.nats`, :mod:`.gateway`) each provide, and the
+values they hand back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+import msgspec
+
+from schemas import AgentSpec, Control, DecodeError, Turn
+from schemas.events import Event, decode_event
+
+
+class SessionEvent(msgspec.Struct, frozen=True):
+    """One stored event of a session: ``seq`` is its sequence in the events stream (pass
+    the last one you handled as ``since`` to resume after it), ``event`` the decoded
+    event, ``data`` its JSON as stored."""
+
+    seq: int
+    event: Event
+    data: bytes
+
+    @classmethod
+    def of(cls, seq: int, data: bytes) -> SessionEvent | None:
+        """The event stored at ``seq``, or None for bytes that are no event at all (an
+        event of a type this reader does not know is an ``UnknownEvent``: see
+        :func:`~schemas.events.decode_event`)."""
+        try:
+            return cls(seq, decode_event(data), data)
+        except DecodeError:
+            return None
+
+
+class Submitted(msgspec.Struct, frozen=True):
+    """A turn handed to loopmesh: its id, its session, and ``since``, a sequence of the
+    events stream from before it was published (0 when the turn had been published
+    before): ``client.events(session, since=since, turn=turn_id)`` reads all of it."""
+
+    turn_id: str
+    session: str
+    since: int
+
+
+class Transport(Protocol):
+    """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
+
+    #: Where it goes, for messages: ``NATS, tenant local``, ``gateway http://...``.
+    where: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def submit(self, turn: Turn) -> Submitted:
+        """Publish ``turn`` (deduplicated by its id)."""
+        ...
+
+    def events(
+        self, session: str, *, since: int, turn: str | None, follow: bool
+    ) -> AsyncGenerator[SessionEvent, None]:
+        """The session's events after ``since`` (of ``turn`` only, if given): those
+        stored, then, with ``follow``, new ones as they come."""
+        ...
+
+    async def send(self, control: Control) -> None: ...
+
+    async def agents(self) -> list[AgentSpec]: ...
