@@ -9,6 +9,7 @@ import msgspec
 
 from .ids import turn_msg_id
 from .types import SCHEMA_VERSION, Timestamp, Token
+from .webhook import Webhook
 
 
 class WireError(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +153,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: for a new session). A session belongs to one agent: a turn naming another is
     #: refused with an ``error`` event and its ``loop_end``, and so is an unknown name.
     agent: Token | None = None
+    #: Where to POST this turn's events (``schemas.webhook``); ``None``: its agent's
+    #: webhook, if its definition names one. The URL is checked when the turn is
+    #: accepted; a turn whose URL is refused gets an ``error`` event (code
+    #: ``invalid_webhook``) and its ``loop_end``.
+    webhook: Webhook | None = None
 
     @property
     def msg_id(self) -> str:
