@@ -21,13 +21,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
+import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from loopmesh.aio import quietly
 from loopmesh.jetstream import ordered_subscribe
-from schemas import DecodeError, Subjects, Turn, encode, new_id
+from schemas import WEBHOOK_EVENTS, DecodeError, Subjects, Turn, Webhook, encode, new_id
 from schemas.events import (
     ApprovalDecided,
     ApprovalRequired,
@@ -90,6 +91,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--agent", type=token("agent"),
         help="the named agent that runs the turn (default: the session's; `loopmesh agents` "
         "lists them)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--webhook", metavar="URL",
+        help="POST the turn's events to URL, signed with [webhooks] secret (the loopmesh "
+        "webhooks service delivers them; see docs/ARCHITECTURE.md, Webhooks)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--webhook-event", dest="webhook_events", action="append", choices=WEBHOOK_EVENTS,
+        metavar="TYPE",
+        help="an event type to POST (repeatable; default loop_end): "
+        + ", ".join(WEBHOOK_EVENTS),
     )  # fmt: skip
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
@@ -186,6 +198,7 @@ async def main(args: argparse.Namespace) -> int:
         model=args.model,
         on_busy=args.on_busy,
         agent=args.agent,
+        webhook=webhook_of(args),
     )
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
     async with open_remote(args) as remote:
@@ -201,6 +214,24 @@ async def main(args: argparse.Namespace) -> int:
             )
             return EXIT_TIMEOUT
     return EXIT_OK if end.reason in SUCCESS else EXIT_FAILED
+
+
+def webhook_of(args: argparse.Namespace) -> Webhook | None:
+    """``--webhook`` and ``--webhook-event`` as a turn's webhook (checked as the wire
+    type checks it: a bad URL exits with the field named)."""
+    url = getattr(args, "webhook", None)
+    events = getattr(args, "webhook_events", None)
+    if url is None:
+        if events:
+            raise SystemExit("loopmesh run: --webhook-event needs --webhook URL")
+        return None
+    body: dict[str, Any] = {"url": url}
+    if events:
+        body["events"] = list(dict.fromkeys(events))
+    try:
+        return msgspec.convert(body, Webhook)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"loopmesh run: --webhook: {exc}") from None
 
 
 async def _follow(items: AsyncIterator[Item], printer: Printer) -> LoopEnd:

@@ -338,6 +338,8 @@ class GatewayRemote:
             body["model"] = turn.model
         if turn.agent:
             body["agent"] = turn.agent
+        if turn.webhook is not None:
+            body["webhook"] = msgspec.to_builtins(turn.webhook)
         posted = await self._call(
             "POST", f"/v1/sessions/{turn.session}/turns", body, {"Idempotency-Key": turn.id}
         )
