@@ -15,6 +15,7 @@ dead-lettered, with an ``error`` event that names the setting (fail closed).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections.abc import Sequence
@@ -161,8 +162,14 @@ async def check_webhook(
     host or an address it resolves to is refused, or it does not resolve."""
     url = target(webhook, settings, field=field)
     port = url.port or (443 if url.scheme == "https" else 80)
+    host = url.raw_host.decode("ascii")
     try:
-        addresses = await (policy or egress(settings)).check(url.raw_host.decode("ascii"), port)
+        async with asyncio.timeout(settings.timeout_s):  # a resolver that does not answer
+            addresses = await (policy or egress(settings)).check(host, port)
     except HostError as exc:
         raise InvalidWebhook(f"{field}.url", f"`{field}.url`: {exc.message}") from None
+    except TimeoutError:
+        raise InvalidWebhook(
+            f"{field}.url", f"`{field}.url`: {host} did not resolve within {settings.timeout_s:g} s"
+        ) from None
     return url, addresses

@@ -79,22 +79,23 @@ class Deliverer:
     async def send(self, webhook: Webhook, msg_id: str, body: bytes, secret: str) -> Try:
         """One try of POSTing ``body`` (an event as stored) to ``webhook``."""
         start = time.monotonic()
+        limit = self.settings.timeout_s
         try:
             url = target(webhook, self.settings)
             port = url.port or (443 if url.scheme == "https" else 80)
-            addresses = await self.policy.check(url.raw_host.decode("ascii"), port)
-        except InvalidWebhook as exc:
-            return Try(delivered=False, failure="refused", reason=exc.message, final=True)
-        except EgressRefused as exc:
+            async with asyncio.timeout(limit):
+                addresses = await self.policy.check(url.raw_host.decode("ascii"), port)
+        except (InvalidWebhook, EgressRefused) as exc:
             return Try(delivered=False, failure="refused", reason=exc.message, final=True)
         except UnresolvableHost as exc:
-            return Try(delivered=False, failure="unresolvable", reason=exc.message)
+            return _failed("unresolvable", exc.message, start)
+        except TimeoutError:
+            return _failed("unresolvable", f"{url.host} did not resolve within {limit:g} s", start)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             **signed_headers(secret, msg_id, body, time.time()),
         }
-        limit = self.settings.timeout_s
         try:
             async with asyncio.timeout(limit):
                 response = await send_pinned(
