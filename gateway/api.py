@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
-from schemas.webhook import Webhook
 from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
 
 Id = Annotated[str, msgspec.Meta(description="1-64 characters from A-Z a-z 0-9 _ -")]
@@ -65,7 +65,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
     agent: Id | None = None
-    webhook: Webhook | None = None
+    webhook: WebhookRequest | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

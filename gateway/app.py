@@ -254,7 +254,7 @@ class Gateway:
             context=tuple(body.context or ()), parts=tuple(body.parts or ()),
             on_busy=body.on_busy,
             agent=check_id(body.agent, "agent") if body.agent is not None else None,
-            webhook=body.webhook,
+            webhook=body.webhook.plain() if body.webhook is not None else None,
         )  # fmt: skip
 
     async def known_agent(self, name: str | None) -> str:

@@ -87,6 +87,14 @@ class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return self.tenant_secrets.get(tenant, self.secret)
 
 
+class WebhookRequest(Webhook, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A webhook as a person writes one (a posted turn, an ``[[agents]]`` table): a
+    misspelt field is refused rather than ignored. :meth:`plain` is the wire's."""
+
+    def plain(self) -> Webhook:
+        return Webhook(url=self.url, events=self.events)
+
+
 def _check_secret(field: str, secret: str) -> None:
     """A ValueError naming ``field`` (never the secret) unless it is ``whsec_`` and
     the base64 of 24 to 64 bytes."""

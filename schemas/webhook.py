@@ -46,8 +46,9 @@ TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
 
 
-class Webhook(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Where to POST a turn's events: ``url``, and the event ``events`` types to send."""
+class Webhook(msgspec.Struct, frozen=True, kw_only=True):
+    """Where to POST a turn's events: ``url``, and the event ``events`` types to send.
+    Unknown fields are ignored, as everywhere on the wire (a newer writer's)."""
 
     url: Annotated[
         str,

@@ -105,6 +105,8 @@ async def test_an_allowed_webhook_goes_with_the_published_turn(
     assert turn.webhook == Webhook(url="http://127.0.0.1:9/hook", events=("loop_end", "error"))
     r = await post(client, {"url": "http://127.0.0.1:9/hook", "events": ["content_delta"]})
     assert r.status_code == 400 and r.json()["error"]["field"] == "webhook.events[0]", r.text
+    r = await post(client, {"url": "http://127.0.0.1:9/hook", "event": ["error"]})  # misspelt
+    assert r.status_code == 400 and r.json()["error"]["field"] == "webhook.event", r.text
 
 
 async def test_an_agents_webhook_is_not_shown_to_tenants(client: httpx.AsyncClient, nc: Client):

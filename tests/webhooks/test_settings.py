@@ -60,3 +60,6 @@ def test_an_agents_webhook_url_is_checked_when_the_configuration_loads(tmp_path:
         load(LoopWorkerConfig, path, env={})
     config = load(LoopWorkerConfig, path, env={"LOOPMESH_WEBHOOKS__ALLOW_HTTP": "true"})
     assert config.agents[0].webhook is not None
+    path.write_text('[[agents]]\nname = "x"\nwebhook = { url = "https://h/x", event = [] }\n')
+    with pytest.raises(ConfigError, match="unknown field `event`"):  # misspelt: refused
+        load(LoopWorkerConfig, path, env={})
