@@ -4,7 +4,6 @@ the turn's ``loop_end`` reaches the receiver; and ``loopmesh webhooks --new-secr
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
 import msgspec
@@ -14,10 +13,10 @@ from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loop_worker.client import webhook_of
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import Proc
 from loopmesh.webhook import WebhookSettings
 from schemas import Webhook
 from tests.loop_worker.durable import mesh_on
+from tests.loop_worker.test_cli_commands import loopmesh
 
 from .conftest import SECRET, delivering, documented_verify, settings
 from .receiver import receiving
@@ -58,16 +57,11 @@ async def test_run_with_a_webhook_gets_the_turns_loop_end_posted(
         )
         async with GatewayServer(gateway_config) as gateway:
             where = ["--gateway", gateway.url] if transport == "gateway" else []
-            run = Proc(
-                "-m", "loopmesh", "run", "--nats-url", mesh.url, *where, "--session", "s1",
+            code, lines = await loopmesh(
+                "run", "--nats-url", mesh.url, *where, "--session", "s1",
                 "--webhook", receiver.url, "--webhook-event", "loop_end", "say hi",
             )  # fmt: skip
-            await run.start()
-            assert run.proc is not None
-            try:
-                assert await asyncio.wait_for(run.proc.wait(), 60) == 0, run.output()
-            finally:
-                await run.close()
+            assert code == 0, lines
             await receiver.wait(lambda r: len(r.delivered) == 1, "the loop_end")
     (delivered,) = receiver.delivered
     event = msgspec.json.decode(delivered.body)
@@ -77,12 +71,7 @@ async def test_run_with_a_webhook_gets_the_turns_loop_end_posted(
 
 
 async def test_new_secret_prints_a_secret_the_settings_take() -> None:
-    proc = Proc("-m", "loopmesh", "webhooks", "--new-secret")
-    await proc.start()
-    assert proc.proc is not None
-    try:
-        assert await asyncio.wait_for(proc.proc.wait(), 60) == 0, proc.output()
-    finally:
-        await proc.close()
-    (secret,) = [line for line in proc.lines if line.startswith("whsec_")]
+    code, lines = await loopmesh("webhooks", "--new-secret")
+    assert code == 0, lines
+    (secret,) = [line for line in lines if line.startswith("whsec_")]
     assert WebhookSettings(secret=secret).secret_for("anyone") == secret
