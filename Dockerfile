@@ -1,5 +1,6 @@
 # One image for every loopmesh service; the command picks which:
 #   loopmesh loop-worker | loopmesh tool-worker --pool default | loopmesh gateway
+#   | loopmesh exporter | loopmesh webhooks
 # Build: docker build -t loopmesh:dev .   (a pool with its own tools: see docs/KUBERNETES.md)
 FROM python:3.11-slim
 
@@ -19,6 +20,7 @@ COPY loopmesh ./loopmesh
 COPY loop_worker ./loop_worker
 COPY tool_worker ./tool_worker
 COPY gateway ./gateway
+COPY webhooks ./webhooks
 # [otel]: OTLP trace export, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set
 RUN pip install --no-compile '.[otel]' && rm -rf /opt/loopmesh/*
 

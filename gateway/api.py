@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
@@ -47,7 +48,10 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     ``agent``: the named agent
     that runs it (default: the session's, ``default`` for a new session); a session
     belongs to one agent, and a turn naming another is refused by its loop worker with
-    an ``error`` event."""
+    an ``error`` event. ``webhook``: where to POST the turn's events (``url``, https
+    unless ``[webhooks] allow_http``; ``events``, default ``["loop_end"]``), signed with
+    the deployment's secret; a URL whose host is not public (and not in ``[webhooks]
+    allowlist``) is refused with 422 naming ``webhook.url``."""
 
     input: str
     instructions: str | None = None
@@ -61,6 +65,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     parts: Annotated[list[ContentPart], msgspec.Meta(max_length=MAX_PARTS)] | None = None
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
     agent: Id | None = None
+    webhook: WebhookRequest | None = None
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -25,7 +25,9 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopmesh import tracing
+from loopmesh.errors import InvalidWebhook
 from loopmesh.usage import day_of
+from loopmesh.webhook import WebhookSettings, check_webhook
 from schemas import (
     DEFAULT_AGENT,
     AgentSpec,
@@ -90,9 +92,11 @@ class Gateway:
         *,
         registry: CollectorRegistry | None = None,
         on_busy: OnBusy = "enqueue",
+        webhooks: WebhookSettings | None = None,
     ) -> None:
         self.settings = settings
         self.on_busy = on_busy  # [loop] on_busy: a turn's default
+        self.webhooks = webhooks or WebhookSettings()  # a turn's webhook URL is checked
         self.backend = backend
         self.keys = Keys(settings)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
@@ -183,6 +187,11 @@ class Gateway:
         turn = self.turn(who, session, turn_id, body)
         if turn.agent is not None:
             await self.known_agent(turn.agent)
+        if turn.webhook is not None:
+            try:
+                await check_webhook(turn.webhook, self.webhooks)
+            except InvalidWebhook as exc:
+                raise Unprocessable(exc.message, field=exc.field) from None
         if (turn.on_busy or self.on_busy) == "reject":
             busy = await self.backend.unfinished(who.tenant, session)
             if busy:
@@ -245,6 +254,7 @@ class Gateway:
             context=tuple(body.context or ()), parts=tuple(body.parts or ()),
             on_busy=body.on_busy,
             agent=check_id(body.agent, "agent") if body.agent is not None else None,
+            webhook=body.webhook.plain() if body.webhook is not None else None,
         )  # fmt: skip
 
     async def known_agent(self, name: str | None) -> str:
@@ -379,7 +389,7 @@ class Gateway:
 
     async def agents(self, request: Request) -> Response:
         self.principal(request)
-        return _json(api.AgentList(agents=await self.backend.agents()))
+        return _json(api.AgentList(agents=[_shown(a) for a in await self.backend.agents()]))
 
     async def agent(self, request: Request) -> Response:
         self.principal(request)
@@ -387,7 +397,7 @@ class Gateway:
         agent = await self.backend.agent(name)
         if agent is None:
             raise NotFound(f"no agent {name!r} (GET /v1/agents lists them)")
-        return _json(agent)
+        return _json(_shown(agent))
 
     async def healthz(self, request: Request) -> Response:
         return _json(api.Health(status="ok"))
@@ -560,3 +570,8 @@ def _with_seq(seq: int, data: bytes) -> bytes:
     rest = body[1:].lstrip()
     sep = b"" if rest.startswith(b"}") else b","
     return b'{"seq":%d%s%s' % (seq, sep, rest)
+
+
+def _shown(agent: AgentSpec) -> AgentSpec:
+    """An agent as tenants see it: without its webhook (the operator's URL)."""
+    return agent if agent.webhook is None else msgspec.structs.replace(agent, webhook=None)

@@ -92,7 +92,10 @@ class GatewayServer:
             backend = Backend(
                 self._nc, Subjects(self.config.nats.prefix), timeout=settings.nats_timeout_s
             )
-            self.gateway = Gateway(settings, backend, on_busy=self.config.loop.on_busy)
+            self.gateway = Gateway(
+                settings, backend, on_busy=self.config.loop.on_busy,
+                webhooks=self.config.webhooks,
+            )  # fmt: skip
             app = create_app(self.gateway)
             uv = uvicorn.Config(
                 app, host=settings.host, port=settings.port, log_config=None,

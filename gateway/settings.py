@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from loopmesh.settings import NatsSettings
+from loopmesh.webhook import WebhookSettings
 from schemas.ids import TOKEN_PATTERN
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -74,3 +75,5 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
     gateway: GatewaySettings = GatewaySettings()
     loop: LoopDefaults = LoopDefaults()
+    #: ``[webhooks]``: a turn's webhook URL is checked against its egress policy.
+    webhooks: WebhookSettings = WebhookSettings()

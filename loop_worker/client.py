@@ -15,10 +15,12 @@ import contextlib
 import json
 import sys
 from collections.abc import AsyncGenerator
-from typing import TextIO
+from typing import Any, TextIO
+
+import msgspec
 
 from loopmesh.client import TurnOptions, TurnRefused
-from schemas import encode, new_id
+from schemas import WEBHOOK_EVENTS, Webhook, encode, new_id
 from schemas.events import (
     ApprovalDecided,
     ApprovalRequired,
@@ -84,6 +86,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="give up after this many seconds (600)"
     )
+    parser.add_argument(
+        "--webhook", metavar="URL",
+        help="POST the turn's events to URL, signed with [webhooks] secret (the loopmesh "
+        "webhooks service delivers them; docs/WEBHOOKS.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--webhook-event", dest="webhook_events", action="append", choices=WEBHOOK_EVENTS,
+        help="an event type to POST (repeatable; default: loop_end)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
     parser.add_argument("--deltas", action="store_true", help="print streamed text as it comes")
     add_remote_options(parser)
@@ -93,7 +104,7 @@ async def main(args: argparse.Namespace) -> int:
     turn_id, session = args.turn_id or new_id(), args.session or new_id()
     options = TurnOptions(
         session=session, turn_id=turn_id, max_iterations=args.max_iterations,
-        model=args.model, on_busy=args.on_busy, agent=args.agent,
+        model=args.model, on_busy=args.on_busy, agent=args.agent, webhook=webhook_of(args),
     )  # fmt: skip
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
     async with open_client(args) as client:
@@ -264,3 +275,21 @@ def _tool(server: str, tool: str) -> str:
 def _short(text: str, limit: int) -> str:
     text = text.replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def webhook_of(args: argparse.Namespace) -> Webhook | None:
+    """``--webhook`` and ``--webhook-event`` as a turn's webhook (checked as the wire
+    type checks it: a bad URL exits with the field named)."""
+    url = getattr(args, "webhook", None)
+    events = getattr(args, "webhook_events", None)
+    if url is None:
+        if events:
+            raise SystemExit("loopmesh run: --webhook-event needs --webhook URL")
+        return None
+    body: dict[str, Any] = {"url": url}
+    if events:
+        body["events"] = list(dict.fromkeys(events))
+    try:
+        return msgspec.convert(body, Webhook)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"loopmesh run: --webhook: {exc}") from None

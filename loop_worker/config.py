@@ -22,6 +22,7 @@ import msgspec
 
 from loopmesh.agents import Agents, check_agents
 from loopmesh.settings import NatsSettings, Port, Price
+from loopmesh.webhook import WebhookSettings, check_agent_webhooks
 
 from .engine.settings import LLMSettings, LoopSettings
 
@@ -61,6 +62,10 @@ class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: The named agents (``[[agents]]``, docs/AGENTS.md): provisioned to the agents
     #: bucket when the worker starts; its turns read them from there.
     agents: Agents = ()
+    #: ``[webhooks]``: a turn's webhook is checked against its egress policy when the
+    #: turn arrives from NATS (the gateway checks those it accepts).
+    webhooks: WebhookSettings = WebhookSettings()
 
     def __post_init__(self) -> None:
         check_agents(self.agents)
+        check_agent_webhooks(self.agents, self.webhooks)

@@ -15,10 +15,10 @@ A turn is given up on in two ways:
   and acks the advisory. A ``MSG_TERMINATED`` advisory is handled the same way when the
   message is still there (a term by another client on a stream that keeps it).
 
-The record is the message's body unchanged, published to
-``<prefix>.deadletter.<stream>`` with headers ``Loopmesh-Stream``, ``Loopmesh-Seq``,
-``Loopmesh-Subject``, ``Loopmesh-Deliveries`` and ``Loopmesh-Reason`` (its
-``Nats-Msg-Id`` is ``<stream>:<seq>``, so two workers record it once). A turn given up
+The record is :func:`loopmesh.deadletter.record`'s: the message's body unchanged,
+published to ``<prefix>.deadletter.<stream>`` with headers ``Loopmesh-Stream``,
+``Loopmesh-Seq``, ``Loopmesh-Subject``, ``Loopmesh-Deliveries`` and ``Loopmesh-Reason``
+(its ``Nats-Msg-Id`` is ``<stream>:<seq>``, so two workers record it once). A turn given up
 on after its deliveries also gets an ``error`` event (code ``dead_letter``) and its
 single ``loop_end`` (reason ``error``, the ``<tenant>.<session>.<turn>:loop_end`` id every
 ``loop_end`` of the turn has), so a client following it is not left waiting.
@@ -42,6 +42,7 @@ from nats.js.errors import NotFoundError
 from prometheus_client import Counter
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.deadletter import record
 from loopmesh.jetstream import Publisher, acked, quietly, retry
 from schemas import InvalidIdError, Subjects, encode, is_token, turn_msg_id
 from schemas.events import Error, LoopEnd
@@ -183,17 +184,10 @@ class DeadLetters:
     ) -> None:
         """The dead-letter record of turn ``seq``, and (``announce``) its session's
         ``error`` and ``loop_end`` events when its subject names one."""
-        stream = self.subjects.turns_stream
-        headers = {
-            "Nats-Msg-Id": f"{stream}:{seq}",
-            "Loopmesh-Stream": stream,
-            "Loopmesh-Seq": str(seq),
-            "Loopmesh-Subject": subject,
-            "Loopmesh-Deliveries": str(deliveries),
-            "Loopmesh-Reason": _one_line(reason),
-        }
-        where = self.subjects.deadletter(stream)
-        await retry(lambda: acked(self.publisher, where, data, headers), f"dead-letter turn {seq}")
+        await record(
+            self.publisher, self.subjects, stream=self.subjects.turns_stream, seq=seq,
+            subject=subject, data=data, deliveries=deliveries, reason=reason,
+        )  # fmt: skip
         log.error("turn dead-lettered seq=%d subject=%s reason=%s", seq, subject, reason)
         BURIED.labels("deliveries" if announce else "refused").inc()
         session = self._session(subject)
@@ -233,7 +227,3 @@ def _turn_id(data: bytes, seq: int) -> str:
     except (msgspec.DecodeError, msgspec.ValidationError):
         found = None
     return found if isinstance(found, str) and is_token(found) else f"seq-{seq}"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:512]

@@ -4,7 +4,8 @@
 :class:`TurnRun` and runs :meth:`TurnRun.run` in its task group. Everything a turn does
 is here, in the order it happens:
 
-1. **admit** — the subject vouches for the body, else it is refused and termed;
+1. **admit** — the subject vouches for the body (and, on its first delivery, the
+   egress policy for its webhook), else it is refused and termed;
    a turn delivered more than ``max_deliveries`` times is given up (poison);
 2. **order** — no earlier turn of its session is left in the stream (the stream is a
    work queue: one still there has not finished);
@@ -50,7 +51,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from loopmesh.aio import both
 from loopmesh.backlog import unfinished
+from loopmesh.errors import InvalidWebhook
 from loopmesh.jetstream import answered, quietly, retry
+from loopmesh.webhook import WebhookSettings, check_webhook
 from schemas import Cancel, Turn, session_key
 from schemas.admit import Refused, admit_turn
 
@@ -162,6 +165,20 @@ def warm(lease: Lease) -> bool:
     return lease.continued
 
 
+async def _check_webhook(turn: Turn, settings: WebhookSettings) -> None:
+    """Refuse (code ``invalid_webhook``) a turn whose webhook URL the egress policy
+    refuses: the gateway checks the turns it accepts, this checks those published to
+    NATS directly, on their first delivery."""
+    assert turn.webhook is not None
+    try:
+        await check_webhook(turn.webhook, settings)
+    except InvalidWebhook as exc:
+        raise Refused(
+            "invalid_webhook", exc.message, tenant=turn.tenant, session=turn.session,
+            turn_id=turn.id,
+        ) from None  # fmt: skip
+
+
 class TurnRun:
     """One delivered turn: its state while held, and :meth:`run`, its whole story."""
 
@@ -193,11 +210,13 @@ class TurnRun:
         try:
             try:  # 1. admit
                 self.turn = turn = admit_turn(w.subjects, msg.subject, msg.data, _msg_id(msg))
+                meta = msg.metadata
+                if turn.webhook is not None and meta.num_delivered == 1:
+                    await _check_webhook(turn, w.config.webhooks)
             except Refused as refused:
                 await w._refuse(msg, refused)
                 outcome = "refused"
                 return
-            meta = msg.metadata
             self.seq = meta.sequence.stream
             w._by_seq[self.seq] = self
             if meta.num_delivered > 1:

@@ -24,13 +24,16 @@ from schemas import DecodeError, Subjects, decode, encode
 from schemas.agents import DEFAULT_AGENT, AgentSpec, default_agent
 
 from .kv import kv_entries
+from .webhook import WebhookRequest
 
 log = logging.getLogger("loopmesh.agents")
 
 
 class AgentSettings(AgentSpec, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One ``[[agents]]`` table: an :class:`~schemas.agents.AgentSpec`, with a misspelt
-    field refused rather than ignored."""
+    field refused rather than ignored (its webhook's too)."""
+
+    webhook: WebhookRequest | None = None
 
 
 #: The ``agents`` field of a service's configuration (the ``[[agents]]`` tables).

@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "tools": "tool_worker.cli_catalog",
     "agents": "loop_worker.cli_agents",
     "exporter": "loopmesh.exporter",
+    "webhooks": "webhooks.cli",
 }
 
 DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."
@@ -134,6 +135,23 @@ def build_parser(modules: dict[str, ModuleType]) -> argparse.ArgumentParser:
         add_common_options(command, suppress=True)
         module.configure(command)
     return parser
+
+
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-host``, for a service's ``metrics_*`` settings."""
+    parser.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz here")
+    parser.add_argument("--metrics-host", help="bind address (default 127.0.0.1)")
+
+
+def metrics_changes(args: argparse.Namespace) -> dict[str, object]:
+    """The ``metrics_port`` / ``metrics_host`` settings the command line gives (none under
+    ``loopmesh up``, whose arguments lack them)."""
+    changes: dict[str, object] = {}
+    if getattr(args, "metrics_port", None) is not None:
+        changes["metrics_port"] = args.metrics_port
+    if getattr(args, "metrics_host", None):
+        changes["metrics_host"] = args.metrics_host
+    return changes
 
 
 def config_from_args(type_: type[T], args: argparse.Namespace) -> T:

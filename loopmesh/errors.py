@@ -7,6 +7,10 @@ LoopmeshError
 ├── NatsConnectError       the first connection to NATS failed (``.url``)
 │   └── NatsTlsError       TLS with NATS failed or was refused: what to set (``.url``)
 ├── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
+├── HostError              a URL's host cannot be reached (``.host``, ``.message``)
+│   ├── EgressRefused      the host or an address is not allowed (:mod:`.egress`)
+│   └── UnresolvableHost   the host has no address
+├── InvalidWebhook         a webhook's URL is refused (:mod:`.webhook`; ``.field``, ``.message``)
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
@@ -44,6 +48,34 @@ class ProvisionError(LoopmeshError):
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class HostError(LoopmeshError):
+    """A URL's host cannot be reached: ``message`` says why."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(message)
+        self.host = host
+        self.message = message
+
+
+class EgressRefused(HostError):
+    """A URL someone else chose names a host, or resolves to an address, that the egress
+    policy refuses (:mod:`loopmesh.egress`); the message names the setting to change."""
+
+
+class UnresolvableHost(HostError):
+    """A URL's host could not be resolved to any address."""
+
+
+class InvalidWebhook(LoopmeshError):
+    """A webhook's URL is refused: its scheme, credentials, host or addresses. ``field``
+    is the path of the URL in what was sent (``webhook.url``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 class NatsConnectError(LoopmeshError):

@@ -318,8 +318,9 @@ tool pools' backlog. Run one per mesh. SIGTERM stops it."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=int, help="serve /metrics and /healthz here")
-    parser.add_argument("--metrics-host", help="bind address (default 127.0.0.1)")
+    from .cli import add_metrics_options
+
+    add_metrics_options(parser)
 
 
 async def serve(config: ExporterConfig, stop: asyncio.Event) -> None:
@@ -364,17 +365,12 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
 
 
 async def main(args: argparse.Namespace) -> int:
-    from .cli import config_from_args
+    from .cli import config_from_args, metrics_changes
     from .settings import replace
     from .shutdown import shutdown_on_signals
 
     config = config_from_args(ExporterConfig, args)
-    changes: dict[str, object] = {}
-    if getattr(args, "metrics_port", None) is not None:
-        changes["metrics_port"] = args.metrics_port
-    if getattr(args, "metrics_host", None):
-        changes["metrics_host"] = args.metrics_host
-    settings = replace(config.exporter, "the command line", **changes)
+    settings = replace(config.exporter, "the command line", **metrics_changes(args))
     async with shutdown_on_signals() as stop:
         await serve(msgspec.structs.replace(config, exporter=settings), stop)
     return 0

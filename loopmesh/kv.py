@@ -82,6 +82,10 @@ class KV:
         headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
         return await self._write(key, value, headers, timeout)
 
+    async def put(self, key: str, value: bytes, *, timeout: float = 5.0) -> int:
+        """Write ``value`` whatever the key's revision; the new revision."""
+        return await self._write(key, value, {}, timeout)
+
     async def delete(self, key: str, last: int, *, timeout: float = 5.0) -> int:
         """Put a delete marker if ``last`` is the key's revision; the marker's revision."""
         headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(last)}

@@ -39,6 +39,7 @@ _RETENTION = {
     "interest": js_api.RetentionPolicy.INTEREST,
 }
 _STORAGE = {"file": js_api.StorageType.FILE, "memory": js_api.StorageType.MEMORY}
+_DELIVER = {"all": js_api.DeliverPolicy.ALL, "new": js_api.DeliverPolicy.NEW}
 _KV_DUPLICATE_WINDOW_S = 120.0
 
 log = logging.getLogger("loopmesh.provision")
@@ -171,6 +172,8 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
         "filter_subject": c.filter_subject,
         "description": c.description or None,
     }
+    if c.filter_subjects:
+        want["filter_subjects"] = list(c.filter_subjects)
     name = f"{c.stream}/{c.durable}"
     try:
         info = await js.consumer_info(c.stream, c.durable)
@@ -178,7 +181,7 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
         config = js_api.ConsumerConfig(
             durable_name=c.durable,
             ack_policy=js_api.AckPolicy.EXPLICIT,
-            deliver_policy=js_api.DeliverPolicy.ALL,
+            deliver_policy=_DELIVER[c.deliver_policy],
             **want,
         )
         await _call(f"create consumer {name}", js.add_consumer(c.stream, config))

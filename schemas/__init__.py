@@ -20,6 +20,7 @@ from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
 from .types import AGENTS_SERVER, SCHEMA_VERSION, Parent, Token
+from .webhook import WEBHOOK_EVENTS, Webhook
 from .wire import (
     ApprovalDecision,
     Cancel,
@@ -43,6 +44,7 @@ __all__ = [
     "EVENT_NAMES",
     "EVENT_TYPES",
     "SCHEMA_VERSION",
+    "WEBHOOK_EVENTS",
     "AgentSpec",
     "AnyEvent",
     "ApprovalDecision",
@@ -73,6 +75,7 @@ __all__ = [
     "ToolSpec",
     "Turn",
     "TurnEnd",
+    "Webhook",
     "WireError",
     "call_id",
     "catalog_key",

@@ -19,6 +19,7 @@ from typing import Annotated
 import msgspec
 
 from .types import Token
+from .webhook import Webhook
 from .wire import LoopMode, ModelName, ToolFailureMode
 
 #: The agent of a turn that names none in a session that has none yet.
@@ -74,6 +75,8 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     tool_failure: ToolFailureMode | None = None
     #: The agents it may call (by name): each must be defined.
     agents: Annotated[tuple[Token, ...], msgspec.Meta(max_length=MAX_NAMES)] = ()
+    #: Where its turns' events are POSTed when a turn names no webhook of its own.
+    webhook: Webhook | None = None
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 

@@ -21,6 +21,7 @@ import msgspec
 from .codec import DecodeError, decode
 from .messages import PlanStep
 from .types import SCHEMA_VERSION, Parent, Timestamp, Token
+from .webhook import Webhook
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -52,7 +53,9 @@ class TurnAccepted(Event, tag="turn_accepted", frozen=True, kw_only=True):
 
 class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):
     """``agent`` and ``agent_revision``: the named agent whose definition runs the turn,
-    and the agents bucket's revision of it (0: the ``default`` agent, not provisioned)."""
+    and the agents bucket's revision of it (0: the ``default`` agent, not provisioned).
+    ``webhook``: where the turn's events are POSTed (the turn's, else its agent's), read
+    by the webhooks service."""
 
     max_iterations: int = 0
     model: str = ""
@@ -60,6 +63,7 @@ class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):
     worker: str = ""
     agent: str = "default"
     agent_revision: int = 0
+    webhook: Webhook | None = None
 
 
 class LoopIteration(Event, tag="loop_iteration", frozen=True, kw_only=True):

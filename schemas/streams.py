@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from .subjects import Subjects
+from .webhook import WEBHOOK_EVENTS
 
 
 class StreamDef(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,9 +27,13 @@ class ConsumerDef(msgspec.Struct, frozen=True, kw_only=True):
     stream: str
     durable: str
     filter_subject: str | None = None
+    #: Several filters at once (nats-server 2.10+), instead of ``filter_subject``.
+    filter_subjects: tuple[str, ...] = ()
     ack_wait_s: float = 30.0
     max_deliver: int = -1
     max_ack_pending: int = 10_000
+    #: Where a new consumer starts: the stream's first message, or its next one.
+    deliver_policy: Literal["all", "new"] = "all"
     description: str = ""
 
 
@@ -116,6 +121,7 @@ def definitions(
                 description="loop workers share this consumer",
             ),
             advisories_consumer(s),
+            webhooks_consumer(s),
         ),
         buckets=(
             KVDef(
@@ -157,6 +163,12 @@ def definitions(
                 description="LLM usage by <tenant>.<UTC day>, counted from the events",
             ),
             agents_bucket(s, replicas=replicas),
+            KVDef(
+                bucket=s.webhooks_bucket,
+                ttl_s=events_max_age_s,
+                replicas=replicas,
+                description="the webhook of each turn that has one, by <tenant>.<session>.<turn>",
+            ),
         ),
     )
 
@@ -226,4 +238,24 @@ def advisories_consumer(subjects: Subjects) -> ConsumerDef:
         durable=subjects.advisories_consumer,
         ack_wait_s=30.0,
         description="loop workers dead-letter the turns these advisories name",
+    )
+
+
+#: How long a webhook delivery may take before JetStream hands its event to another try:
+#: above the longest request ``[webhooks] timeout_s`` allows, with room for the outcome.
+WEBHOOKS_ACK_WAIT_S = 120.0
+
+
+def webhooks_consumer(subjects: Subjects) -> ConsumerDef:
+    """The webhooks service's durable consumer: the event types a webhook may ask for
+    (:data:`schemas.webhook.WEBHOOK_EVENTS`), from the events published after it was
+    made (an existing deployment does not replay its history to receivers)."""
+    return ConsumerDef(
+        stream=subjects.events_stream,
+        durable=subjects.webhooks_consumer,
+        filter_subjects=tuple(subjects.events_of_type(t) for t in WEBHOOK_EVENTS),
+        ack_wait_s=WEBHOOKS_ACK_WAIT_S,
+        max_ack_pending=20_000,
+        deliver_policy="new",
+        description="the webhooks service delivers turns' events to their webhooks",
     )

@@ -80,6 +80,10 @@ class Subjects:
             f"{check_token(session, 'session')}.*"
         )
 
+    def events_of_type(self, type: str) -> str:
+        """Every session's events of one ``type`` (a consumer's filter)."""
+        return f"{self.prefix}.events.*.*.{check_token(type, 'event type')}"
+
     @property
     def all_control(self) -> str:
         return f"{self.prefix}.control.>"
@@ -136,6 +140,10 @@ class Subjects:
     def advisories_consumer(self) -> str:
         return "deadletter"
 
+    @property
+    def webhooks_consumer(self) -> str:
+        return "webhooks"
+
     def pool_consumer(self, pool: str) -> str:
         return f"pool-{check_token(pool, 'pool')}"
 
@@ -170,6 +178,10 @@ class Subjects:
     @property
     def agents_bucket(self) -> str:
         return f"{self.prefix}-agents"
+
+    @property
+    def webhooks_bucket(self) -> str:
+        return f"{self.prefix}-webhooks"
 
 
 @functools.lru_cache(maxsize=16_384)

@@ -9,6 +9,7 @@ import msgspec
 
 from .ids import turn_msg_id
 from .types import SCHEMA_VERSION, Parent, Timestamp, Token
+from .webhook import Webhook
 
 
 class WireError(msgspec.Struct, frozen=True, kw_only=True):
@@ -157,6 +158,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: already in it is refused: a cycle).
     parent: Parent | None = None
     chain: Annotated[tuple[Token, ...], msgspec.Meta(max_length=16)] = ()
+    #: Where to POST this turn's events (``schemas.webhook``); ``None``: its agent's
+    #: webhook, if its definition names one. The URL is checked when the turn is
+    #: accepted; a turn whose URL is refused gets an ``error`` event (code
+    #: ``invalid_webhook``) and its ``loop_end``.
+    webhook: Webhook | None = None
 
     @property
     def msg_id(self) -> str:

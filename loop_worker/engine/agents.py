@@ -15,6 +15,7 @@ mode, limits               the turn's, else the agent's, else ``[loop]``
 tools (allowlists)         every list that is set: ``[loop]``, the agent's, the turn's (the
                            most restrictive wins)
 approval_tools             the agent's and ``[loop]``'s together (a call waits if either names it)
+webhook                    the turn's, else the agent's (recorded in ``loop_start``)
 ========================== =================================================================
 
 The fallback models reach the LLM through :data:`TURN_FALLBACKS`, which the engine sets for

@@ -202,6 +202,7 @@ class TurnRun:
             worker=e.worker,
             agent=self.agent.name,
             agent_revision=self.agent.revision,
+            webhook=self.turn.webhook or self.agent.spec.webhook,
         )
         await self._checkpoint()
         if not self.resumed:

@@ -23,6 +23,7 @@ from schemas import (
     Pause,
     Resume,
     Turn,
+    Webhook,
     check_token,
     new_id,
 )
@@ -60,6 +61,8 @@ class TurnOptions(TypedDict, total=False):
     #: When an earlier turn of the session has not ended: wait, be refused, interrupt it
     #: or interrupt and undo it (default: the deployment's ``[loop] on_busy``).
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None
+    #: Where to POST the turn's events, signed (``schemas.Webhook``: ``url``, ``events``).
+    webhook: Webhook | None
 
 
 class Client:
@@ -316,7 +319,7 @@ class Client:
             planner_model=options.get("planner_model"),
             executor_model=options.get("executor_model"),
             context=tuple(options.get("context") or ()), parts=tuple(options.get("parts") or ()),
-            on_busy=options.get("on_busy"),
+            on_busy=options.get("on_busy"), webhook=options.get("webhook"),
             agent=check_token(agent, "agent") if agent is not None else None,
         )  # fmt: skip
 

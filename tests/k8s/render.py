@@ -26,6 +26,7 @@ from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import load
 from tests.certs import certificate_secret
 from tool_worker.config import ToolWorkerConfig
+from webhooks.cli import WebhooksConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -45,6 +46,7 @@ SERVICES: dict[str, type[Any]] = {
     "tool-worker": ToolWorkerConfig,
     "gateway": GatewayConfig,
     "exporter": ExporterConfig,
+    "webhooks": WebhooksConfig,
 }
 
 

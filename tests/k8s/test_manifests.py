@@ -173,6 +173,11 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             assert deployment["spec"]["replicas"] == 1, f"{name}: one exporter owns its consumer"
             assert deployment["spec"]["strategy"]["type"] == "Recreate", name
             assert grace >= 1 + DRAIN_MARGIN_S, name  # a fetch times out within 1 s
+        elif service == "webhooks":
+            settings = config.webhooks
+            listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
+            assert grace >= settings.drain_timeout_s + DRAIN_MARGIN_S, (name, grace)
+            _webhooks_secret_from_a_secret(container)
         else:
             settings = config.loop_worker if service == "loop-worker" else config.tool_worker
             listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
@@ -189,6 +194,14 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             pool = container["args"][container["args"].index("--pool") + 1]
             assert pod_labels(deployment)["loopmesh.dev/pool"] == pool
             assert name == f"tool-worker-{pool}"
+
+
+def _webhooks_secret_from_a_secret(container: Doc) -> None:
+    """The signing secret comes from the Secret loopmesh-webhooks, never the ConfigMap;
+    without the Secret the service runs and refuses every delivery (fail closed)."""
+    (secret,) = [e for e in container["env"] if e["name"] == "LOOPMESH_WEBHOOKS__SECRET"]
+    ref = secret["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"], ref["optional"]) == ("loopmesh-webhooks", "secret", True)
 
 
 def _gateway_starts_with_its_secret(docs: list[Doc], deployment: Doc, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from loopmesh.server import NatsServer
 from loopmesh.settings import load
 from loopmesh.testing.fake_llm import FakeLLM
 from tool_worker import cli as tool_cli
+from webhooks import cli as webhooks_cli
 
 from .render import Doc, container_config, of_kind, render, service_of
 
@@ -57,6 +58,9 @@ async def running(
     if service == "exporter":
         config = with_port(config, "exporter", "metrics_port", port, nats_url)
         task = asyncio.create_task(exporter.serve(config, stop))
+    elif service == "webhooks":
+        config = with_port(config, "webhooks", "metrics_port", port, nats_url)
+        task = asyncio.create_task(webhooks_cli.serve(config, stop))
     elif service == "loop-worker":
         config = with_port(config, "loop_worker", "metrics_port", port, nats_url)
         llm_settings = msgspec.structs.replace(config.llm, base_url=llm.base_url, api_key="x")
@@ -94,7 +98,7 @@ async def test_every_probe_answers_ok_from_the_real_service(
     docs = render("base")
     deployments = of_kind(docs, "Deployment")
     assert {service_of(d) for d in deployments} == {
-        "gateway", "loop-worker", "tool-worker", "exporter",
+        "gateway", "loop-worker", "tool-worker", "exporter", "webhooks",
     }  # fmt: skip
     # The workers first: they provision the streams that the gateway's /readyz and the
     # exporter's consumer want.

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 from nats.js import api as js_api
 
@@ -195,7 +196,8 @@ class Mesh:
         service.setdefault("lease_ttl_s", 2.0)
         service.setdefault("fetch_timeout_s", 0.2)
         loop = service.pop("loop", LoopSettings(max_iterations=6))
-        return LoopWorkerConfig(
+        webhooks = service.pop("webhooks", None)
+        config = LoopWorkerConfig(
             nats=NatsSettings(url=self.url, reconnect_wait_s=0.05, replicas=self.replicas),
             llm=LLMSettings(
                 base_url=self.llm_url, api_key="test", model="fake-model", max_retries=0,
@@ -204,6 +206,7 @@ class Mesh:
             loop=loop,
             loop_worker=ServiceSettings(**service),
         )  # fmt: skip
+        return config if webhooks is None else msgspec.structs.replace(config, webhooks=webhooks)
 
     async def loop_worker(self, name: str = "w1", *, llm: Any = None, **service: Any) -> Running:
         """A loop worker against the fake LLM server (or ``llm``, an engine ``LLM``)."""

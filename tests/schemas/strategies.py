@@ -71,10 +71,12 @@ def _from_info(info: mi.Type) -> st.SearchStrategy[Any]:
             return st.sampled_from(values)
         case mi.UnionType(types=types):
             return st.one_of([_from_info(t) for t in types])
-        case mi.VarTupleType(item_type=item):
-            return st.lists(_from_info(item), max_size=3).map(tuple)
-        case mi.ListType(item_type=item):
-            return st.lists(_from_info(item), max_size=3)
+        case mi.VarTupleType(item_type=item, min_length=low):
+            return st.lists(_from_info(item), min_size=low or 0, max_size=max(3, low or 0)).map(
+                tuple
+            )
+        case mi.ListType(item_type=item, min_length=low):
+            return st.lists(_from_info(item), min_size=low or 0, max_size=max(3, low or 0))
         case mi.DictType(key_type=key, value_type=value):
             return st.dictionaries(_from_info(key), _from_info(value), max_size=3)
         case mi.StructType(cls=cls, fields=fields):

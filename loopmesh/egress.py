@@ -1,8 +1,12 @@
-"""Where ``http_fetch`` may connect: resolve a URL's host once, check every address, pin one.
+"""Where loopmesh connects on someone else's say: resolve a URL's host once, check every
+address, pin one.
 
-An agent's tool calls are steered by text it reads, so a fetch tool must not become a
-way into the network it runs in (a cluster's internal services, the NATS monitoring
-port, the cloud metadata address 169.254.169.254). By default only globally routable
+Two things connect to URLs that someone other than the operator chose: the
+``http_fetch`` tool (an agent's tool calls are steered by text it reads) and webhook
+deliveries (a turn names its webhook). Neither may become a way into the network it runs
+in (a cluster's internal services, the NATS monitoring port, the cloud metadata address
+169.254.169.254), so both apply this policy, each with its own allowlist setting
+(``[tool_worker] http_allowlist``, ``[webhooks] allowlist``). By default only globally routable
 unicast addresses are reachable: loopback, private, link-local, unique-local, shared
 (CGNAT), multicast, unspecified and reserved addresses are refused, also when they hide
 inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4).
@@ -10,9 +14,10 @@ inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 
 The check is made on the addresses the connection will use: :meth:`Egress.check`
 resolves the host once, refuses the URL if *any* address is refused, and returns the
 addresses; the caller then connects to one of them (never to the name again), so DNS
-rebinding cannot swap in another address after the check.
+rebinding cannot swap in another address after the check; :func:`send_pinned`
+does that with httpx, keeping the name in the Host header and the TLS server name.
 
-``http_allowlist`` entries::
+Allowlist entries::
 
     "docs.example.com"   this name (its addresses are pinned; private ones allowed)
     "*.example.com"      any subdomain (public addresses only)
@@ -29,17 +34,17 @@ import asyncio
 import ipaddress
 import re
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from .errors import Rejected, ToolError
+import httpx
+
+from .errors import EgressRefused, UnresolvableHost
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: ``resolver(host, port)`` → the host's addresses, as text, in the order to try them.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
-
-SETTING = "[tool_worker] http_allowlist (LOOPMESH_TOOL_WORKER__HTTP_ALLOWLIST)"
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _ULA = ipaddress.IPv6Network("fc00::/7")
@@ -88,9 +93,10 @@ def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
 
 
 class Allowlist:
-    """Parsed ``http_allowlist`` entries; raises ``ValueError`` naming a bad entry."""
+    """Parsed allowlist entries; raises ``ValueError`` naming a bad entry (``setting``:
+    the setting's name, for that message)."""
 
-    def __init__(self, entries: Sequence[str] = ()) -> None:
+    def __init__(self, entries: Sequence[str] = (), *, setting: str = "http_allowlist") -> None:
         self.entries = tuple(entries)
         names: set[str] = set()
         suffixes: list[str] = []
@@ -108,7 +114,7 @@ class Allowlist:
             name = entry[2:] if wildcard else entry
             if not name or not all(_LABEL.fullmatch(label) for label in name.split(".")):
                 raise ValueError(
-                    f"http_allowlist entry {raw!r} is not a host name, '*.domain', "
+                    f"{setting} entry {raw!r} is not a host name, '*.domain', "
                     "an IP address or a network"
                 )
             if wildcard:
@@ -132,20 +138,24 @@ class Allowlist:
 
 
 class Egress:
-    """The egress policy of one ``http_fetch`` tool."""
+    """One egress policy: an allowlist, a resolver, and ``setting``, the allowlist's
+    setting as its refusals name it (``[webhooks] allowlist (LOOPMESH_WEBHOOKS__ALLOWLIST)``)."""
 
-    def __init__(self, allowlist: Allowlist, resolver: Resolver = resolve) -> None:
+    def __init__(self, allowlist: Allowlist, resolver: Resolver = resolve, *, setting: str) -> None:
         self.allowlist = allowlist
         self.resolver = resolver
+        self.setting = setting
 
     async def check(self, host: str, port: int) -> list[Address]:
         """The addresses a request to ``host`` may connect to, resolved once; raises
-        :class:`Rejected` when the host or any of its addresses is not allowed."""
+        :class:`~loopmesh.errors.EgressRefused` when the host or any of its addresses is
+        not allowed, :class:`~loopmesh.errors.UnresolvableHost` when it has none."""
         host = host.lower().rstrip(".")
         if not self.allowlist.admits(host):
-            raise Rejected(
+            raise EgressRefused(
+                host,
                 f"host {host!r} is not in the allowlist ({', '.join(self.allowlist.entries)}); "
-                f"add it to {SETTING} to allow it"
+                f"add it to {self.setting} to allow it",
             )
         given = literal(host)
         addresses = [given] if given is not None else await self._resolve(host, port)
@@ -155,9 +165,9 @@ class Egress:
             if reason is None or explicit or self.allowlist.covers(address):
                 continue
             what = f"{host} is {reason}" if given else f"{host} resolves to {address}, {reason}"
-            raise Rejected(
-                f"refused to fetch from {what}: non-public addresses are not fetched unless "
-                f"named in {SETTING}"
+            raise EgressRefused(
+                host,
+                f"{what}: non-public addresses are refused unless named in {self.setting}",
             )
         return addresses
 
@@ -165,15 +175,17 @@ class Egress:
         try:
             found = await self.resolver(host, port)
         except (OSError, UnicodeError) as exc:
-            raise ToolError(f"cannot resolve host {host!r}: {exc}") from None
+            raise UnresolvableHost(host, f"cannot resolve host {host!r}: {exc}") from None
         addresses = []
         for text in found:
             try:
                 addresses.append(ipaddress.ip_address(text.partition("%")[0]))
             except ValueError:
-                raise ToolError(f"resolver gave {text!r} for {host!r}, not an address") from None
+                raise UnresolvableHost(
+                    host, f"resolver gave {text!r} for {host!r}, not an address"
+                ) from None
         if not addresses:
-            raise ToolError(f"cannot resolve host {host!r}: no addresses")
+            raise UnresolvableHost(host, f"cannot resolve host {host!r}: no addresses")
         return addresses
 
 
@@ -183,3 +195,37 @@ def literal(host: str) -> Address | None:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None
+
+
+async def send_pinned(
+    client: httpx.AsyncClient,
+    method: str,
+    url: httpx.URL,
+    addresses: Sequence[Address],
+    *,
+    headers: Mapping[str, str] | None = None,
+    content: bytes | None = None,
+) -> httpx.Response:
+    """Send ``method url`` to the first of ``addresses`` (from :meth:`Egress.check`) that
+    accepts a connection, keeping the URL's host in the Host header and, for https, in
+    the TLS server name (so the certificate is checked against it). The response is
+    streamed: the caller reads and closes it. Give ``client`` ``follow_redirects=False``
+    (each hop would need the check) and ``trust_env=False`` (a proxy would connect by
+    name, past the pinned address)."""
+    host = url.raw_host.decode("ascii")
+    sent = {**(headers or {}), "Host": url.netloc.decode("ascii")}
+    extensions = {} if literal(host) is not None else {"sni_hostname": host}
+    for i, address in enumerate(addresses):
+        request = client.build_request(
+            method,
+            url.copy_with(host=str(address)),
+            headers=sent,
+            content=content,
+            extensions=extensions if url.scheme == "https" else {},
+        )
+        try:
+            return await client.send(request, stream=True)
+        except httpx.ConnectError:
+            if i == len(addresses) - 1:
+                raise
+    raise ValueError("send_pinned needs at least one address")
