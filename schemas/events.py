@@ -419,6 +419,7 @@ class _Envelope(msgspec.Struct, frozen=True, kw_only=True):
     turn_id: str = ""
     iteration: int = 0
     ts: float = 0.0
+    parent: Parent | None = None
 
 
 _COMMON = frozenset(f for f in _Envelope.__struct_fields__)
@@ -457,6 +458,7 @@ def decode_event(data: bytes | bytearray | memoryview | str, union: Any = None) 
         turn_id=env.turn_id or "unknown",
         iteration=env.iteration,
         ts=env.ts,
+        parent=env.parent,
         kind=env.type,
         fields={k: v for k, v in raw.items() if k not in _COMMON},
     )
