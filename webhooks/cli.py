@@ -62,6 +62,7 @@ async def serve(
     *,
     provision: bool = True,
     ready: asyncio.Event | None = None,
+    unsigned_level: int = logging.WARNING,
 ) -> None:
     """Connect, optionally provision, and deliver until ``stop`` is set (the command,
     ``loopmesh up`` and tests)."""
@@ -71,7 +72,9 @@ async def serve(
         if provision:
             for action in await provision_all(nc, config.nats):  # a change is never silent
                 log.info("%s", action)
-        service = WebhookService(nc, Subjects(config.nats.prefix), settings)
+        service = WebhookService(
+            nc, Subjects(config.nats.prefix), settings, unsigned_level=unsigned_level
+        )
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port is not None:
                 server = await stack.enter_async_context(
@@ -96,7 +99,7 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
         config = msgspec.structs.replace(
             config, nats=msgspec.structs.replace(config.nats, url=nats_url)
         )
-        await serve(config, stop, provision=False)
+        await serve(config, stop, provision=False, unsigned_level=logging.INFO)
 
     return service
 

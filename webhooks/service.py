@@ -124,8 +124,12 @@ class WebhookService:
         *,
         resolver: Resolver = resolve,
         transport: httpx.AsyncBaseTransport | None = None,
+        unsigned_level: int = logging.WARNING,
     ) -> None:
         self.nc = nc
+        #: How loudly to say at start that no secret is set (``loopmesh up``: quietly, a
+        #: development mesh often has no webhook at all).
+        self.unsigned_level = unsigned_level
         self.subjects = subjects
         self.settings = settings
         self.publisher = Publisher(nc)
@@ -147,9 +151,10 @@ class WebhookService:
         ack_wait = info.config.ack_wait or WEBHOOKS_ACK_WAIT_S
         sub = await js.pull_subscribe_bind(durable, stream)
         if self.settings.secret is None and not self.settings.tenant_secrets:
-            log.warning(
+            log.log(
+                self.unsigned_level,
                 "no webhook secret is set ([webhooks] secret, LOOPMESH_WEBHOOKS__SECRET): "
-                "every delivery is refused and dead-lettered"
+                "every delivery is refused and dead-lettered",
             )
         try:
             async with (

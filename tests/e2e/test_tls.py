@@ -32,7 +32,7 @@ async def test_a_turn_runs_end_to_end_over_mutual_tls(tmp_path, mtls_server, cer
         )  # fmt: skip
         exporter = Proc(
             "-m", "loopmesh", "exporter", "--nats-url", mtls_server.url, "--metrics-port", "0",
-            env=tls,
+            env={**tls, "LOOPMESH_EXPORTER__DURABLE": "tls-test"},  # up runs one of its own
         )  # fmt: skip
         try:
             await up.start("loop worker ready")
