@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from loopmesh.settings import NatsSettings
+from loopmesh.settings import NatsSettings, SchedulerSettings
 from schemas.ids import TOKEN_PATTERN
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -74,3 +74,4 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats: NatsSettings = NatsSettings()
     gateway: GatewaySettings = GatewaySettings()
     loop: LoopDefaults = LoopDefaults()
+    scheduler: SchedulerSettings = SchedulerSettings()  # fires the schedules' ticks

@@ -157,6 +157,7 @@ def definitions(
                 description="LLM usage by <tenant>.<UTC day>, counted from the events",
             ),
             agents_bucket(s, replicas=replicas),
+            schedules_bucket(s, replicas=replicas),
         ),
     )
 
@@ -179,6 +180,16 @@ def agents_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
 
 #: Revisions of each agent's definition that the agents bucket keeps.
 AGENTS_HISTORY = 5
+
+
+def schedules_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The schedules (:mod:`schemas.schedules`): each one under ``<tenant>.<id>``, and
+    what the schedulers keep of it under ``<tenant>.<id>.state``. Keys never expire."""
+    return KVDef(
+        bucket=subjects.schedules_bucket,
+        replicas=replicas,
+        description="schedules by <tenant>.<id>, their runs by <tenant>.<id>.state",
+    )
 
 
 def embeddings_bucket(
