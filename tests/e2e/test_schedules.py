@@ -63,17 +63,11 @@ async def test_a_schedule_fires_once_per_tick_while_a_worker_and_a_gateway_are_k
     keys = f'[{{"sha256": "{key_hash(KEY)}", "tenant": "acme", "name": "ci"}}]'
     try:
         async with FakeLLM(default=auto()) as llm:
-            workers = [
-                Proc("-m", "loop_worker", env=worker_env(nats_server.url, llm.base_url, name=f"w{i}"))
-                for i in range(3)
-            ]
-            gateways = [
-                Proc(
-                    "-m", "loopmesh", "gateway", "--nats-url", nats_server.url, "--port", "0",
-                    env={"LOOPMESH_GATEWAY__API_KEYS": keys},
-                )  # fmt: skip
-                for _ in range(2)
-            ]
+            env = [worker_env(nats_server.url, llm.base_url, name=f"w{i}") for i in range(3)]
+            workers = [Proc("-m", "loop_worker", env=e) for e in env]
+            command = ("-m", "loopmesh", "gateway", "--nats-url", nats_server.url, "--port", "0")
+            keyed = {"LOOPMESH_GATEWAY__API_KEYS": keys}
+            gateways = [Proc(*command, env=keyed) for _ in range(2)]
             procs += workers + gateways
             for proc in procs:
                 await proc.start()

@@ -75,7 +75,9 @@ async def test_a_tenant_sees_only_its_own_schedules(client, gateway) -> None:
         assert (await other.get("/v1/schedules")).json() == {"schedules": []}
         assert (await other.get("/v1/schedules/mine")).status_code == 404
         assert (await other.delete("/v1/schedules/mine")).status_code == 404
-        r = await other.post("/v1/schedules", json={"id": "mine", "cron": "0 0 * * *", "input": "y"})
+        r = await other.post(
+            "/v1/schedules", json={"id": "mine", "cron": "0 0 * * *", "input": "y"}
+        )
         assert r.status_code == 201  # the same id in another tenant is another schedule
 
 

@@ -48,7 +48,9 @@ async def test_skip_skips_ticks_while_the_run_is_still_going(durable, tmp_path: 
         first, second = [r for r in runs if r.outcome == "fired"][:2]
 
         async def both_ended() -> bool:
-            ends = [e for e, _ in await stream_events(mesh.nc, "acme", "s1") if e.type == "loop_end"]
+            ends = [
+                e for e, _ in await stream_events(mesh.nc, "acme", "s1") if e.type == "loop_end"
+            ]
             return {first.turn_id, second.turn_id} <= {e.turn_id for e in ends}
 
         await wait_for(both_ended, timeout=30, what="both runs to end")
