@@ -42,7 +42,7 @@ from schemas.schedules import (
     state_key,
 )
 
-from .aio import quietly
+from .aio import quietly, raise_if_cancelled
 from .backlog import unfinished
 from .kv import kv_entries, open_kv
 from .publisher import Publisher, acked
@@ -133,6 +133,7 @@ class Scheduler:
             try:
                 kv = await open_kv(self.js, self.publisher, bucket)
             except NotFoundError:
+                raise_if_cancelled()
                 if not warned:
                     log.warning("no bucket %s: nothing is scheduled until it is made", bucket)
                     warned = True
@@ -156,8 +157,10 @@ class Scheduler:
                     try:
                         found = await self._read_all()
                     except Exception as exc:
+                        found = None
                         log.warning("cannot read the schedules error=%r", exc)
-                    else:
+                    raise_if_cancelled()  # nats-py may have swallowed a cancel
+                    if found is not None:
                         self._follow_all(tg, found)
                         self.ready.set()
                     with contextlib.suppress(TimeoutError):
@@ -208,6 +211,7 @@ class Scheduler:
                 failures += 1
                 wait = min(0.1 * 2**failures, self.settings.reload_s)
                 log.warning("schedule %s: error=%r; again in %.1fs", schedule.key, exc, wait)
+            raise_if_cancelled()  # nats-py may have swallowed a cancel
             if wait > 0:
                 await asyncio.sleep(wait)
 

@@ -23,7 +23,7 @@ async def test_schedules_are_added_listed_shown_paused_resumed_and_deleted(nats_
         "--timezone", "Europe/Paris", "--id", "daily", "--session", "s1", *url,
     )  # fmt: skip
     assert code == 0, lines
-    assert any("At 18:00 on Monday through Friday" in line for line in lines)
+    assert any("18:00 on Monday through Friday" in line for line in lines)
 
     code, lines = await loopmesh("schedules", *url)
     assert code == 0, lines

@@ -68,7 +68,7 @@ def test_ticks_are_computed_in_the_schedule_time_zone_across_a_dst_change() -> N
 def test_six_fields_put_seconds_first() -> None:
     every_5s = make(cron="*/5 * * * * *")
     assert [t - NOW for t in _first(every_5s, 3)] == [5.0, 10.0, 15.0]
-    assert explain(every_5s) == "Every fifth second of every minute"
+    assert "fifth second" in explain(every_5s)  # cronsim's words
 
 
 def test_a_run_id_derives_from_schedule_and_tick_and_is_a_token() -> None:
