@@ -54,6 +54,9 @@ log = logging.getLogger("loopmesh.scheduler")
 
 #: Ticks a ``missed`` run counts at most (a schedule of every second, back after a week).
 MAX_MISSED_COUNTED = 100_000
+#: The catch-up window is never shorter than this: a scheduler a few seconds late (a
+#: busy machine, a claim that took a while) has not missed the tick.
+LATE_S = 10.0
 
 
 class Gone(Exception):
@@ -246,7 +249,7 @@ class Scheduler:
                 wait = min(wait, self.settings.republish_after_s - (now - pending.at))
             return max(wait, 0.0)
         await self._still(schedule)
-        if tick < now - schedule.catch_up_s:
+        if tick < now - max(schedule.catch_up_s, LATE_S):
             await self._write(schedule, self._missed(schedule, state, tick, now), revision)
             return 0.0
         run = await self._verdict(schedule, state, tick, now)
@@ -315,7 +318,7 @@ class Scheduler:
         """The state with the ticks older than the catch-up window recorded as missed."""
         last, count = first, 0
         for tick in ticks(schedule, first - 1):
-            if tick >= now - schedule.catch_up_s or count >= MAX_MISSED_COUNTED:
+            if tick >= now - max(schedule.catch_up_s, LATE_S) or count >= MAX_MISSED_COUNTED:
                 break
             last, count = tick, count + 1
         run = ScheduleRun(

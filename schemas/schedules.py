@@ -58,8 +58,8 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     ticks after this count (its creation, or its last resume: ticks of a pause are not
     caught up). ``uid`` tells two schedules of the same id apart (one deleted, another
     made), so their runs' ids differ. ``catch_up_s``: a tick missed while no scheduler
-    ran is fired when one comes back if it is at most this old; older ones are recorded
-    as ``missed``.
+    ran is fired when one comes back if it is at most this old (10 s at least: a
+    scheduler a few seconds late has not missed it); older ones are recorded as ``missed``.
     """
 
     v: int = SCHEMA_VERSION

@@ -113,12 +113,12 @@ async def test_three_schedulers_claim_each_tick_once(env) -> None:
 
 async def test_a_late_scheduler_fires_missed_ticks_in_the_window_and_records_the_rest(env) -> None:
     await env.scheduler("s1")
-    schedule = await env.schedule(policy="allow", catch_up_s=3)
-    await env.at(10.5, schedule)  # nobody ran from T0 until now
+    schedule = await env.schedule(policy="allow", catch_up_s=3)  # at least LATE_S: 10 s
+    await env.at(20.5, schedule)  # nobody ran from T0 until now
     state = await env.state(schedule)
-    assert ran(state) == [(1, "missed"), (8, "fired"), (9, "fired"), (10, "fired")]
-    assert state.runs[-1].missed == 7
-    assert len(await env.turns()) == 3
+    assert ran(state) == [(1, "missed"), *((k, "fired") for k in range(11, 21))]
+    assert state.runs[-1].missed == 10
+    assert len(await env.turns()) == 10
 
 
 async def test_skip_skips_while_the_previous_run_has_not_ended(env) -> None:
