@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
+from starlette.responses import Response
 
 from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
@@ -66,6 +67,25 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
     agent: Id | None = None
     webhook: WebhookRequest | None = None
+
+
+class CreateSchedule(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A schedule: ``input`` becomes a turn of ``agent`` at every tick of ``cron`` (five
+    fields, minute hour day-of-month month day-of-week, or six with seconds first) in
+    ``timezone`` (IANA). ``session``: every run goes to this session (created if new);
+    ``null``: a new session per run. ``policy``, while the previous run has not ended:
+    ``skip`` the tick, ``buffer_one`` (at most one run waits), ``allow`` (always fire).
+    ``catch_up_s``: a tick missed while no scheduler ran fires when one comes back if
+    it is at most this old. Without ``id`` the gateway picks one."""
+
+    id: Id | None = None
+    cron: str
+    timezone: str = "UTC"
+    agent: Id | None = None
+    session: Id | None = None
+    input: str
+    policy: Literal["skip", "buffer_one", "allow"] = "skip"
+    catch_up_s: float = 3600.0
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -167,6 +187,48 @@ class AgentList(msgspec.Struct, frozen=True, kw_only=True):
     agents: list[AgentSpec]
 
 
+class ScheduleRunView(msgspec.Struct, frozen=True, kw_only=True):
+    """A tick and what became of it: ``outcome`` ``fired`` (its turn ``turn_id`` was
+    published to ``session``), ``skipped`` (``reason`` says why), ``buffered`` (waiting
+    for the previous run), ``missed`` (``missed`` ticks older than the catch-up window)
+    or ``lost``. ``end``: the turn's ``loop_end`` reason once it has ended (``null``
+    before, and in lists)."""
+
+    tick: float
+    at: float
+    outcome: str
+    turn_id: str | None = None
+    session: str | None = None
+    published: bool = False
+    reason: str = ""
+    missed: int = 0
+    end: str | None = None
+
+
+class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
+    """A schedule. ``session`` ``null``: a new session per run. ``next_tick``: when it
+    fires next (``null`` while paused); ``explain``: the cron expression in words.
+    ``runs``: the last runs, newest first (a list shows the last one only)."""
+
+    id: str
+    cron: str
+    timezone: str
+    agent: str
+    session: str | None
+    input: str
+    policy: str
+    catch_up_s: float
+    paused: bool
+    created_at: float
+    next_tick: float | None
+    explain: str
+    runs: list[ScheduleRunView]
+
+
+class ScheduleList(msgspec.Struct, frozen=True, kw_only=True):
+    schedules: list[ScheduleView]
+
+
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     code: str
     message: str
@@ -188,3 +250,8 @@ LatestEvents = Annotated[
     list[dict[str, Any]],
     msgspec.Meta(description="events, oldest first, each with its stream sequence as `seq`"),
 ]
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    """``obj`` (a Struct of this module, or plain data) as a JSON response."""
+    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")

@@ -55,6 +55,7 @@ from .errors import (
 )
 from .fanout import Fanout
 from .openapi import AGENT, CALL_ID, SESSION, Operation, Param, document
+from .schedules import Schedules
 from .settings import GatewaySettings, OnBusy
 from .sse import SseResponse
 from .stream import EventStream
@@ -103,6 +104,7 @@ class Gateway:
         self.slots = StreamSlots(settings.max_streams_per_key)
         self.fanout = Fanout(backend)
         self.metrics = Metrics(registry or CollectorRegistry())
+        self.schedules = Schedules(self)
 
     # -- request plumbing ---------------------------------------------------------------
 
@@ -475,6 +477,7 @@ class Gateway:
             (Operation("GET", "/v1/usage", "the tenant's LLM usage per day, agent and model",
                        200, api.Usage, params=(days,), errors=(401, 422, 429, 503),
                        tags=("usage",)), self.usage),
+            *self.schedules.operations(),
             (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
                        tags=("health",)), self.healthz),
             (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,
@@ -528,8 +531,7 @@ class _Guarded:
             await self.cleanup()
 
 
-def _json(obj: Any, status: int = 200) -> Response:
-    return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+_json = api.json_response
 
 
 def _error(exc: GatewayError) -> Response:

@@ -27,7 +27,8 @@ from nats.js.kv import KeyValue
 from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
-from loopmesh.jetstream import Publisher, kv_values
+from loopmesh.jetstream import Publisher, kv_values, open_kv
+from loopmesh.schedules import ScheduleStore, run_ends
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
     DEFAULT_AGENT,
@@ -44,6 +45,7 @@ from schemas import (
     session_key,
 )
 from schemas.agents import default_agent
+from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
 
 from .errors import Unavailable
@@ -66,6 +68,7 @@ class Backend:
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self._buckets: dict[str, KeyValue] = {}
         self._publisher: Publisher | None = None  # for reads through the stream API
+        self._schedules: ScheduleStore | None = None
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -93,13 +96,16 @@ class Backend:
         await self._bucket(self.subjects.usage_bucket)
         return await self._call("read usage", read_days(self.js, self.subjects, tenant))
 
-    async def unfinished(self, tenant: str, session: str) -> list[Queued]:
-        """The session's turns in the turns stream that have not ended."""
+    def publisher(self) -> Publisher:
         if self._publisher is None:
             self._publisher = Publisher(self.nc)
+        return self._publisher
+
+    async def unfinished(self, tenant: str, session: str) -> list[Queued]:
+        """The session's turns in the turns stream that have not ended."""
         return await self._call(
             "read the session's turns",
-            unfinished(self._publisher, self.subjects, tenant, session),
+            unfinished(self.publisher(), self.subjects, tenant, session),
         )
 
     async def session(self, tenant: str, session: str) -> SessionSnapshot | None:
@@ -177,6 +183,30 @@ class Backend:
             headers={CONTROL_RECORDED_HEADER: "1"},
         )
         await self._call("flush control", self.nc.flush())
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def schedules(self) -> ScheduleStore:
+        """The schedules bucket (:class:`~loopmesh.schedules.ScheduleStore`); a call on it
+        goes through :meth:`call`, so NATS not answering in time is a 503."""
+        if self._schedules is None:
+            bucket = self.subjects.schedules_bucket
+            await self._bucket(bucket)
+            kv = await self._call(
+                f"open bucket {bucket}", open_kv(self.js, self.publisher(), bucket)
+            )
+            self._schedules = ScheduleStore(kv, self.js, self.subjects)
+        return self._schedules
+
+    async def call(self, what: str, call: Awaitable[T]) -> T:
+        """``call``, or :class:`~gateway.errors.Unavailable` when NATS does not answer in time."""
+        return await self._call(what, call)
+
+    async def run_ends(self, tenant: str, runs: tuple[ScheduleRun, ...]) -> dict[str, str]:
+        """The ``loop_end`` reason of each run that has ended, by turn id."""
+        return await self._call(
+            "read the runs' ends", run_ends(self.publisher(), self.subjects, tenant, runs)
+        )
 
     # -- catalog ----------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ REF = "#/components/schemas/{name}"
 _STATUS_TEXT = {
     400: "malformed body: the message names the bad field's path",
     401: "missing or unknown API key",
-    404: "no such session in this tenant, no such agent (or no such route)",
-    409: "the session exists already",
+    404: "no such session or schedule in this tenant, no such agent (or no such route)",
+    409: "the session or schedule exists already",
     413: "body over the size limit",
     422: "a value out of bounds or an invalid id: `field` names it",
     429: "over the key's rate limit (see Retry-After) or its cap on open streams",

@@ -20,7 +20,9 @@ import uvicorn
 from nats.aio.client import Client
 
 from loopmesh.errors import ConfigError
+from loopmesh.jetstream import worker_name
 from loopmesh.nats import connect
+from loopmesh.scheduler import Scheduler
 from schemas import Subjects
 
 from .app import Gateway, create_app
@@ -76,6 +78,7 @@ class GatewayServer:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.gateway: Gateway | None = None
+        self.scheduler: Scheduler | None = None
         self.port = config.gateway.port
 
     @property
@@ -109,8 +112,14 @@ class GatewayServer:
                     raise RuntimeError("the gateway's HTTP server stopped while starting")
                 await asyncio.sleep(0.01)
             self.port = self._server.servers[0].sockets[0].getsockname()[1]
+            if self.config.scheduler.enabled:
+                self.scheduler = Scheduler(
+                    self._nc, backend.subjects, self.config.scheduler,
+                    name=f"gateway-{worker_name()}", publisher=backend.publisher(),
+                )  # fmt: skip
+                self.scheduler.start()
         except BaseException:
-            await self._close_nats()
+            await self.close()
             raise
         if settings.no_auth:
             log.warning("gateway in NO-AUTH mode: every request is tenant 'local' url=%s", self.url)
@@ -121,6 +130,9 @@ class GatewayServer:
         await self.close()
 
     async def close(self) -> None:
+        scheduler, self.scheduler = self.scheduler, None
+        if scheduler is not None:
+            await scheduler.close()
         server, task = self._server, self._task
         self._server = self._task = None
         if server is not None and task is not None:

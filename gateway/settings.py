@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from loopmesh.settings import NatsSettings
+from loopmesh.settings import NatsSettings, SchedulerSettings
 from loopmesh.webhook import WebhookSettings
 from schemas.ids import TOKEN_PATTERN
 
@@ -77,3 +77,4 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     loop: LoopDefaults = LoopDefaults()
     #: ``[webhooks]``: a turn's webhook URL is checked against its egress policy.
     webhooks: WebhookSettings = WebhookSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()  # fires the schedules' ticks

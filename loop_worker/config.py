@@ -21,7 +21,7 @@ from typing import Annotated
 import msgspec
 
 from loopmesh.agents import Agents, check_agents
-from loopmesh.settings import NatsSettings, Port, Price
+from loopmesh.settings import NatsSettings, Port, Price, SchedulerSettings
 from loopmesh.webhook import WebhookSettings, check_agent_webhooks
 
 from .engine.settings import LLMSettings, LoopSettings
@@ -59,6 +59,7 @@ class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     loop: LoopSettings = LoopSettings()
     loop_worker: ServiceSettings = ServiceSettings()
     prices: dict[str, Price] = {}  # per model: the budgets' cost ([loop.budget])
+    scheduler: SchedulerSettings = SchedulerSettings()  # fires the schedules' ticks
     #: The named agents (``[[agents]]``, docs/AGENTS.md): provisioned to the agents
     #: bucket when the worker starts; its turns read them from there.
     agents: Agents = ()

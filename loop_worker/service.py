@@ -44,6 +44,7 @@ from nats.js.client import JetStreamContext
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Publisher, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream, has_msg_ttl
+from loopmesh.scheduler import Scheduler
 from schemas import (
     ConsumerDef,
     KVDef,
@@ -61,6 +62,7 @@ from schemas.streams import (
     advisories_stream,
     agents_bucket,
     embeddings_bucket,
+    schedules_bucket,
 )
 
 from . import refusals
@@ -182,6 +184,11 @@ class LoopWorker:
         self._room = asyncio.Event()
         self._stopping = False
         self.ack_wait_s = self.settings.ack_wait_s
+        self.scheduler = (
+            Scheduler(nc, self.subjects, config.scheduler, name=self.name, publisher=publisher)
+            if config.scheduler.enabled
+            else None
+        )
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -209,6 +216,8 @@ class LoopWorker:
                 buryer = tg.create_task(self.deadletters.run(listening), name="dead letters")
                 await listening.wait()
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
+                if self.scheduler is not None:
+                    self.scheduler.start()  # its own task: closed below
                 self.ready.set()
                 log.info(
                     "loop worker ready name=%s max_active=%d ack_wait=%ss lease_ttl=%ss "
@@ -218,6 +227,8 @@ class LoopWorker:
                 )  # fmt: skip
                 await stop.wait()
                 self._stopping = True
+                if self.scheduler is not None:
+                    await self.scheduler.close()
                 await puller
                 await self._finish_in_flight()
                 keepalive.cancel()
@@ -228,6 +239,8 @@ class LoopWorker:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+            if self.scheduler is not None:
+                await self.scheduler.close()
             await self.agents.close()
             await self.tools.close()
             await self.controls.close()
@@ -276,6 +289,9 @@ class LoopWorker:
             )
             done += "\n" + await ensure_bucket(
                 self._js, agents_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
+            )
+            done += "\n" + await ensure_bucket(
+                self._js, schedules_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
             )
             if self.prefilter is not None and self.prefilter.embedder is not None:
                 done += "\n" + await ensure_bucket(

@@ -47,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "loop_worker.cli_cancel",
     "tools": "tool_worker.cli_catalog",
     "agents": "loop_worker.cli_agents",
+    "schedules": "loop_worker.cli_schedules",
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
 }

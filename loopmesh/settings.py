@@ -90,6 +90,21 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
 
 
+class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[scheduler]``: the scheduler every loop worker and gateway runs (docs/ARCHITECTURE.md,
+    "Schedules"). A change to the schedules is pushed at once; ``reload_s`` is the full
+    re-read behind it. A run claimed by a scheduler that stops before it says the turn is
+    published is published again by another after ``republish_after_s``, up to
+    ``republish_within_s`` after the claim (keep it under the turns stream's duplicate
+    window, 120 s, which drops the second copy of a turn that did get out)."""
+
+    enabled: bool = True
+    reload_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    buffer_check_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
+    republish_after_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    republish_within_s: Annotated[float, msgspec.Meta(gt=0, le=110)] = 60.0
+
+
 class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How every command runs: ``[runtime]``, read before the command starts."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from . import agents, events, messages, wire
+from . import agents, events, messages, schedules, wire
 
 EXPORT_DIR = Path(__file__).parent / "jsonschema"
 
@@ -27,6 +27,8 @@ WIRE_TYPES: dict[str, Any] = {
     "SessionSnapshot": messages.SessionSnapshot,
     "Event": events.AnyEvent,
     "AgentSpec": agents.AgentSpec,
+    "Schedule": schedules.Schedule,
+    "ScheduleState": schedules.ScheduleState,
 }
 
 

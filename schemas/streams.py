@@ -169,6 +169,7 @@ def definitions(
                 replicas=replicas,
                 description="the webhook of each turn that has one, by <tenant>.<session>.<turn>",
             ),
+            schedules_bucket(s, replicas=replicas),
         ),
     )
 
@@ -191,6 +192,16 @@ def agents_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
 
 #: Revisions of each agent's definition that the agents bucket keeps.
 AGENTS_HISTORY = 5
+
+
+def schedules_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The schedules (:mod:`schemas.schedules`): each one under ``<tenant>.<id>``, and
+    what the schedulers keep of it under ``<tenant>.<id>.state``. Keys never expire."""
+    return KVDef(
+        bucket=subjects.schedules_bucket,
+        replicas=replicas,
+        description="schedules by <tenant>.<id>, their runs by <tenant>.<id>.state",
+    )
 
 
 def embeddings_bucket(

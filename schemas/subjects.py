@@ -183,6 +183,10 @@ class Subjects:
     def webhooks_bucket(self) -> str:
         return f"{self.prefix}-webhooks"
 
+    @property
+    def schedules_bucket(self) -> str:
+        return f"{self.prefix}-schedules"
+
 
 @functools.lru_cache(maxsize=16_384)
 def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times

@@ -136,6 +136,7 @@ function useKey(key) {
   notice("");
   refreshAgents();
   refreshSessions();
+  refreshSchedules();
   if (app.session) open(app.session.session);
 }
 
@@ -716,6 +717,65 @@ async function refreshSessions() {
   return listing;
 }
 
+function until(ts) {
+  if (!ts) return "";
+  const s = ts - Date.now() / 1000;
+  if (s < 60) return "in under a minute";
+  if (s < 3600) return `in ${Math.floor(s / 60)} min`;
+  if (s < 86400) return `in ${Math.floor(s / 3600)} h`;
+  return new Date(ts * 1000).toLocaleString();
+}
+
+// The tenant's schedules (GET /v1/schedules): what each does, when it fires next, what
+// its last tick did; pause or resume one. A schedule with a session opens it.
+let scheduling = null;
+async function refreshSchedules() {
+  if (scheduling) return scheduling;
+  scheduling = (async () => {
+    try {
+      const { schedules } = await api("GET", "/v1/schedules");
+      const list = $("schedule-list");
+      list.replaceChildren();
+      if (!schedules.length) list.append(el("li", "empty", "no schedules"));
+      for (const s of schedules) {
+        const item = el("li", "schedule");
+        item.dataset.schedule = s.id;
+        const badge = el("span", "badge", s.paused ? "paused" : s.policy);
+        badge.dataset.status = s.paused ? "paused" : "idle";
+        const last = s.runs[0];
+        const when = s.paused ? "paused" : `next ${until(s.next_tick)}`;
+        const meta = el("span", "session-meta",
+          `${s.explain || s.cron} (${s.timezone}) · ${s.agent} · ${when}` +
+          (last ? ` · last ${last.outcome} ${ago(last.at)}` : ""));
+        meta.title = s.input;
+        const toggle = el("button", "quiet", s.paused ? "Resume" : "Pause");
+        toggle.type = "button";
+        toggle.addEventListener("click", async (ev) => {
+          ev.stopPropagation();
+          try {
+            await api("POST", `/v1/schedules/${encodeURIComponent(s.id)}/${s.paused ? "resume" : "pause"}`);
+          } catch (error) {
+            notice(`Could not change schedule ${s.id}: ${error.message}`);
+          }
+          refreshSchedules();
+        });
+        item.append(el("span", "session-name", s.id), badge, meta, toggle);
+        if (s.session) {
+          item.classList.add("session-bound");
+          item.title = `runs in session ${s.session}`;
+          item.addEventListener("click", () => open(s.session));
+        }
+        list.append(item);
+      }
+    } catch (error) {
+      if (error.status !== 401) notice(`Could not list schedules: ${error.message}`, "list");
+    } finally {
+      scheduling = null;
+    }
+  })();
+  return scheduling;
+}
+
 function agentLabel(name, revision) {
   if (!name) return "–";
   return revision ? `${name} (revision ${revision})` : name;
@@ -805,7 +865,9 @@ function start() {
   showKeyState();
   refreshAgents();
   refreshSessions();
+  refreshSchedules();
   setInterval(refreshSessions, 10000);
+  setInterval(refreshSchedules, 10000);
   const wanted = decodeURIComponent(location.hash.slice(1));
   if (wanted) open(wanted);
   document.body.dataset.ready = "true";

@@ -365,6 +365,35 @@ async def test_the_page_lists_the_agents_and_starts_a_session_with_the_one_picke
     assert "local__count" in offered and "local__echo" not in offered
 
 
+async def test_the_page_lists_the_schedules_and_pauses_one(
+    nats_url: str, gateway_at: GatewayFactory, page: Any
+):
+    async with gateway_at(no_auth=True) as gw:
+        async with httpx.AsyncClient(base_url=gw.url) as c:
+            for body in (
+                {"id": "nightly", "cron": "0 2 * * *", "input": "tidy up", "session": "ops"},
+                {"id": "weekly", "cron": "0 9 * * 1", "timezone": "Europe/Paris", "input": "x"},
+            ):
+                assert (await c.post("/v1/schedules", json=body)).status_code == 201
+        await page.goto(gw.url)
+        nightly = page.locator("#schedule-list li[data-schedule='nightly']")
+        await nightly.wait_for()
+        assert await texts(page, "#schedule-list .session-name") == ["nightly", "weekly"]
+        meta = await nightly.locator(".session-meta").text_content() or ""
+        assert "02:00" in meta and "(UTC) · default · next in " in meta
+        weekly = page.locator("#schedule-list li[data-schedule='weekly']")
+        assert "09:00 on Monday (Europe/Paris)" in (
+            await weekly.locator(".session-meta").text_content() or ""
+        )
+        await weekly.locator("button").click()
+        await weekly.locator(".badge", has_text="paused").wait_for()
+        assert await weekly.locator("button").text_content() == "Resume"
+        async with httpx.AsyncClient(base_url=gw.url) as c:
+            assert (await c.get("/v1/schedules/weekly")).json()["paused"] is True
+        await nightly.click()  # a schedule with a session opens it
+        assert await page.locator("#session-title").text_content() == "ops"
+
+
 async def test_the_page_and_its_assets_are_served_with_a_strict_policy(
     gateway: GatewayServer,
 ):

@@ -1,0 +1,328 @@
+"""Schedules in the schedules KV bucket: checked as they come in, read, paused, resumed,
+deleted, and their ticks computed (:mod:`schemas.schedules` has the wire types).
+
+Cron expressions are parsed by cronsim (five fields, or six with seconds first), in the
+schedule's IANA time zone (:mod:`zoneinfo`; the ``tzdata`` package supplies the zones on
+a machine without ``/usr/share/zoneinfo``)::
+
+    schedule = new_schedule("acme", id="daily", cron="0 9 * * 1-5",
+                            timezone="Europe/Paris", input="Summarise yesterday")  # ScheduleError
+    store = ScheduleStore(kv, js, subjects)
+    await store.create(schedule)
+    tick = next_tick(schedule, after=time.time())
+
+The schedulers (:mod:`loopmesh.scheduler`) fire the ticks; the gateway and ``loopmesh
+schedules`` go through :class:`ScheduleStore`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+from cronsim import CronSim, CronSimError
+from nats.js import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError
+
+from schemas import DecodeError, Subjects, decode, encode, is_token, new_id
+from schemas.schedules import (
+    MAX_CATCH_UP_S,
+    MAX_CRON_CHARS,
+    MAX_INPUT_CHARS,
+    OverlapPolicy,
+    Schedule,
+    ScheduleRun,
+    ScheduleState,
+    schedule_key,
+    state_key,
+)
+
+from .kv import KV, kv_entries
+from .publisher import Publisher
+from .retry import retry
+
+POLICIES: tuple[OverlapPolicy, ...] = ("skip", "buffer_one", "allow")
+#: Schedules of one tenant at most.
+MAX_SCHEDULES = 1_000
+
+T = TypeVar("T")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot be: ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"`{field}`: {message}")
+        self.field = field
+        self.message = message
+
+
+# -- checks and ticks ----------------------------------------------------------------------
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone ``name``; :class:`ScheduleError` (field ``timezone``) if none."""
+    try:
+        if len(name) > 64:
+            raise ValueError(name)
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ScheduleError(
+            "timezone", f"{name[:80]!r} is not an IANA time zone (such as UTC or Europe/Paris)"
+        ) from None
+
+
+def check_cron(cron: str, tz: ZoneInfo) -> str:
+    """``cron``, checked: five fields (minute hour day-of-month month day-of-week) or six
+    (seconds first), and a time it matches. :class:`ScheduleError` (field ``cron``)."""
+    if len(cron) > MAX_CRON_CHARS:
+        raise ScheduleError("cron", f"over {MAX_CRON_CHARS} characters")
+    try:
+        next(CronSim(cron, datetime.now(tz)))
+    except (CronSimError, ValueError, LookupError, OverflowError) as exc:
+        raise ScheduleError(
+            "cron",
+            f"{cron[:80]!r}: {exc} (five fields: minute hour day-of-month month "
+            "day-of-week, or six with seconds first)",
+        ) from None
+    except StopIteration:
+        raise ScheduleError("cron", f"{cron[:80]!r} matches no time") from None
+    return cron
+
+
+def ticks(schedule: Schedule, after: float) -> Iterator[float]:
+    """The schedule's ticks after ``after`` (seconds since the epoch), in order."""
+    start = datetime.fromtimestamp(after, zone(schedule.timezone))
+    for at in CronSim(schedule.cron, start):
+        yield at.timestamp()
+
+
+def next_tick(schedule: Schedule, after: float) -> float | None:
+    """The schedule's first tick after ``after``, or ``None`` if it has none."""
+    return next(ticks(schedule, after), None)
+
+
+def explain(schedule: Schedule) -> str:
+    """The cron expression in words ("At 09:00 on Monday through Friday")."""
+    try:
+        return str(CronSim(schedule.cron, datetime.now(zone(schedule.timezone))).explain())
+    except Exception:  # explaining is a nicety: an expression it cannot word is still valid
+        return ""
+
+
+def new_schedule(
+    tenant: str,
+    *,
+    cron: str,
+    input: str,
+    id: str | None = None,
+    timezone: str = "UTC",
+    agent: str = "default",
+    session: str | None = None,
+    policy: str = "skip",
+    catch_up_s: float = 3600.0,
+    max_input_chars: int = MAX_INPUT_CHARS,
+    now: float | None = None,
+) -> Schedule:
+    """A new schedule of ``tenant``, every field checked; :class:`ScheduleError` names
+    the first that is wrong. (That ``agent`` is defined is for the caller to check: it
+    reads the agents bucket.)"""
+    for field, value in (("id", id), ("agent", agent), ("session", session)):
+        if value is not None and not is_token(value):
+            raise ScheduleError(
+                field, f"{value[:80]!r} must be 1-64 characters from A-Z a-z 0-9 _ -"
+            )
+    check_cron(cron, zone(timezone))
+    if not input.strip():
+        raise ScheduleError("input", "must not be empty")
+    limit = min(max_input_chars, MAX_INPUT_CHARS)
+    if len(input) > limit:
+        raise ScheduleError("input", f"{len(input)} characters, over the limit of {limit}")
+    if policy not in POLICIES:
+        raise ScheduleError("policy", f"{policy[:40]!r} is not one of {', '.join(POLICIES)}")
+    if not 0 <= catch_up_s <= MAX_CATCH_UP_S:
+        raise ScheduleError("catch_up_s", f"must be between 0 and {MAX_CATCH_UP_S:g} seconds")
+    at = time.time() if now is None else now
+    schedule = Schedule(
+        id=id or new_id(), tenant=tenant, uid=new_id(), cron=cron, timezone=timezone,
+        agent=agent, session=session, input=input, policy=policy,
+        catch_up_s=catch_up_s, created_at=at, active_since=at,
+    )  # fmt: skip
+    try:  # what the schedulers will decode: a value the checks above let by is refused here
+        decode(encode(schedule), Schedule)
+    except DecodeError as exc:
+        raise ScheduleError("schedule", str(exc)) from None
+    return schedule
+
+
+# -- the bucket ------------------------------------------------------------------------------
+
+
+class Exists(Exception):
+    """A schedule of that id exists already."""
+
+
+class ScheduleStore:
+    """A tenant's schedules and their states in the schedules bucket: reads go to the
+    leader on a cluster (:class:`~loopmesh.kv.KV`), writes are revision-checked."""
+
+    def __init__(self, kv: KV, js: JetStreamContext, subjects: Subjects) -> None:
+        self.kv = kv
+        self.js = js
+        self.subjects = subjects
+
+    async def create(self, schedule: Schedule) -> None:
+        """Store ``schedule``; :class:`Exists` if its id is taken."""
+        key = schedule.key
+        entry = await self.kv.entry(key)
+        if entry is not None and entry.value is not None:
+            raise Exists(schedule.id)
+        try:
+            await self.kv.update(key, encode(schedule), last=entry.revision if entry else 0)
+        except KeyWrongLastSequenceError:
+            raise Exists(schedule.id) from None
+
+    async def get(self, tenant: str, schedule: str) -> Schedule | None:
+        entry = await self.kv.entry(schedule_key(tenant, schedule))
+        return _decoded(entry.value if entry else None, Schedule)
+
+    async def state(self, tenant: str, schedule: str) -> tuple[ScheduleState | None, int]:
+        """The schedule's state and its revision (0: none yet)."""
+        entry = await self.kv.entry(state_key(tenant, schedule))
+        if entry is None:
+            return None, 0
+        return _decoded(entry.value, ScheduleState), entry.revision
+
+    async def all(self, tenant: str) -> list[tuple[Schedule, ScheduleState | None]]:
+        """The tenant's schedules, each with its state, by id."""
+        entries = await retry(
+            lambda: kv_entries(self.js, self.subjects.schedules_bucket, f"{tenant}.>"),
+            f"list the schedules of {tenant}",
+        )
+        found: dict[str, Schedule] = {}
+        states: dict[str, ScheduleState] = {}
+        for key, entry in entries.items():
+            parts = key.split(".")
+            if len(parts) == 2:
+                schedule = _decoded(entry.value, Schedule)
+                if schedule is not None:
+                    found[parts[1]] = schedule
+            elif len(parts) == 3 and parts[2] == "state":
+                state = _decoded(entry.value, ScheduleState)
+                if state is not None:
+                    states[parts[1]] = state
+        return [(s, _current(states.get(i), s)) for i, s in sorted(found.items())[:MAX_SCHEDULES]]
+
+    async def delete(self, tenant: str, schedule: str) -> bool:
+        """Delete the schedule and its state; whether there was one."""
+        deleted = False
+        for key in (schedule_key(tenant, schedule), state_key(tenant, schedule)):
+            while True:
+                entry = await self.kv.entry(key)
+                if entry is None or entry.value is None:
+                    break
+                try:
+                    await self.kv.delete(key, last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    continue  # a scheduler wrote meanwhile: read again
+                deleted = deleted or key == schedule_key(tenant, schedule)
+                break
+        return deleted
+
+    async def set_paused(
+        self, tenant: str, schedule: str, paused: bool, *, now: float | None = None
+    ) -> Schedule | None:
+        """Pause or resume; the schedule as it now is (``None``: there is none). A resumed
+        schedule fires from the next tick on: ticks of the pause are not caught up."""
+        key = schedule_key(tenant, schedule)
+        while True:
+            entry = await self.kv.entry(key)
+            current = _decoded(entry.value if entry else None, Schedule)
+            if entry is None or current is None:
+                return None
+            if current.paused == paused:
+                return current
+            changed = msgspec.structs.replace(current, paused=paused)
+            if not paused:
+                at = time.time() if now is None else now
+                changed = msgspec.structs.replace(changed, active_since=at)
+            try:
+                await self.kv.update(key, encode(changed), last=entry.revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return changed
+
+    async def one(self, tenant: str, schedule: str) -> tuple[Schedule, ScheduleState | None] | None:
+        found = await self.get(tenant, schedule)
+        if found is None:
+            return None
+        state, _ = await self.state(tenant, schedule)
+        return found, _current(state, found)
+
+
+def _current(state: ScheduleState | None, schedule: Schedule) -> ScheduleState | None:
+    """``state`` if it is this schedule's (not a deleted one's of the same id)."""
+    return state if state is not None and state.uid == schedule.uid else None
+
+
+def _decoded(value: bytes | None, type_: type[T]) -> T | None:
+    if not value:
+        return None
+    try:
+        return decode(value, type_)
+    except DecodeError:
+        return None
+
+
+# -- what became of the runs -------------------------------------------------------------------
+
+
+class _End(msgspec.Struct):
+    turn_id: str = ""
+    reason: str = ""
+
+
+_end = msgspec.json.Decoder(_End).decode
+
+#: ``loop_end`` events read at most to find what became of a schedule's runs.
+MAX_ENDS_READ = 500
+
+
+async def run_ends(
+    publisher: Publisher, subjects: Subjects, tenant: str, runs: tuple[ScheduleRun, ...]
+) -> dict[str, str]:
+    """The ``loop_end`` reason of each published run that has ended, by turn id: read
+    from the events stream, per session, from the oldest run's ``events_seq`` on (at
+    most :data:`MAX_ENDS_READ` events)."""
+    wanted: dict[str, set[str]] = {}
+    start: dict[str, int] = {}
+    for run in runs:
+        if run.published and run.turn_id and run.session:
+            wanted.setdefault(run.session, set()).add(run.turn_id)
+            start[run.session] = min(start.get(run.session, run.events_seq), run.events_seq)
+    ends: dict[str, str] = {}
+    budget = MAX_ENDS_READ
+    for session, turns in wanted.items():
+        subject = subjects.event(tenant, session, "loop_end")
+        seq = start[session] + 1
+        while turns and budget > 0:
+            found = await retry(
+                lambda at=seq, on=subject: publisher.next_msg(subjects.events_stream, on, at),  # type: ignore[misc]
+                f"loop ends of {tenant}.{session}",
+            )
+            if found is None:
+                break
+            budget -= 1
+            seq = found[0] + 1
+            try:
+                end = _end(found[1])
+            except msgspec.DecodeError:
+                continue
+            if end.turn_id in turns:
+                ends[end.turn_id] = end.reason
+                turns.discard(end.turn_id)
+    return ends

@@ -1,0 +1,126 @@
+"""``/v1/schedules``: create (each bad field named), list, read with the runs and what
+became of them, pause, resume, delete; one tenant never sees another's. The gateway's
+own scheduler fires them (no loop worker runs here: a run's turn stays in the stream)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from nats.aio.client import Client
+
+from loopmesh.agents import apply_agents
+from loopmesh.testing.durable import SUBJECTS, wait_for
+from schemas import AgentSpec, encode
+from schemas.events import LoopEnd
+from tests.gateway.conftest import GLOBEX_KEY, auth
+from tests.gateway.test_api import turns_in_stream
+
+EVERY_SECOND = "* * * * * *"
+
+
+async def test_a_bad_field_is_a_422_naming_it(client: httpx.AsyncClient) -> None:
+    good = {"cron": "0 9 * * 1-5", "timezone": "Europe/Paris", "input": "report"}
+    for change, field in [
+        ({"cron": "0 25 * * *"}, "cron"),
+        ({"timezone": "Mars/Olympus"}, "timezone"),
+        ({"input": " "}, "input"),
+        ({"agent": "nobody"}, "agent"),
+        ({"id": "a.b"}, "id"),
+        ({"session": "s 1"}, "session"),
+        ({"catch_up_s": -5}, "catch_up_s"),
+    ]:
+        r = await client.post("/v1/schedules", json={**good, **change})
+        assert r.status_code == 422, (change, r.text)
+        assert r.json()["error"]["field"] == field, (change, r.json())
+    r = await client.post("/v1/schedules", json={**good, "policy": "maybe"})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "policy"
+    r = await client.post("/v1/schedules", json={**good, "when": "now"})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "when"
+
+
+async def test_a_schedule_is_created_listed_read_paused_resumed_and_deleted(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"id": "weekday", "cron": "0 9 * * 1-5", "timezone": "Europe/Paris", "input": "hi"}
+    r = await client.post("/v1/schedules", json=body)
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["id"] == "weekday" and made["policy"] == "skip" and made["session"] is None
+    assert "09:00 on Monday through Friday" in made["explain"]  # cronsim's words
+    assert made["next_tick"] > time.time() and made["runs"] == []
+    r = await client.post("/v1/schedules", json=body)
+    assert r.status_code == 409 and r.json()["error"]["field"] == "id"
+
+    r = await client.get("/v1/schedules")
+    assert [s["id"] for s in r.json()["schedules"]] == ["weekday"]
+    r = await client.post("/v1/schedules/weekday/pause")
+    assert r.status_code == 200 and r.json()["paused"] and r.json()["next_tick"] is None
+    r = await client.post("/v1/schedules/weekday/resume")
+    assert r.status_code == 200 and not r.json()["paused"]
+    assert (await client.get("/v1/schedules/weekday")).json()["paused"] is False
+
+    r = await client.delete("/v1/schedules/weekday")
+    assert r.status_code == 204
+    assert (await client.get("/v1/schedules/weekday")).status_code == 404
+    assert (await client.delete("/v1/schedules/weekday")).status_code == 404
+    assert (await client.post("/v1/schedules/weekday/pause")).status_code == 404
+    assert (await client.get("/v1/schedules")).json() == {"schedules": []}
+
+
+async def test_a_tenant_sees_only_its_own_schedules(client, gateway) -> None:
+    r = await client.post("/v1/schedules", json={"id": "mine", "cron": "0 0 * * *", "input": "x"})
+    assert r.status_code == 201
+    async with httpx.AsyncClient(base_url=gateway.url, headers=auth(GLOBEX_KEY)) as other:
+        assert (await other.get("/v1/schedules")).json() == {"schedules": []}
+        assert (await other.get("/v1/schedules/mine")).status_code == 404
+        assert (await other.delete("/v1/schedules/mine")).status_code == 404
+        r = await other.post(
+            "/v1/schedules", json={"id": "mine", "cron": "0 0 * * *", "input": "y"}
+        )
+        assert r.status_code == 201  # the same id in another tenant is another schedule
+
+
+async def test_a_session_of_another_agent_is_refused(client: httpx.AsyncClient, nc: Client):
+    await apply_agents(nc.jetstream(), SUBJECTS, [AgentSpec(name="calc")])
+    assert (await client.post("/v1/sessions", json={"session": "s1"})).status_code == 201
+    body = {"cron": "0 0 * * *", "input": "x", "session": "s1", "agent": "calc"}
+    r = await client.post("/v1/schedules", json=body)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "session"
+    r = await client.post("/v1/schedules", json={**body, "session": "s2"})
+    assert r.status_code == 201  # a new session is made for the agent
+    assert (await client.get("/v1/sessions/s2")).json()["agent"] == "calc"
+
+
+async def test_runs_are_listed_with_what_became_of_them(
+    client: httpx.AsyncClient, nc: Client, nats_url: str
+):
+    body = {"id": "often", "cron": EVERY_SECOND, "input": "tick", "session": "s1"}
+    r = await client.post("/v1/schedules", json=body)
+    assert r.status_code == 201
+
+    async def runs() -> list[dict]:
+        return (await client.get("/v1/schedules/often")).json()["runs"]
+
+    async def fired() -> bool:
+        return any(r["outcome"] == "fired" and r["published"] for r in await runs())
+
+    await wait_for(fired, timeout=15, what="a run")
+    first = next(r for r in await runs() if r["outcome"] == "fired")
+    assert first["end"] is None and first["session"] == "s1"
+    assert [t.id for t, _ in await turns_in_stream(nats_url)] == [first["turn_id"]]
+
+    async def skipped() -> bool:  # policy skip: the run has not ended
+        return any(r["outcome"] == "skipped" for r in await runs())
+
+    await wait_for(skipped, timeout=15, what="a skipped tick")
+    end = LoopEnd(tenant="acme", session="s1", turn_id=first["turn_id"], reason="task_completion")
+    await nc.jetstream().publish(SUBJECTS.event("acme", "s1", "loop_end"), encode(end))
+
+    async def ended() -> bool:
+        return any(r["end"] == "task_completion" for r in await runs())
+
+    await wait_for(ended, timeout=15, what="the run's end")
+    assert (await client.post("/v1/schedules/often/pause")).status_code == 200
+    listed = (await client.get("/v1/schedules")).json()["schedules"]
+    assert len(listed[0]["runs"]) == 1 and listed[0]["runs"][0]["end"] is None
