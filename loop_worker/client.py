@@ -7,7 +7,8 @@ event of that turn as it arrives: iteration k of N, tool calls and their results
 the final answer. It exits 0 when the turn ended with ``task_completion``,
 ``converse`` or ``ask_question``, 1 when it ended otherwise, 3 on ``--timeout``.
 
-:func:`publish_turn`, :class:`Follower` and :func:`run_turn` are the same steps for programs.
+:func:`run_turn` is the same steps for programs (with :func:`loopmesh.turns.publish_turn`
+and :class:`loopmesh.turns.Follower`, imported here too).
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ import json
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TextIO
+from typing import TextIO
 
 from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js import api as js_api
 
-from loopmesh.aio import quietly
-from loopmesh.jetstream import ordered_subscribe
-from schemas import DecodeError, Subjects, Turn, encode, new_id
+from loopmesh.turns import Follower, publish_turn
+from schemas import Subjects, Turn, encode, new_id
 from schemas.events import (
+    ANSWERED,
     ApprovalDecided,
     ApprovalRequired,
     ContentDelta,
@@ -53,7 +52,6 @@ from schemas.events import (
     ToolErrorEvent,
     ToolResultEvent,
     ToolTimeout,
-    decode_event,
 )
 
 from .remote import Item, add_remote_options, client_config, open_remote, token
@@ -66,7 +64,7 @@ HELP = """Run one turn: publish it to NATS and print its events until it ends.
 Exits 0 when the agent completed the task, answered or asked a question; 1 when the
 turn failed (max iterations, error, cancelled...); 3 when --timeout passed first."""
 
-SUCCESS = frozenset({"task_completion", "converse", "ask_question"})
+SUCCESS = ANSWERED
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
 #: Said of a turn that ended by ``converse`` with no tool run: if the task needed one,
 #: it was not done.
@@ -97,59 +95,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print events as JSON lines")
     parser.add_argument("--deltas", action="store_true", help="print streamed text as it comes")
     add_remote_options(parser)
-
-
-async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> int:
-    """Publish ``turn``; return its stream sequence. Its ``Nats-Msg-Id`` is
-    ``<tenant>.<session>.<id>`` (:attr:`Turn.msg_id`): publishing it twice is
-    deduplicated, another tenant's or session's turn of the same id is not, and a
-    worker refuses a turn published under another id."""
-    ack = await js.publish(
-        subjects.turn(turn.tenant, turn.session),
-        encode(turn),
-        headers={"Nats-Msg-Id": turn.msg_id},
-    )
-    return ack.seq
-
-
-class Follower:
-    """An ordered consumer on one session's events: ``async with Follower(...) as f``,
-    then publish, then ``async for event in f``."""
-
-    def __init__(
-        self, nc: Client, subjects: Subjects, tenant: str, session: str, *, start_seq: int = 0
-    ) -> None:
-        self._nc = nc
-        self._subject = subjects.session_events(tenant, session)
-        self._start_seq = start_seq
-        self._sub: JetStreamContext.PushSubscription | None = None
-
-    async def __aenter__(self) -> Follower:
-        kwargs: dict[str, Any] = {"deliver_policy": js_api.DeliverPolicy.NEW}
-        if self._start_seq:
-            kwargs = {
-                "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
-                "config": js_api.ConsumerConfig(opt_start_seq=self._start_seq),
-            }
-        self._sub = await ordered_subscribe(self._nc, self._subject, **kwargs)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            await quietly(sub.unsubscribe())
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
-
-    async def _events(self) -> AsyncIterator[Event]:
-        assert self._sub is not None
-        while True:
-            msg = await self._sub.next_msg(timeout=None)
-            try:
-                yield decode_event(msg.data)
-            except DecodeError:
-                continue  # not an event at all (newer ones decode to a generic form)
 
 
 async def run_turn(

@@ -285,7 +285,7 @@ async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
 
 
 async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int:
-    from loop_worker.client import publish_turn
+    from loopmesh.turns import publish_turn
 
     return await publish_turn(nc.jetstream(), subjects, turn)
 
@@ -294,7 +294,7 @@ class Watch:
     """Every event of one session from now on, in stream order; wait on them."""
 
     def __init__(self, nc: Client, tenant: str = "acme", session: str = "s1") -> None:
-        from loop_worker.client import Follower
+        from loopmesh.turns import Follower
 
         self.events: list[Event] = []
         self._follower = Follower(nc, SUBJECTS, tenant, session)
