@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "tools": "tool_worker.cli_catalog",
     "agents": "loop_worker.cli_agents",
     "exporter": "loopmesh.exporter",
+    "nats-agents": "nats_agents.cli",
 }
 
 DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."

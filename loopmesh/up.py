@@ -60,6 +60,7 @@ UP_SERVICES: dict[str, str] = {
     "loop-worker": "loop_worker.cli",
     "gateway": "gateway.cli",
     "exporter": "loopmesh.exporter",
+    "nats-agents": "nats_agents.cli",
 }
 
 
