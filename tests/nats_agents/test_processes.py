@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from synadia_ai.agents import Agents, ResponseChunk
 
-from loopmesh.testing.durable import Proc, connect_fast
+from loopmesh.provision import provision_all
+from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import Proc, connect_fast, wait_for
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
 from tests.e2e.test_up_run import llm_env, stop_and_check_nothing_left, up
@@ -46,3 +48,25 @@ async def test_nats_agents_alone_refuses_to_start_without_a_tenant(nats_server: 
     await proc.close()
     out = "\n".join(proc.lines)
     assert code != 0 and "[nats_agents] tenant" in out and "carries no tenant" in out, out
+
+
+async def test_sigterm_withdraws_the_agents_and_exits_0(nats_server: object):
+    url: str = nats_server.url  # type: ignore[attr-defined]
+    nc = await connect_fast(url)
+    await provision_all(nc, NatsSettings(url=url))
+    proc = Proc("-m", "loopmesh", "nats-agents", "--nats-url", url, "--tenant", "acme")
+    agents = Agents(nc=nc)
+    try:
+        await proc.start()
+        assert "tenant acme" in await proc.wait_line("nats-agents serving")
+        await wait_for(lambda: served(agents), what="the default agent to be discovered")
+        assert await proc.terminate(60) == 0, proc.output()
+        assert not await served(agents)  # withdrawn, not left to time out
+    finally:
+        await proc.close()
+        await agents.close()
+        await nc.close()
+
+
+async def served(agents: Agents) -> bool:
+    return any(a.agent == "loopmesh" for a in await agents.discover())
