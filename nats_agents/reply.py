@@ -12,6 +12,8 @@ worker) is held until the loop has kept it:
   on the way (``I'll count them.``), and goes out as a ``response`` chunk then, before
   the tool runs: a caller reads the turn as it goes, a step at a time;
 - when the reply was taken as the answer (a ``message`` event), its text goes out then;
+- when the next model call starts (``llm_request``) with text still held, the loop kept
+  it (an orchestrator step's result, said without a tool call): it goes out then;
 - a ``retract``, or a fatal ``error`` (a model call that failed for good), drops what
   is held.
 
@@ -33,6 +35,7 @@ from schemas.events import (
     ContentDelta,
     Error,
     Event,
+    LLMRequest,
     LoopEnd,
     Message,
     Retract,
@@ -67,7 +70,7 @@ class Reply:
                 self._held.append(text)
             case Retract():
                 self._held.clear()
-            case ToolCallEvent() | Message():
+            case ToolCallEvent() | Message() | LLMRequest():
                 return self._keep()
             case Error(code=code, fatal=True):  # the reply in progress is given up
                 self._codes.append(code)

@@ -15,6 +15,7 @@ from schemas.events import (
     ContentDelta,
     Error,
     Event,
+    LLMRequest,
     LoopEnd,
     LoopIteration,
     Message,
@@ -60,6 +61,11 @@ def test_text_before_a_tool_call_goes_out_at_the_call_and_the_answer_follows_it(
         end("task_completion", "There are 3."),
     )
     assert texts == ["Let me count.", "\n\nThere are 3."]
+
+
+def test_a_reply_the_loop_kept_without_a_tool_call_goes_out_at_the_next_model_call():
+    step = LLMRequest(model="executor", **IDS)  # an orchestrator's next step
+    assert sent(Reply(TURN), step, delta("Step 1 done."), step) == ["Step 1 done."]
 
 
 def test_an_answer_the_model_streamed_is_sent_once():
