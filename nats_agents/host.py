@@ -131,6 +131,10 @@ class AgentHost:
 
     async def around_request(self, ctx: RequestInterceptorContext, call_next: CallNext) -> None:
         """Before the ack: make the prompt a turn, or refuse it (``400``)."""
+        if self._cut.is_set():
+            raise RequestRejectedError(
+                500, f"the host of agent {self.name} is stopping: send the prompt again"
+            )
         settings = self._settings
         turn = turn_of(
             ctx.envelope,
@@ -158,24 +162,30 @@ class AgentHost:
     async def _prompt(self, envelope: Envelope, stream: PromptStream) -> None:
         turn = _turn.get()
         timeout_s = self._settings.turn_timeout_s
-        where = f"turn {turn.id} goes on in session {turn.session}"
+        published = asyncio.Event()
         log.info("prompt agent=%s session=%s turn=%s", self.name, turn.session, turn.id)
         try:
             async with asyncio.timeout(timeout_s):
-                ended = await unless(self._cut, self._follow(turn, stream))
+                ended = await unless(self._cut, self._follow(turn, stream, published))
         except TimeoutError:
+            why = f"no end of the turn within {timeout_s:g} s"
+        else:
+            if ended:
+                return
+            why = f"the host of agent {self.name} stopped"
+        if published.is_set():
             raise RequestRejectedError(
-                500, f"no end of the turn within {timeout_s:g} s; {where}"
-            ) from None
-        if not ended:
-            raise RequestRejectedError(500, f"the host of agent {self.name} stopped; {where}")
+                500, f"{why}; turn {turn.id} goes on in session {turn.session}"
+            )
+        raise RequestRejectedError(500, f"{why} before the turn was sent: send it again")
 
-    async def _follow(self, turn: Turn, stream: PromptStream) -> None:
+    async def _follow(self, turn: Turn, stream: PromptStream, published: asyncio.Event) -> None:
         """Publish ``turn`` and stream its events to its ``loop_end``."""
         reply = Reply(turn)
         try:
             async with Follower(self._nc, self._subjects, turn.tenant, turn.session) as events:
                 await publish_turn(self._js, self._subjects, turn)
+                published.set()
                 async for event in events:
                     if event.turn_id != turn.id:
                         continue
