@@ -21,6 +21,7 @@ COPY loop_worker ./loop_worker
 COPY tool_worker ./tool_worker
 COPY gateway ./gateway
 COPY webhooks ./webhooks
+COPY nats_agents ./nats_agents
 # [otel]: OTLP trace export, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set
 RUN pip install --no-compile '.[otel]' && rm -rf /opt/loopmesh/*
 

@@ -2,7 +2,7 @@
 
 Provisioning puts each agent's :class:`~schemas.agents.AgentSpec` under its name
 (``loopmesh/agents.py``); :class:`AgentBook` watches the bucket as the catalog watches
-its own (:class:`~.watch.BucketWatch`) and is the engine's
+its own (:class:`loopmesh.agents.AgentsWatch`) and is the engine's
 :class:`~loop_worker.engine.protocols.Agents`: a turn waits for the first load, then
 runs the definition as it stands when it starts, with the entry's revision. A change
 (``nats kv put``, or provisioning from a changed configuration) reaches the next turn.
@@ -23,27 +23,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from loopmesh.agents import spec_of
+from loopmesh.agents import AgentsWatch
 from schemas import DEFAULT_AGENT, AgentSpec, ToolSpec
 from schemas.agents import default_agent
 
 from .engine.approvals import Approvals
 from .errors import AgentsNotLoadedError
-from .watch import BucketWatch
 
 log = logging.getLogger("loopmesh.loop_worker.agents")
 
 _DEFAULT = default_agent()
 
 
-class AgentBook(BucketWatch[AgentSpec]):
-    """Every agent in the agents bucket, kept current by a KV watch."""
-
-    what = "agents"
-    values_change = True  # a changed definition is reported again
-
-    def decode(self, key: str, revision: int, value: bytes) -> AgentSpec | None:
-        return spec_of(key, value, revision)
+class AgentBook(AgentsWatch):
+    """Every agent in the agents bucket, kept current by a KV watch; ``default`` too."""
 
     def not_loaded(self, timeout_s: float, last: BaseException | None) -> Exception:
         return AgentsNotLoadedError(self.bucket, timeout_s, last)

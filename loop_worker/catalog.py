@@ -2,7 +2,7 @@
 
 Tool workers put each tool's :class:`~schemas.ToolSpec` under ``<server>.<tool>`` and
 put it again every third of the bucket's TTL (``tool_worker/catalog.py``). A
-:class:`Catalog` watches the bucket (:class:`~.watch.BucketWatch`, which says how): a
+:class:`Catalog` watches the bucket (:class:`loopmesh.watch.BucketWatch`, which says how): a
 tool is offered from the moment its worker has put it, and withdrawn when its key is
 deleted or purged, or when its TTL lapses with no newer put. A spec that says
 ``pinned`` (put with ``Nats-TTL: never`` for a pool that may scale to zero,
@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from loopmesh.watch import BucketWatch
 from schemas import DecodeError, ToolSpec, decode
 
 from .errors import CatalogNotLoadedError
-from .watch import BucketWatch
 
 log = logging.getLogger("loopmesh.loop_worker.catalog")
 

@@ -8,7 +8,8 @@ message naming the field) and provisioning makes the bucket hold exactly them
 is always there: when no table names it, it is the deployment's ``[loop]``.
 
 Readers: :func:`read_agents` reads the whole bucket at once (the gateway, the CLI);
-loop workers watch it (``loop_worker/agents.py``).
+:class:`AgentsWatch` keeps it current with a KV watch (the loop workers'
+``loop_worker/agents.py``, and the NATS Agent Protocol's host, ``nats_agents/``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from schemas import DecodeError, Subjects, decode, encode
 from schemas.agents import DEFAULT_AGENT, AgentSpec, default_agent
 
 from .kv import kv_entries
+from .watch import BucketWatch
 from .webhook import WebhookRequest
 
 log = logging.getLogger("loopmesh.agents")
@@ -93,6 +95,18 @@ def spec_of(key: str, value: bytes | None, revision: int) -> AgentSpec | None:
         log.warning("agent definition under another name key=%s name=%s", key, spec.name)
         return None
     return msgspec.structs.replace(spec, revision=revision)
+
+
+class AgentsWatch(BucketWatch[AgentSpec]):
+    """Every agent the agents bucket holds, each with its revision, kept current by a KV
+    watch (:class:`~loopmesh.watch.BucketWatch` says how). ``default`` is there only when
+    the bucket holds it; a changed definition calls ``on_change`` too."""
+
+    what = "agents"
+    values_change = True
+
+    def decode(self, key: str, revision: int, value: bytes) -> AgentSpec | None:
+        return spec_of(key, value, revision)
 
 
 async def read_agents(

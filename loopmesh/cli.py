@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     "schedules": "loop_worker.cli_schedules",
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
+    "nats-agents": "nats_agents.cli",
 }
 
 DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."

@@ -61,6 +61,7 @@ UP_SERVICES: dict[str, str] = {
     "gateway": "gateway.cli",
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
+    "nats-agents": "nats_agents.cli",
 }
 
 

@@ -293,6 +293,11 @@ EndReason = Literal[
 ]
 
 
+#: The ends of a turn that answered: its ``loop_end`` content is the answer (a caller's
+#: result, the CLI's success, the NATS Agent Protocol's reply); any other is a failure.
+ANSWERED: frozenset[str] = frozenset({"task_completion", "converse", "ask_question"})
+
+
 class LoopEnd(Event, tag="loop_end", frozen=True, kw_only=True):
     reason: EndReason
     content: str = ""

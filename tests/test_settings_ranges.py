@@ -11,9 +11,10 @@ import pytest
 from gateway.settings import GatewayConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.settings import RuntimeConfig
+from nats_agents.settings import NatsAgentsConfig
 from tool_worker.config import ToolWorkerConfig
 
-CONFIGS = [LoopWorkerConfig, ToolWorkerConfig, RuntimeConfig, GatewayConfig]
+CONFIGS = [LoopWorkerConfig, ToolWorkerConfig, RuntimeConfig, GatewayConfig, NatsAgentsConfig]
 
 
 def numeric_fields(info: mi.Type, path: str = "$") -> list[tuple[str, mi.Type]]:

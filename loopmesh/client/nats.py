@@ -28,7 +28,8 @@ from loopmesh.errors import NatsConnectError, NatsTlsError
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import DEFAULT_URL, connect
 from loopmesh.settings import NatsSettings
-from schemas import AgentSpec, Control, Subjects, Turn, encode
+from loopmesh.turns import publish_turn
+from schemas import AgentSpec, Control, Subjects, Turn
 from schemas.agents import default_agent
 
 from .errors import NotSetUp, Unauthorized, Unavailable
@@ -38,16 +39,6 @@ T = TypeVar("T")
 
 #: Seconds between tries while ``wait_s`` lasts (NATS not up yet, streams not made yet).
 RETRY_EVERY_S = 0.5
-
-
-async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> js_api.PubAck:
-    """Publish ``turn`` to its session's subject; the stream's ack. Its ``Nats-Msg-Id`` is
-    ``<tenant>.<session>.<id>`` (:attr:`Turn.msg_id`): publishing it twice is
-    deduplicated (``ack.duplicate``), another tenant's or session's turn of the same id
-    is not, and a worker refuses a turn published under another id."""
-    return await js.publish(
-        subjects.turn(turn.tenant, turn.session), encode(turn), headers={"Nats-Msg-Id": turn.msg_id}
-    )
 
 
 async def follow_session(

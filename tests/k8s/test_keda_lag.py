@@ -23,11 +23,11 @@ from nats.aio.client import Client
 from loop_worker import cli as loop_cli
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.settings import LLMSettings
-from loopmesh.client.nats import publish_turn
 from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import text
+from loopmesh.turns import publish_turn
 from schemas import Subjects, ToolCallRequest, Turn, call_id, encode, new_id
 from tool_worker import cli as tool_cli
 from tool_worker.config import ToolWorkerConfig, ToolWorkerSettings

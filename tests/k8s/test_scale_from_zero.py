@@ -12,13 +12,13 @@ from loop_worker import cli as loop_cli
 from loop_worker.catalog import Catalog
 from loop_worker.config import LoopWorkerConfig
 from loop_worker.engine.settings import LLMSettings
-from loopmesh.client.nats import publish_turn
 from loopmesh.provision import provision
 from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import stream_events, wait_for
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import tool_calls
+from loopmesh.turns import publish_turn
 from schemas import Subjects, Turn, definitions, new_id
 from schemas.events import LoopEnd, ToolResultEvent
 from tests.conftest import skip_without_msg_ttl

@@ -304,7 +304,7 @@ async def _ready(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
 
 
 async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int:
-    from loopmesh.client.nats import publish_turn
+    from loopmesh.turns import publish_turn
 
     return (await publish_turn(nc.jetstream(), subjects, turn)).seq
 

@@ -1,9 +1,10 @@
-"""A KV bucket as a loop worker sees it: every entry, kept current by a live watch.
+"""A KV bucket as a service sees it: every entry, kept current by a live watch.
 
 :class:`BucketWatch` watches a bucket (``kv.watchall()``) and keeps what each key holds,
-decoded by the subclass: the tool catalog (:mod:`.catalog`) and the named agents
-(:mod:`.agents`) are two. An entry is there from the moment it was put, and gone when
-its key is deleted or purged.
+decoded by the subclass: the loop worker's tool catalog (``loop_worker/catalog.py``) and
+the named agents (:class:`loopmesh.agents.AgentsWatch`, which the loop worker and the
+NATS Agent Protocol's host both watch) are two. An entry is there from the moment it was
+put, and gone when its key is deleted or purged.
 
 Expiry: on nats-server 2.15 a key that lapses through the bucket's TTL (``max_age``)
 produces no watch update (the server drops the message and tells no consumer unless
@@ -45,7 +46,7 @@ from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
 
-log = logging.getLogger("loopmesh.loop_worker.watch")
+log = logging.getLogger("loopmesh.watch")
 
 T = TypeVar("T")
 
