@@ -29,6 +29,7 @@ from loopmesh.aio import quietly
 from loopmesh.jetstream import ordered_subscribe
 from schemas import DecodeError, Subjects, Turn, encode, new_id
 from schemas.events import (
+    ANSWERED,
     ApprovalDecided,
     ApprovalRequired,
     ContentDelta,
@@ -66,7 +67,7 @@ HELP = """Run one turn: publish it to NATS and print its events until it ends.
 Exits 0 when the agent completed the task, answered or asked a question; 1 when the
 turn failed (max iterations, error, cancelled...); 3 when --timeout passed first."""
 
-SUCCESS = frozenset({"task_completion", "converse", "ask_question"})
+SUCCESS = ANSWERED
 EXIT_OK, EXIT_FAILED, EXIT_TIMEOUT = 0, 1, 3
 #: Said of a turn that ended by ``converse`` with no tool run: if the task needed one,
 #: it was not done.

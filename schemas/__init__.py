@@ -19,7 +19,7 @@ from .ids import (
 from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
-from .types import AGENTS_SERVER, SCHEMA_VERSION, Parent, Token
+from .types import AGENTS_SERVER, BUILTIN_SERVER, SCHEMA_VERSION, Parent, Token
 from .wire import (
     ApprovalDecision,
     Cancel,
@@ -39,6 +39,7 @@ from .wire import (
 
 __all__ = [
     "AGENTS_SERVER",
+    "BUILTIN_SERVER",
     "DEFAULT_AGENT",
     "EVENT_NAMES",
     "EVENT_TYPES",

@@ -288,6 +288,10 @@ EndReason = Literal[
     "budget",
 ]
 
+#: The reasons a turn ends with an answer (its ``loop_end`` content): the task done, a
+#: reply, or a question back. Every other reason is a failure (a limit, an error, a cancel).
+ANSWERED: frozenset[EndReason] = frozenset({"task_completion", "converse", "ask_question"})
+
 
 class LoopEnd(Event, tag="loop_end", frozen=True, kw_only=True):
     reason: EndReason

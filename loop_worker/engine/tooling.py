@@ -30,6 +30,7 @@ from schemas import (
     call_id,
 )
 from schemas.events import (
+    ANSWERED,
     ApprovalDecided,
     ApprovalRequired,
     Event,
@@ -164,10 +165,6 @@ def text_calls(
             item.arguments,
         )
     return calls
-
-
-#: How a called agent's turn ends when it answered: its ``loop_end`` content is the result.
-ANSWERED = frozenset({"task_completion", "converse", "ask_question"})
 
 
 class ToolRunner:
