@@ -572,7 +572,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return _error(NotFound(f"no route {request.url.path}"))
     error = GatewayError(str(exc.detail))
     error.status, error.code = exc.status_code, "http_error"
-    return _error(error)
+    response = _error(error)
+    response.headers.update(exc.headers or {})  # a 405's Allow
+    return response
 
 
 async def _crash(request: Request, exc: Exception) -> Response:

@@ -20,9 +20,10 @@ from mcp.shared.exceptions import MCPError
 
 from gateway.server import GatewayServer
 from loopmesh.agents import apply_agents
-from loopmesh.testing.durable import SUBJECTS, stream_events
-from loopmesh.testing.fake_replies import error
+from loopmesh.testing.durable import ROOT, SUBJECTS, Proc, stream_events
+from loopmesh.testing.fake_replies import error, tool_calls
 from schemas import AgentSpec
+from schemas.agents import default_agent
 from schemas.events import LoopEnd, LoopStart
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, GatewayFactory, auth
 from tests.loop_worker.durable import Mesh, Watch, count_task, mesh_on
@@ -33,6 +34,7 @@ COUNTER = AgentSpec(
     instructions="You count.",
     tools=("local.count",),
 )
+DEFAULT_DESCRIPTION = default_agent().description
 ECHOER = AgentSpec(name="echoer", description="Says things back.", tools=("local.echo",))
 
 
@@ -246,6 +248,10 @@ async def test_the_key_decides_the_tenant_and_no_key_gets_nothing(
     # what an HTTP client sees: 401, with a JSON-RPC error saying why
     async with httpx.AsyncClient(base_url=gateway.url) as bare:
         r = await bare.post("/mcp", json=_LIST, headers=_ACCEPT)
+        # stateless: no stream to open, no session to end
+        for method in ("GET", "DELETE"):
+            answer = await bare.request(method, "/mcp", headers={**_ACCEPT, **auth(ACME_KEY)})
+            assert answer.status_code == 405 and answer.headers["allow"] == "POST"
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert r.json() == {
         "jsonrpc": "2.0",
@@ -272,10 +278,69 @@ async def test_without_keys_only_a_loopback_host_reaches_the_agents(gateway_at: 
     async with gateway_at(no_auth=True) as gw, httpx.AsyncClient(base_url=gw.url) as c:
         headers = {**_ACCEPT, "MCP-Protocol-Version": "2026-07-28"}
         rebound = await c.post("/mcp", json=_LIST, headers={**headers, "Host": "evil.example"})
-        assert rebound.status_code in (400, 421), rebound.text
+        assert rebound.status_code == 421, rebound.text
         from_page = await c.post(
             "/mcp", json=_LIST, headers={**headers, "Origin": "http://evil.example"}
         )
         assert from_page.status_code == 403, from_page.text
     async with gateway_at(no_auth=True) as gw, connected(gw, None) as mcp:
         assert [t.name for t in (await mcp.list_tools()).tools] == ["default"]
+
+
+async def test_the_example_lists_the_agents_and_calls_one_as_the_docs_show(
+    mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    url = f"{gateway.url}/mcp"
+
+    async def example(*args: str) -> list[str]:
+        proc = Proc(
+            str(ROOT / "examples" / "mcp_call.py"), "--url", url, *args,
+            env={"LOOPMESH_API_KEY": ACME_KEY},
+        )  # fmt: skip
+        await proc.start()
+        assert proc.proc is not None
+        assert await asyncio.wait_for(proc.proc.wait(), 60) == 0, proc.output()
+        await proc.close()
+        return proc.lines
+
+    assert await example() == ["default: " + DEFAULT_DESCRIPTION, f"counter: {COUNTER.description}"]
+    lines = await example("counter", count_task(tmp_path / "n", "a"))
+    assert lines[:3] == ["  … iteration 1 of 6", "  … calling local.count", "  … iteration 2 of 6"]
+    assert lines[3] == "done: counted a"
+    assert lines[4].startswith("session: ") and lines[4].endswith(" (task_completion)")
+    session = lines[4].split()[1]
+    again = await example("counter", count_task(tmp_path / "n", "b"), "--session", session)
+    assert again[-1] == f"session: {session} (task_completion)"
+    assert (tmp_path / "n").read_text() == "a\nb\n"
+
+
+async def test_the_python_snippet_in_the_agents_doc_works(
+    mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    calc = AgentSpec(name="calc", description="Does arithmetic.")
+    await apply_agents(mesh.nc.jetstream(), SUBJECTS, [COUNTER, calc])
+    assert await mesh.running[-1].service.agents.wait_for(lambda b: b.get("calc"), 10)
+    assert mesh.fake is not None
+    mesh.fake.script(
+        tool_calls(("task_completion", {"result": "17 * 23 = 391"})),
+        tool_calls(("task_completion", {"result": "391 / 2 = 195.5"})),
+    )
+    doc = (ROOT / "docs" / "AGENTS.md").read_text()
+    snippet = doc.split("**From Python**", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "snippet.py"
+    script.write_text(
+        snippet.replace("http://127.0.0.1:8080/mcp", f"{gateway.url}/mcp").replace(
+            "<key>", ACME_KEY
+        )
+    )
+    proc = Proc(str(script))
+    await proc.start()
+    assert proc.proc is not None
+    assert await asyncio.wait_for(proc.proc.wait(), 60) == 0, proc.output()
+    await proc.close()
+    assert proc.lines == [
+        "['default', 'calc', 'counter']",
+        "… iteration 1 of 6",
+        "17 * 23 = 391",
+        "391 / 2 = 195.5",
+    ]
