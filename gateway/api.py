@@ -255,3 +255,32 @@ LatestEvents = Annotated[
 def json_response(obj: Any, status: int = 200) -> Response:
     """``obj`` (a Struct of this module, or plain data) as a JSON response."""
     return Response(msgspec.json.encode(obj), status_code=status, media_type="application/json")
+
+
+# -- POST /mcp: JSON-RPC 2.0, as the MCP specification defines it (docs/AGENTS.md) -----
+
+
+class JsonRpcMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One MCP message: a request (with ``id``; ``tools/list``, ``tools/call``, ...) or
+    a notification (without). Send ``Accept: application/json, text/event-stream``."""
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    id: int | str | None = None
+    params: dict[str, Any] | None = None
+
+
+class JsonRpcError(msgspec.Struct, frozen=True, kw_only=True):
+    code: int
+    message: str
+    data: Any = None
+
+
+class JsonRpcAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's answer: its ``result``, or an ``error`` (``id`` null when the
+    request was refused before its id was read: no key, a body that is not JSON-RPC)."""
+
+    jsonrpc: Literal["2.0"]
+    id: int | str | None
+    result: dict[str, Any] | None = None
+    error: JsonRpcError | None = None

@@ -59,7 +59,7 @@ from .schedules import Schedules
 from .settings import GatewaySettings, OnBusy
 from .sse import SseResponse
 from .stream import EventStream
-from .traces import turn_span
+from .traces import TURNS_ROUTE, turn_span
 
 log = logging.getLogger("loopmesh.gateway")
 
@@ -187,6 +187,17 @@ class Gateway:
         turn_id = check_id(key, "Idempotency-Key") if key is not None else new_id()
         body = await self.body(request, api.PostTurn)
         turn = self.turn(who, session, turn_id, body)
+        last = await self.start_turn(request, turn)
+        url = f"/v1/sessions/{session}/events?turn={turn_id}&since={last}"
+        return _json(api.TurnPosted(turn_id=turn_id, session=session, events_url=url), 202)
+
+    async def start_turn(self, request: Request, turn: Turn, route: str = TURNS_ROUTE) -> int:
+        """Publish ``turn`` (built by :meth:`turn`): its agent checked, a busy session
+        refused at once when the turn asks ``on_busy=reject``, its session created for
+        its agent. Returns the events stream's sequence after which its events come (0
+        for a retried turn, which may have run already). ``route``: what the request
+        was, for its span."""
+        tenant, session = turn.tenant, turn.session
         if turn.agent is not None:
             await self.known_agent(turn.agent)
         if turn.webhook is not None:
@@ -195,23 +206,21 @@ class Gateway:
             except InvalidWebhook as exc:
                 raise Unprocessable(exc.message, field=exc.field) from None
         if (turn.on_busy or self.on_busy) == "reject":
-            busy = await self.backend.unfinished(who.tenant, session)
+            busy = await self.backend.unfinished(tenant, session)
             if busy:
                 names = ", ".join(t.turn_id for t in busy)
                 raise Busy(
                     f"session {session} is busy with turn {names}; this turn asked "
                     "on_busy=reject (enqueue waits, interrupt stops the running turn)"
                 )
-        await self.backend.create_session(who.tenant, session, turn.agent or DEFAULT_AGENT)
+        await self.backend.create_session(tenant, session, turn.agent or DEFAULT_AGENT)
         _, last = await self.backend.events_bounds()
-        with turn_span(request, turn):  # continues the caller's traceparent; off: a no-op
+        with turn_span(request, turn, route):  # continues the caller's traceparent; off: a no-op
             # the turn's message carries the trace on (the caller's own while off)
             if await self.backend.publish_turn(turn, tracing.forward(request.headers)):
-                last = 0  # a retry: the turn may have run already; its events from the start
-            else:
-                self.metrics.turns.inc()
-        url = f"/v1/sessions/{session}/events?turn={turn_id}&since={last}"
-        return _json(api.TurnPosted(turn_id=turn_id, session=session, events_url=url), 202)
+                return 0  # a retry: the turn may have run already; its events from the start
+        self.metrics.turns.inc()
+        return last
 
     def turn(self, who: Principal, session: str, turn_id: str, body: api.PostTurn) -> Turn:
         s = self.settings
@@ -421,7 +430,8 @@ class Gateway:
 
     openapi_json: bytes = b""
 
-    def operations(self) -> list[tuple[Operation, Callable[[Request], Awaitable[Response]]]]:
+    def operations(self, mcp: ASGIApp | None = None) -> list[tuple[Operation, Any]]:
+        """The operations and their handlers; ``mcp``: the ASGI app of ``/mcp``, if served."""
         since = Param("since", "query", "stream events after this sequence (history)", _INT)
         turn = Param("turn", "query", "only this turn's events", _TOKEN)
         last_id = Param("Last-Event-ID", "header", "resume after this sequence", _INT_TEXT)
@@ -445,6 +455,12 @@ class Gateway:
             )
             for kind in ("cancel", "pause", "resume")
         ]
+        mcp_ops = [
+            (Operation("POST", "/mcp", "MCP over streamable HTTP: the agents as tools "
+                       "(docs/AGENTS.md)", 200, api.JsonRpcAnswer, api.JsonRpcMessage,
+                       (MCP_ACCEPT, MCP_VERSION), (400, 401, 403, 404, 406, 413, 421, 429),
+                       tags=("agents",), error_body=api.JsonRpcAnswer, streams=True), mcp)
+        ] if mcp is not None else []  # fmt: skip
         return [
             (Operation("POST", "/v1/sessions", "create a session", 201, api.SessionCreated,
                        api.CreateSession, errors=(400, 401, 409, 413, 422, 429, 503)),
@@ -478,6 +494,7 @@ class Gateway:
                        200, api.Usage, params=(days,), errors=(401, 422, 429, 503),
                        tags=("usage",)), self.usage),
             *self.schedules.operations(),
+            *mcp_ops,
             (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
                        tags=("health",)), self.healthz),
             (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,
@@ -485,13 +502,24 @@ class Gateway:
         ]  # fmt: skip
 
 
+MCP_ACCEPT = Param(
+    "Accept", "header", "what the answer may be: both are needed",
+    {"type": "string", "enum": ["application/json, text/event-stream"]}, True,
+)  # fmt: skip
+MCP_VERSION = Param(
+    "MCP-Protocol-Version", "header",
+    "the protocol revision: 2026-07-28 (stateless requests), or, after an `initialize` "
+    "handshake, the one it agreed", {"type": "string"},
+)  # fmt: skip
 _INT = {"type": "integer", "minimum": 0}
 _INT_TEXT = {"type": "string", "pattern": r"^[0-9]{1,19}$"}
 _TOKEN = {"type": "string", "pattern": api.PATH_ID_PATTERN}
 
 
-def create_app(gateway: Gateway) -> Starlette:
-    ops = gateway.operations()
+def create_app(gateway: Gateway, mcp: ASGIApp | None = None) -> Starlette:
+    """The app of ``gateway``'s operations, with ``mcp`` (:class:`gateway.mcp.McpEndpoint`)
+    served at ``/mcp`` when given."""
+    ops = gateway.operations(mcp)
     gateway.openapi_json = msgspec.json.encode(
         document([op for op, _ in ops], title="loopmesh gateway", version=VERSION)
     )
@@ -556,7 +584,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         return _error(NotFound(f"no route {request.url.path}"))
     error = GatewayError(str(exc.detail))
     error.status, error.code = exc.status_code, "http_error"
-    return _error(error)
+    response = _error(error)
+    response.headers.update(exc.headers or {})  # a 405's Allow
+    return response
 
 
 async def _crash(request: Request, exc: Exception) -> Response:

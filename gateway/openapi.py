@@ -17,11 +17,16 @@ from .api import PATH_ID_PATTERN, ErrorBody
 REF = "#/components/schemas/{name}"
 
 _STATUS_TEXT = {
+    202: "a notification, accepted",
     400: "malformed body: the message names the bad field's path",
     401: "missing or unknown API key",
-    404: "no such session or schedule in this tenant, no such agent (or no such route)",
+    403: "an Origin header that is not a loopback one (no-auth mode)",
+    405: "a method this path does not serve",
+    406: "an Accept header without application/json and text/event-stream",
+    404: "no such session or schedule in this tenant, no such agent, no such route (or MCP method)",
     409: "the session or schedule exists already",
     413: "body over the size limit",
+    421: "a Host header that is not a loopback one (no-auth mode)",
     422: "a value out of bounds or an invalid id: `field` names it",
     429: "over the key's rate limit (see Retry-After) or its cap on open streams",
     503: "NATS did not answer in time",
@@ -50,6 +55,11 @@ class Operation:
     media: str = "application/json"
     public: bool = False  # no API key needed
     tags: tuple[str, ...] = field(default=("sessions",))
+    # An endpoint whose answers another specification defines (``/mcp``: JSON-RPC):
+    # errors carry this type instead of ErrorBody, the OK answer is JSON or a stream
+    # of it (``text/event-stream``), and 202 acknowledges a notification.
+    error_body: Any = ErrorBody
+    streams: bool = False
 
 
 SESSION = Param(
@@ -64,7 +74,7 @@ AGENT = Param("agent", "path", "agent name", {"type": "string", "pattern": PATH_
 def document(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
     types: list[Any] = [ErrorBody, AnyEvent]
     for op in operations:
-        for t in (op.body, op.response):
+        for t in (op.body, op.response, op.error_body):
             if t is not None and t not in types:
                 types.append(t)
     refs, components = msgspec.json.schema_components(types, ref_template=REF)
@@ -103,14 +113,23 @@ def document(operations: list[Operation], *, title: str, version: str) -> dict[s
             }
         elif op.response is not None:
             ok["content"] = {op.media: {"schema": ref_of[_key(op.response)]}}
+            if op.streams:  # each event: `data` holds one JSON message (the answer last)
+                data = {"type": "string", "contentMediaType": "application/json",
+                        "contentSchema": ref_of[_key(op.response)]}  # fmt: skip
+                event = {"type": "object", "required": ["data"],
+                         "properties": {"event": {"type": "string"}, "data": data,
+                                        "id": {"type": "string"}}}  # fmt: skip
+                ok["content"]["text/event-stream"] = {"schema": event}
         elif op.media != "application/json":
             ok["content"] = {op.media: {"schema": {"type": "string"}}}
         entry["responses"][str(op.ok)] = ok
+        if op.streams:
+            entry["responses"]["202"] = {"description": _STATUS_TEXT[202]}
         errors = op.errors if not op.public else tuple(e for e in op.errors if e not in (401, 429))
         for status in errors:
             entry["responses"][str(status)] = {
                 "description": _STATUS_TEXT[status],
-                "content": {"application/json": {"schema": ref_of[_key(ErrorBody)]}},
+                "content": {"application/json": {"schema": ref_of[_key(op.error_body)]}},
             }
         if not op.public:
             entry["security"] = [{"bearer": []}]

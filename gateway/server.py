@@ -27,6 +27,7 @@ from schemas import Subjects
 
 from .app import Gateway, create_app
 from .backend import Backend
+from .mcp import McpEndpoint
 from .settings import GatewayConfig, GatewaySettings
 
 log = logging.getLogger("loopmesh.gateway")
@@ -79,6 +80,7 @@ class GatewayServer:
         self._task: asyncio.Task[None] | None = None
         self.gateway: Gateway | None = None
         self.scheduler: Scheduler | None = None
+        self.mcp: McpEndpoint | None = None
         self.port = config.gateway.port
 
     @property
@@ -99,7 +101,10 @@ class GatewayServer:
                 settings, backend, on_busy=self.config.loop.on_busy,
                 webhooks=self.config.webhooks,
             )  # fmt: skip
-            app = create_app(self.gateway)
+            # the MCP SDK's session manager runs before the first request and stops
+            # after the last (uvicorn's lifespan is off: this class is the lifespan)
+            self.mcp = await McpEndpoint(self.gateway).__aenter__()
+            app = create_app(self.gateway, self.mcp)
             uv = uvicorn.Config(
                 app, host=settings.host, port=settings.port, log_config=None,
                 lifespan="off", access_log=False, timeout_graceful_shutdown=2,
@@ -135,10 +140,15 @@ class GatewayServer:
             await scheduler.close()
         server, task = self._server, self._task
         self._server = self._task = None
+        mcp, self.mcp = self.mcp, None
+        if mcp is not None:
+            mcp.closing = True  # the MCP calls it holds end with it; their turns go on
         if server is not None and task is not None:
             server.should_exit = True
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception, SystemExit):  # uvicorn exits on a bind error
                 await task
+        if mcp is not None:
+            await mcp.close()
         if self.gateway is not None:
             await self.gateway.fanout.close()
         await self._close_nats()

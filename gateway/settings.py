@@ -58,6 +58,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     send_timeout_s: Positive = 30.0  # a client that takes longer to read one event is cut
     latest_max: AtLeastOne = 500  # /v1/events/latest?limit= at most
     nats_timeout_s: Positive = 5.0  # for publish acks and KV reads
+    mcp_timeout_s: Positive = 900.0  # an MCP tool call waits this long for its turn's end
 
 
 OnBusy = Literal["enqueue", "reject", "interrupt", "rollback"]

@@ -292,6 +292,10 @@ EndReason = Literal[
     "budget",
 ]
 
+#: The reasons a turn ends with an answer (its ``loop_end`` content): the task done, a
+#: reply, or a question back. Every other reason is a failure (a limit, an error, a cancel).
+ANSWERED: frozenset[EndReason] = frozenset({"task_completion", "converse", "ask_question"})
+
 
 #: The ends of a turn that answered: its ``loop_end`` content is the answer (a caller's
 #: result, the CLI's success, the NATS Agent Protocol's reply); any other is a failure.

@@ -22,12 +22,11 @@ from typing import Any
 
 import msgspec
 
-from schemas import ChatMessage, ContentPart, PlanStep, ToolSpec
+from schemas import BUILTIN_SERVER, ChatMessage, ContentPart, PlanStep, ToolSpec
 
 #: ``name`` of the messages the loop itself adds (reminders, nudges, text-format results),
 #: so they are never taken for the user's input.
 LOOP_NAME = "loopmesh"
-BUILTIN_SERVER = "loop"
 
 
 class SystemSections(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
