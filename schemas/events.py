@@ -292,14 +292,10 @@ EndReason = Literal[
     "budget",
 ]
 
-#: The reasons a turn ends with an answer (its ``loop_end`` content): the task done, a
-#: reply, or a question back. Every other reason is a failure (a limit, an error, a cancel).
+#: The reasons a turn ends with an answer (its ``loop_end`` content: a caller's result,
+#: the CLI's success, the NATS Agent Protocol's and MCP's reply): the task done, a reply,
+#: or a question back. Every other reason is a failure (a limit, an error, a cancel).
 ANSWERED: frozenset[EndReason] = frozenset({"task_completion", "converse", "ask_question"})
-
-
-#: The ends of a turn that answered: its ``loop_end`` content is the answer (a caller's
-#: result, the CLI's success, the NATS Agent Protocol's reply); any other is a failure.
-ANSWERED: frozenset[str] = frozenset({"task_completion", "converse", "ask_question"})
 
 
 class LoopEnd(Event, tag="loop_end", frozen=True, kw_only=True):
