@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loopmesh import tracing
 from loopmesh.usage import day_of
@@ -39,22 +38,22 @@ from schemas import (
 )
 
 from . import api, docs, webview
+from .a2a import A2A
 from .auth import Keys, Principal, RateLimiter, StreamSlots
 from .backend import Backend
-from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of
+from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of, read_body
 from .errors import (
     BadRequest,
     Busy,
     Conflict,
     GatewayError,
     NotFound,
-    PayloadTooLarge,
     Unprocessable,
 )
 from .fanout import Fanout
 from .openapi import AGENT, CALL_ID, SESSION, Operation, Param, document
 from .settings import GatewaySettings, OnBusy
-from .sse import SseResponse
+from .sse import Guarded, SseResponse
 from .stream import EventStream
 from .traces import turn_span
 
@@ -99,6 +98,7 @@ class Gateway:
         self.slots = StreamSlots(settings.max_streams_per_key)
         self.fanout = Fanout(backend)
         self.metrics = Metrics(registry or CollectorRegistry())
+        self.a2a = A2A(backend, settings, self.principal, self.slots)
 
     # -- request plumbing ---------------------------------------------------------------
 
@@ -108,16 +108,7 @@ class Gateway:
         return who
 
     async def body(self, request: Request, type_: type[T]) -> T:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
-        chunks = bytearray()
-        async for chunk in request.stream():
-            chunks += chunk
-            if len(chunks) > limit:
-                raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-        data = bytes(chunks) or b"{}"
+        data = await read_body(request, self.settings.max_body_bytes) or b"{}"
         try:
             return msgspec.json.decode(data, type=type_)
         except msgspec.ValidationError as exc:
@@ -295,7 +286,7 @@ class Gateway:
             keepalive_s=self.settings.keepalive_s,
             send_timeout_s=self.settings.send_timeout_s,
         )
-        return _Guarded(response, cleanup)  # type: ignore[return-value]
+        return Guarded(response, cleanup)  # type: ignore[return-value]
 
     async def latest_events(self, request: Request) -> Response:
         who = self.principal(request)
@@ -465,6 +456,15 @@ class Gateway:
             (Operation("GET", "/v1/usage", "the tenant's LLM usage per day, agent and model",
                        200, api.Usage, params=(days,), errors=(401, 422, 429, 503),
                        tags=("usage",)), self.usage),
+            (Operation("GET", "/.well-known/agent-card.json", "the default agent's A2A card",
+                       200, api.A2AAgentCard, errors=(503,), public=True, tags=("a2a",)),
+             self.a2a.card),
+            (Operation("GET", "/a2a/{agent}/.well-known/agent-card.json", "an agent's A2A card",
+                       200, api.A2AAgentCard, params=(AGENT,), errors=(404, 422, 503),
+                       public=True, tags=("a2a",)), self.a2a.card),
+            (Operation("POST", "/a2a/{agent}", "A2A JSON-RPC: send, stream, tasks, push configs",
+                       200, api.JsonRpcResponse, api.JsonRpcRequest, params=(AGENT,),
+                       errors=(401, 404, 413, 422, 429, 503), tags=("a2a",)), self.a2a.rpc),
             (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
                        tags=("health",)), self.healthz),
             (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,
@@ -502,20 +502,6 @@ def create_app(gateway: Gateway) -> Starlette:
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-class _Guarded:
-    """A response whose clean-up runs however it ends (finished, cut, disconnected)."""
-
-    def __init__(self, response: ASGIApp, cleanup: Callable[[], Awaitable[None]]) -> None:
-        self.response = response
-        self.cleanup = cleanup
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.response(scope, receive, send)
-        finally:
-            await self.cleanup()
 
 
 def _json(obj: Any, status: int = 200) -> Response:

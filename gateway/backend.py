@@ -27,7 +27,7 @@ from nats.js.kv import KeyValue
 from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
-from loopmesh.jetstream import Publisher, kv_values
+from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, replicated
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
     DEFAULT_AGENT,
@@ -65,6 +65,7 @@ class Backend:
         self.timeout = timeout
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self._buckets: dict[str, KeyValue] = {}
+        self._kvs: dict[str, KV] = {}
         self._publisher: Publisher | None = None  # for reads through the stream API
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
@@ -86,6 +87,32 @@ class Backend:
             self._buckets[name] = kv
         return kv
 
+    async def kv(self, bucket: str) -> KV:
+        """``bucket`` for revision-checked reads and writes (read from the stream's leader
+        on a cluster, so a write checked against a read never works from a stale one)."""
+        kv = self._kvs.get(bucket)
+        if kv is None:
+            status = await self._call(
+                f"bucket {bucket} status", (await self._bucket(bucket)).status()
+            )
+            kv = self._kvs[bucket] = KV(
+                self.publisher(), bucket, leader=replicated(status.stream_info)
+            )
+        return kv
+
+    async def entries(self, bucket: str, keys: str) -> dict[str, KVEntry]:
+        """Every live key of ``bucket`` matching ``keys``, with its revision and value."""
+        await self._bucket(bucket)
+        return await self._call(
+            f"list {bucket}", kv_entries(self.js, bucket, keys, timeout=self.timeout)
+        )
+
+    def publisher(self) -> Publisher:
+        """The connection's publisher (acks and direct gets on one inbox)."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.nc)
+        return self._publisher
+
     # -- sessions ---------------------------------------------------------------------
 
     async def usage(self, tenant: str) -> list[UsageDay]:
@@ -95,11 +122,9 @@ class Backend:
 
     async def unfinished(self, tenant: str, session: str) -> list[Queued]:
         """The session's turns in the turns stream that have not ended."""
-        if self._publisher is None:
-            self._publisher = Publisher(self.nc)
         return await self._call(
             "read the session's turns",
-            unfinished(self._publisher, self.subjects, tenant, session),
+            unfinished(self.publisher(), self.subjects, tenant, session),
         )
 
     async def session(self, tenant: str, session: str) -> SessionSnapshot | None:

@@ -19,6 +19,7 @@ import logging
 import uvicorn
 from nats.aio.client import Client
 
+from loopmesh.egress import Allowlist
 from loopmesh.errors import ConfigError
 from loopmesh.nats import connect
 from schemas import Subjects
@@ -42,7 +43,11 @@ def check_settings(settings: GatewaySettings) -> None:
             )
         if settings.api_keys:
             raise ConfigError("[gateway]", "no_auth = true and api_keys are both set; pick one")
-    elif not settings.api_keys:
+    try:
+        Allowlist(settings.push_allowlist, setting="push_allowlist")
+    except ValueError as exc:
+        raise ConfigError("[gateway] push_allowlist", str(exc)) from None
+    if not settings.no_auth and not settings.api_keys:
         raise ConfigError(
             "[gateway]",
             "no api_keys configured: add [[gateway.api_keys]] entries "
@@ -120,6 +125,8 @@ class GatewayServer:
     async def close(self) -> None:
         server, task = self._server, self._task
         self._server = self._task = None
+        if self.gateway is not None:
+            await self.gateway.a2a.close()  # its streams end; the turns go on
         if server is not None and task is not None:
             server.should_exit = True
             with contextlib.suppress(Exception):

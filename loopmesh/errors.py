@@ -7,6 +7,8 @@ LoopmeshError
 ├── NatsConnectError       the first connection to NATS failed (``.url``)
 │   └── NatsTlsError       TLS with NATS failed or was refused: what to set (``.url``)
 ├── ProvisionError         a stream/consumer/bucket change would destroy data (``.name``)
+├── EgressRefused          a URL's host or one of its addresses is not allowed (loopmesh.egress)
+├── EgressUnresolved       a URL's host has no address
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
@@ -44,6 +46,15 @@ class ProvisionError(LoopmeshError):
     def __init__(self, name: str, message: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class EgressRefused(LoopmeshError):
+    """An outgoing request refused by an egress policy: the message says why and which
+    setting allows it."""
+
+
+class EgressUnresolved(LoopmeshError):
+    """An outgoing request's host could not be resolved to any address."""
 
 
 class NatsConnectError(LoopmeshError):

@@ -5,7 +5,7 @@
 :mod:`math`); nothing is ever passed to ``eval``, and exponents are bounded so that
 ``9**9**9`` is refused instead of eating the CPU. ``http_fetch`` reads an http(s) URL
 with a size and a time limit, only from public addresses unless the allowlist names a
-host (see :mod:`tool_worker.egress`); it sends the call's idempotency key as an
+host (see :mod:`loopmesh.egress`); it sends the call's idempotency key as an
 ``Idempotency-Key`` header (see :mod:`tool_worker.context`).
 """
 
@@ -24,8 +24,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import httpx
 import msgspec
 
+from loopmesh.egress import Address, Allowlist, Egress, Resolver, pinned, resolve
+from loopmesh.errors import EgressRefused, EgressUnresolved
+
 from .context import HEADER, ToolContext
-from .egress import Address, Allowlist, Egress, Resolver, literal, resolve
 from .errors import Rejected, ToolError
 from .local import to_tool, tool
 from .registry import Tool
@@ -148,7 +150,7 @@ def http_fetch_tool(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Tool:
     """The ``http_fetch`` tool with its limits and egress policy (see
-    :mod:`tool_worker.egress`): by default only public addresses; ``allowlist`` entries
+    :mod:`loopmesh.egress`): by default only public addresses; ``allowlist`` entries
     name hosts (``*.example.com`` allows subdomains), addresses or networks. Raises
     ``ValueError`` for a bad allowlist entry. ``resolver`` and ``transport`` are for tests."""
     egress = Egress(Allowlist(allowlist), resolver)
@@ -181,7 +183,12 @@ def http_fetch_tool(
             try:
                 async with asyncio.timeout(timeout_s):
                     port = target.port or (443 if target.scheme == "https" else 80)
-                    addresses = await egress.check(target.raw_host.decode("ascii"), port)
+                    try:
+                        addresses = await egress.check(target.raw_host.decode("ascii"), port)
+                    except EgressRefused as exc:
+                        raise Rejected(str(exc)) from None
+                    except EgressUnresolved as exc:
+                        raise ToolError(str(exc)) from None
                     key = context.idempotency_key if context is not None else None
                     response = await _send_pinned(client, target, addresses, key)
                     try:
@@ -216,23 +223,13 @@ async def _send_pinned(
     addresses: list[Address],
     idempotency_key: str | None = None,
 ) -> httpx.Response:
-    """GET ``url`` from the first of ``addresses`` that accepts a connection, keeping the
-    URL's host in the Host header and, for https, in the TLS server name (so the
-    certificate is checked against it); the call's ``Idempotency-Key`` goes with it."""
-    host = url.raw_host.decode("ascii")
-    headers = {"Host": url.netloc.decode("ascii")}
-    if idempotency_key:
-        headers[HEADER] = idempotency_key
-    extensions = {} if literal(host) is not None else {"sni_hostname": host}
+    """GET ``url`` from the first of ``addresses`` that accepts a connection
+    (:func:`loopmesh.egress.pinned`); the call's ``Idempotency-Key`` goes with it."""
+    headers = {HEADER: idempotency_key} if idempotency_key else {}
+    request = client.build_request("GET", url, headers=headers)
     for i, address in enumerate(addresses):
-        request = client.build_request(
-            "GET",
-            url.copy_with(host=str(address)),
-            headers=headers,
-            extensions=extensions if url.scheme == "https" else {},
-        )
         try:
-            return await client.send(request, stream=True)
+            return await client.send(pinned(request, address), stream=True)
         except httpx.ConnectError:
             if i == len(addresses) - 1:
                 raise

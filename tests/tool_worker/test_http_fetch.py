@@ -21,10 +21,10 @@ import trustme
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from loopmesh.egress import Allowlist, refusal
 from loopmesh.server import NatsServer
 from tool_worker import Registry
 from tool_worker.builtins import http_fetch_tool
-from tool_worker.egress import Allowlist, refusal
 from tool_worker.errors import Rejected, ToolError
 
 from .harness import Requester, WorkerProcess, running

@@ -1,8 +1,11 @@
-"""Where ``http_fetch`` may connect: resolve a URL's host once, check every address, pin one.
+"""Where loopmesh may connect on someone else's say-so: resolve a URL's host once, check
+every address, pin one. ``http_fetch`` (a tool worker) and the gateway's A2A push
+notifications (webhooks a client registers) both go through it.
 
-An agent's tool calls are steered by text it reads, so a fetch tool must not become a
-way into the network it runs in (a cluster's internal services, the NATS monitoring
-port, the cloud metadata address 169.254.169.254). By default only globally routable
+An agent's tool calls are steered by text it reads, and a webhook's URL is whatever a
+client sent, so neither may become a way into the network loopmesh runs in (a cluster's
+internal services, the NATS monitoring port, the cloud metadata address
+169.254.169.254). By default only globally routable
 unicast addresses are reachable: loopback, private, link-local, unique-local, shared
 (CGNAT), multicast, unspecified and reserved addresses are refused, also when they hide
 inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4).
@@ -10,9 +13,11 @@ inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 
 The check is made on the addresses the connection will use: :meth:`Egress.check`
 resolves the host once, refuses the URL if *any* address is refused, and returns the
 addresses; the caller then connects to one of them (never to the name again), so DNS
-rebinding cannot swap in another address after the check.
+rebinding cannot swap in another address after the check: :func:`pinned` builds the
+request to one address (the name kept in the Host header and the TLS server name), and
+:class:`PinnedTransport` does all of it for every request of an ``httpx`` client.
 
-``http_allowlist`` entries::
+Allowlist entries (``[tool_worker] http_allowlist``, ``[gateway] push_allowlist``)::
 
     "docs.example.com"   this name (its addresses are pinned; private ones allowed)
     "*.example.com"      any subdomain (public addresses only)
@@ -31,7 +36,9 @@ import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
-from .errors import Rejected, ToolError
+import httpx
+
+from .errors import EgressRefused, EgressUnresolved
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -39,6 +46,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: ``resolver(host, port)`` → the host's addresses, as text, in the order to try them.
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
+#: The setting named in refusals unless the caller names its own.
 SETTING = "[tool_worker] http_allowlist (LOOPMESH_TOOL_WORKER__HTTP_ALLOWLIST)"
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
@@ -88,9 +96,9 @@ def _embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
 
 
 class Allowlist:
-    """Parsed ``http_allowlist`` entries; raises ``ValueError`` naming a bad entry."""
+    """Parsed allowlist entries; raises ``ValueError`` naming a bad entry."""
 
-    def __init__(self, entries: Sequence[str] = ()) -> None:
+    def __init__(self, entries: Sequence[str] = (), *, setting: str = "http_allowlist") -> None:
         self.entries = tuple(entries)
         names: set[str] = set()
         suffixes: list[str] = []
@@ -108,7 +116,7 @@ class Allowlist:
             name = entry[2:] if wildcard else entry
             if not name or not all(_LABEL.fullmatch(label) for label in name.split(".")):
                 raise ValueError(
-                    f"http_allowlist entry {raw!r} is not a host name, '*.domain', "
+                    f"{setting} entry {raw!r} is not a host name, '*.domain', "
                     "an IP address or a network"
                 )
             if wildcard:
@@ -132,20 +140,25 @@ class Allowlist:
 
 
 class Egress:
-    """The egress policy of one ``http_fetch`` tool."""
+    """One egress policy: an allowlist, a resolver, and the setting that holds the
+    allowlist (named in refusals, so a person knows what to change)."""
 
-    def __init__(self, allowlist: Allowlist, resolver: Resolver = resolve) -> None:
+    def __init__(
+        self, allowlist: Allowlist, resolver: Resolver = resolve, *, setting: str = SETTING
+    ) -> None:
         self.allowlist = allowlist
         self.resolver = resolver
+        self.setting = setting
 
     async def check(self, host: str, port: int) -> list[Address]:
         """The addresses a request to ``host`` may connect to, resolved once; raises
-        :class:`Rejected` when the host or any of its addresses is not allowed."""
+        :class:`~loopmesh.errors.EgressRefused` when the host or any of its addresses
+        is not allowed, :class:`~loopmesh.errors.EgressUnresolved` when it has none."""
         host = host.lower().rstrip(".")
         if not self.allowlist.admits(host):
-            raise Rejected(
+            raise EgressRefused(
                 f"host {host!r} is not in the allowlist ({', '.join(self.allowlist.entries)}); "
-                f"add it to {SETTING} to allow it"
+                f"add it to {self.setting} to allow it"
             )
         given = literal(host)
         addresses = [given] if given is not None else await self._resolve(host, port)
@@ -155,9 +168,9 @@ class Egress:
             if reason is None or explicit or self.allowlist.covers(address):
                 continue
             what = f"{host} is {reason}" if given else f"{host} resolves to {address}, {reason}"
-            raise Rejected(
-                f"refused to fetch from {what}: non-public addresses are not fetched unless "
-                f"named in {SETTING}"
+            raise EgressRefused(
+                f"refused to connect to {what}: non-public addresses are not reached unless "
+                f"named in {self.setting}"
             )
         return addresses
 
@@ -165,15 +178,17 @@ class Egress:
         try:
             found = await self.resolver(host, port)
         except (OSError, UnicodeError) as exc:
-            raise ToolError(f"cannot resolve host {host!r}: {exc}") from None
+            raise EgressUnresolved(f"cannot resolve host {host!r}: {exc}") from None
         addresses = []
         for text in found:
             try:
                 addresses.append(ipaddress.ip_address(text.partition("%")[0]))
             except ValueError:
-                raise ToolError(f"resolver gave {text!r} for {host!r}, not an address") from None
+                raise EgressUnresolved(
+                    f"resolver gave {text!r} for {host!r}, not an address"
+                ) from None
         if not addresses:
-            raise ToolError(f"cannot resolve host {host!r}: no addresses")
+            raise EgressUnresolved(f"cannot resolve host {host!r}: no addresses")
         return addresses
 
 
@@ -183,3 +198,50 @@ def literal(host: str) -> Address | None:
         return ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return None
+
+
+def pinned(request: httpx.Request, address: Address) -> httpx.Request:
+    """``request`` sent to ``address`` instead of its URL's host: the name stays in the
+    Host header and, for https, in the TLS server name (the certificate is checked
+    against it)."""
+    url = request.url
+    host = url.raw_host.decode("ascii")
+    headers = httpx.Headers(request.headers)
+    headers["Host"] = url.netloc.decode("ascii")
+    extensions = dict(request.extensions)
+    if url.scheme == "https" and literal(host) is None:
+        extensions["sni_hostname"] = host
+    return httpx.Request(
+        request.method,
+        url.copy_with(host=str(address)),
+        headers=headers,
+        stream=request.stream,
+        extensions=extensions,
+    )
+
+
+class PinnedTransport(httpx.AsyncBaseTransport):
+    """An ``httpx`` transport that checks every request's host against ``egress`` and
+    connects only to the addresses the check returned (the first that accepts).
+    Refusals raise :class:`~loopmesh.errors.EgressRefused`."""
+
+    def __init__(self, egress: Egress, inner: httpx.AsyncBaseTransport | None = None) -> None:
+        self.egress = egress
+        self.inner = inner or httpx.AsyncHTTPTransport(trust_env=False)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme not in ("http", "https"):
+            raise EgressRefused(f"only http and https URLs are reached, not {url.scheme!r}")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        addresses = await self.egress.check(url.raw_host.decode("ascii"), port)
+        for i, address in enumerate(addresses):
+            try:
+                return await self.inner.handle_async_request(pinned(request, address))
+            except httpx.ConnectError:
+                if i == len(addresses) - 1:
+                    raise
+        raise AssertionError("no addresses")  # Egress.check never returns none
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
