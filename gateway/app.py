@@ -98,7 +98,7 @@ class Gateway:
         self.slots = StreamSlots(settings.max_streams_per_key)
         self.fanout = Fanout(backend)
         self.metrics = Metrics(registry or CollectorRegistry())
-        self.a2a = A2A(backend, settings, self.principal, self.slots)
+        self.a2a = A2A(backend, settings, self.principal, self.slots, self.metrics.turns.inc)
 
     # -- request plumbing ---------------------------------------------------------------
 

@@ -5,7 +5,8 @@ A new task's turn id is the task id; a message that answers a task's question
 (``input-required``) runs the next turn of the same session, with an id of its own, and
 the task follows that turn. The turn goes through the turns stream like any other
 (``Nats-Msg-Id``, so a retried publish runs it once), and the executor follows its
-events from the sequence the stream had reached before it published, so it misses none.
+events from the sequence the stream had reached before it published, so it misses none;
+the caller's W3C ``traceparent`` goes with the turn, as for ``POST .../turns``.
 It returns at the turn's ``loop_end``, which leaves the task ended or asking for input.
 
 A cancel (:meth:`TurnExecutor.cancel`) sends the turn's ``cancel`` control, as
@@ -18,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.types import Task, TaskState, TaskStatus
 
+from loopmesh import tracing
 from schemas import Cancel, Turn, new_id
 
 from ..backend import Backend
@@ -45,9 +48,17 @@ class Running:
 
 
 class TurnExecutor(AgentExecutor):
-    def __init__(self, backend: Backend, settings: GatewaySettings) -> None:
+    """``on_turn`` is called for each turn it publishes (the gateway counts them)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: GatewaySettings,
+        on_turn: Callable[[], None] = lambda: None,
+    ) -> None:
         self.backend = backend
         self.settings = settings
+        self.on_turn = on_turn
         self.running: dict[str, Running] = {}  # by task id
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -84,7 +95,9 @@ class TurnExecutor(AgentExecutor):
         )  # fmt: skip
         running = self.running[task_id] = Running(caller.tenant, session, turn_id)
         try:
-            await self.backend.publish_turn(turn)
+            headers = context.call_context.state.get("headers", {})
+            if not await self.backend.publish_turn(turn, tracing.forward(headers)):
+                self.on_turn()
             events = live_events(self.backend, caller.tenant, session, turn_id, first)
             async with contextlib.aclosing(events):
                 async for seq, event in events:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from a2a.server.context import ServerCallContext
 from a2a.server.events import Event as A2AEvent
@@ -54,10 +54,11 @@ class Handler(DefaultRequestHandlerV2):
         card: AgentCard,
         push_store: PushConfigStore,
         push_sender: PushSender,
+        on_turn: Callable[[], None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.settings = settings
-        self.executor = TurnExecutor(backend, settings)
+        self.executor = TurnExecutor(backend, settings, on_turn)
         self.store = TaskStore(backend, repair_after_s=settings.a2a_repair_after_s)
         super().__init__(
             agent_executor=self.executor,

@@ -45,6 +45,10 @@ from ..backend import Backend
 from .caller import caller_of
 
 MAX_CONFIGS = 16
+#: How long a task's configurations are reused for its deliveries before being read
+#: again (every update of a task is a delivery; one set on another gateway is seen
+#: within this long, one set here at once).
+CACHE_S = 1.0
 _WRITE_TRIES = 5
 SETTING = "[gateway] push_allowlist (LOOPMESH_GATEWAY__PUSH_ALLOWLIST)"
 
@@ -65,6 +69,7 @@ class PushConfigStore(PushNotificationConfigStore):
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.bucket = backend.subjects.a2a_push_bucket
+        self._cache: dict[str, tuple[float, Configs]] = {}
 
     async def set_info(
         self,
@@ -97,7 +102,15 @@ class PushConfigStore(PushNotificationConfigStore):
         return configs if tenant == _tenant(context) else []
 
     async def get_info_for_dispatch(self, task_id: str) -> list[TaskPushNotificationConfig]:
-        return (await self._read(task_id))[1]
+        now = time.monotonic()
+        cached = self._cache.get(task_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        configs = (await self._read(task_id))[1]
+        for key in [k for k, (until, _) in self._cache.items() if until <= now]:
+            del self._cache[key]
+        self._cache[task_id] = (now + CACHE_S, configs)
+        return configs
 
     async def delete_info(
         self, task_id: str, context: ServerCallContext, config_id: str | None = None
@@ -121,6 +134,7 @@ class PushConfigStore(PushNotificationConfigStore):
         if not is_token(task_id):
             raise InvalidParamsError(message=f"task id {task_id[:80]!r} is not a loopmesh id")
         kv = await self.backend.kv(self.bucket)
+        self._cache.pop(task_id, None)
         for _ in range(_WRITE_TRIES):
             entry = await self.backend._call("read push configurations", kv.entry(task_id))
             record = _decoder.decode(entry.value) if entry is not None and entry.value else None
@@ -137,6 +151,7 @@ class PushConfigStore(PushNotificationConfigStore):
                 await self.backend._call(
                     "write push configurations", kv.update(task_id, msgspec.json.encode(new), last)
                 )
+                self._cache.pop(task_id, None)
                 return
             except KeyWrongLastSequenceError:
                 continue  # another write came first: apply the change to it

@@ -66,6 +66,7 @@ class A2A:
         settings: GatewaySettings,
         principal: Callable[[Request], Principal],
         slots: StreamSlots,
+        on_turn: Callable[[], None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.settings = settings
@@ -75,7 +76,7 @@ class A2A:
         self.push = PushSender(
             push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s
         )
-        self.handler = Handler(backend, settings, handler_card(), push_store, self.push)
+        self.handler = Handler(backend, settings, handler_card(), push_store, self.push, on_turn)
         (route,) = create_jsonrpc_routes(
             self.handler, rpc_url="/a2a/{agent}", context_builder=ContextBuilder()
         )

@@ -5,7 +5,9 @@ that goes away takes nothing with it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -396,3 +398,40 @@ async def test_push_notifications_reach_an_allowed_webhook_and_a_private_one_is_
                 ListTaskPushNotificationConfigsRequest(task_id=got.task_id)
             )
             assert list(configs.configs) == []
+
+
+# -- the JavaScript SDK ------------------------------------------------------------------
+
+A2A_JS = Path(__file__).parent / "a2a_js"
+
+
+async def test_the_javascript_sdk_client_streams_a_task_to_its_answer(
+    mesh: Mesh, gateway_at: GatewayFactory
+):
+    node = shutil.which("node")
+    if node is None or not (A2A_JS / "node_modules" / "@a2a-js" / "sdk").is_dir():
+        pytest.skip("the @a2a-js/sdk client is not installed: `npm ci` in tests/gateway/a2a_js")
+    assert mesh.fake is not None
+    reply = text(ANSWER, chunk_size=6)
+    mesh.fake.script(reply, reply)
+    async with gateway_at() as gw:
+        proc = await asyncio.create_subprocess_exec(
+            node, "client.mjs", f"{gw.url}/a2a/default/", ACME_KEY, "What is six times seven?",
+            cwd=A2A_JS, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    lines = [json.loads(line) for line in out.decode().splitlines()]
+    card, events, task = lines[0]["card"], [x["event"] for x in lines[1:-1]], lines[-1]["task"]
+    assert card["name"] == "default"
+    assert [e["kind"] for e in events[:2]] == ["task", "statusUpdate"]
+    streamed = ""
+    for e in events:
+        if e["kind"] == "artifactUpdate":
+            chunk = "".join(p["content"]["value"] for p in e["value"]["artifact"]["parts"])
+            streamed = streamed + chunk if e["value"]["append"] else chunk
+    assert streamed == ANSWER
+    assert events[-1]["value"]["status"]["state"] == TaskState.TASK_STATE_COMPLETED
+    assert task["status"]["state"] == TaskState.TASK_STATE_COMPLETED
+    [artifact] = task["artifacts"]
+    assert artifact["parts"][0]["content"]["value"] == ANSWER
