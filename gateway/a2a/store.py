@@ -91,6 +91,17 @@ class Seen:
     seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Wrote:
+    """The last write of a task by this process: a next write made from it needs no
+    read first (the revision check still refuses it if anyone wrote since)."""
+
+    version: TaskVersion
+    seq: int
+    n: int
+    revision: int
+
+
 @dataclass(slots=True)
 class _Found:
     record: TaskRecord
@@ -104,6 +115,7 @@ class TaskStore(VersionedTaskStore):
         self.bucket = backend.subjects.a2a_tasks_bucket
         self.repair_after_s = repair_after_s
         self._seen: OrderedDict[tuple[str, TaskVersion], Seen] = OrderedDict()
+        self._wrote: OrderedDict[str, _Wrote] = OrderedDict()
 
     # -- reads ------------------------------------------------------------------------
 
@@ -200,6 +212,7 @@ class TaskStore(VersionedTaskStore):
             task=msgspec.Raw(MessageToJson(projection.task, indent=None).encode()),
         )
         kv = await self.backend.kv(self.bucket)
+        self._wrote.pop(f"{record.tenant}.{found.task.id}", None)
         with contextlib.suppress(KeyWrongLastSequenceError):
             await self.backend._call(
                 "repair a task",
@@ -229,28 +242,37 @@ class TaskStore(VersionedTaskStore):
             raise InvalidParamsError(message=f"task id {task.id[:80]!r} is not a loopmesh id")
         key = f"{tenant}.{task.id}"
         kv = await self.backend.kv(self.bucket)
-        entry = await self.backend._call("read a task", kv.entry(key))
-        found = _found(entry.value, entry.revision) if entry and entry.value else None
         cancel = task.status.state == TaskState.TASK_STATE_CANCELED
-        if found is None:
-            if not prev_version.is_missing or cancel:
-                raise ConcurrentTaskModificationError(task.id)
-            seq, n, last = _seq_of(event, task) or 0, 1, 0
+        event_seq = _seq_of(event, task)
+        wrote = self._wrote.get(key)
+        if wrote is not None and wrote.version == prev_version and not cancel:
+            seq, n, last = wrote.seq, wrote.n, wrote.revision  # this process wrote it last
         else:
-            seq, n = await self._base(found, prev_version, cancel)
-            event_seq = _seq_of(event, task)
-            seq, n = (event_seq, 1) if event_seq is not None and event_seq > seq else (seq, n + 1)
-            last = found.revision
+            entry = await self.backend._call("read a task", kv.entry(key))
+            found = _found(entry.value, entry.revision) if entry and entry.value else None
+            if found is None:
+                if not prev_version.is_missing or cancel:
+                    raise ConcurrentTaskModificationError(task.id)
+                seq, n, last = event_seq or 0, 0, 0
+            else:
+                seq, n = await self._base(found, prev_version, cancel)
+                last = found.revision
+        seq, n = (event_seq, 1) if event_seq is not None and event_seq > seq else (seq, n + 1)
         record = TaskRecord(
             tenant=tenant, seq=seq, n=n, updated_at=time.time(),
             task=msgspec.Raw(MessageToJson(task, indent=None).encode()),
         )  # fmt: skip
         try:
-            await self.backend._call(
+            revision = await self.backend._call(
                 "write a task", kv.update(key, msgspec.json.encode(record), last=last)
             )
         except KeyWrongLastSequenceError:
+            self._wrote.pop(key, None)
             raise ConcurrentTaskModificationError(task.id) from None
+        self._wrote[key] = _Wrote(version(seq, n), seq, n, revision)
+        self._wrote.move_to_end(key)
+        while len(self._wrote) > _SEEN:
+            self._wrote.popitem(last=False)
         return version(seq, n)
 
     async def _base(
@@ -275,6 +297,7 @@ class TaskStore(VersionedTaskStore):
         if not is_token(task_id):
             return
         bucket = await self.backend._bucket(self.bucket)
+        self._wrote.pop(f"{tenant}.{task_id}", None)
         await self.backend._call("delete a task", bucket.delete(f"{tenant}.{task_id}"))
 
 
