@@ -67,3 +67,25 @@ def test_the_example_needs_only_nats_py():
     imports = {line.split()[1].split(".")[0] for line in source.splitlines()
                if line.startswith(("import ", "from "))}  # fmt: skip
     assert imports - set(sys.stdlib_module_names) == {"nats"}
+
+
+async def test_the_a2a_example_streams_an_agents_answer_through_the_gateway(mesh: Mesh):
+    from gateway.server import GatewayServer
+    from gateway.settings import GatewayConfig, GatewaySettings
+    from loopmesh.settings import NatsSettings
+
+    config = GatewayConfig(
+        nats=NatsSettings(url=mesh.url), gateway=GatewaySettings(port=0, no_auth=True)
+    )
+    async with GatewayServer(config) as gw:
+        proc = Proc(
+            str(ROOT / "examples" / "a2a_client.py"), "--url", f"{gw.url}/a2a/default",
+            'call local__echo {"text": "hi over A2A"}',
+        )  # fmt: skip
+        await proc.start()
+        assert proc.proc is not None
+        assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
+        await proc.close()
+    assert proc.lines[0].startswith("task ")
+    assert "done: hi over A2A" in proc.output()
+    assert proc.lines[-1] == "[TASK_STATE_COMPLETED]"
