@@ -10,6 +10,7 @@ import json
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
@@ -34,12 +35,16 @@ from a2a.utils.errors import (
 )
 from nats.aio.client import Client
 
+from gateway.server import GatewayServer
+from gateway.settings import GatewayConfig, GatewaySettings
 from loop_worker.engine.settings import LoopSettings
 from loopmesh.agents import apply_agents
-from loopmesh.testing.durable import SUBJECTS
+from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import SUBJECTS, wait_for
 from loopmesh.testing.fake_replies import hang, text, tool_calls
 from schemas import AgentSpec
 from schemas.events import LoopEnd
+from tests.conftest import Durable
 from tests.gateway.a2a_client import (
     Followed,
     Webhook,
@@ -49,7 +54,7 @@ from tests.gateway.a2a_client import (
     message,
     resolve_card,
 )
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, GatewayFactory, auth
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, GatewayFactory, auth
 from tests.loop_worker.durable import Mesh, Watch, count_task, mesh_on
 
 CALC = AgentSpec(name="calc", description="Does arithmetic with the calculator tool.")
@@ -172,6 +177,29 @@ async def test_a_task_is_read_again_after_the_gateway_restarts(
 async def test_a_task_whose_gateway_goes_away_mid_turn_is_resubscribed_on_a_new_one(
     mesh: Mesh, gateway_at: GatewayFactory, nc: Client, tmp_path: Path
 ):
+    await went_away_mid_turn(gateway_at, nc, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("durable", ["cluster"], indirect=True)
+async def test_on_a_cluster_a_task_whose_gateway_goes_away_is_resubscribed(
+    durable: Durable, tmp_path: Path
+):
+    async with mesh_on(durable.url, replicas=3) as mesh:
+        await mesh.tool_worker()
+        await mesh.loop_worker()
+
+        def gateway_at(**settings: Any) -> GatewayServer:
+            nats = NatsSettings(url=durable.url, reconnect_wait_s=0.05, replicas=3)
+            gateway = GatewaySettings(port=0, api_keys=KEYS, **settings)
+            return GatewayServer(GatewayConfig(nats=nats, gateway=gateway))
+
+        await went_away_mid_turn(gateway_at, mesh.nc, tmp_path)
+
+
+async def went_away_mid_turn(gateway_at: GatewayFactory, nc: Client, tmp_path: Path) -> None:
+    """A task's gateway closes while its tool runs; a new gateway re-subscribes the
+    client to the task, which ends completed, and stores it so."""
     task_text = count_task(tmp_path / "n", seconds=2.0)
     first = gateway_at()
     await first.__aenter__()
@@ -195,10 +223,13 @@ async def test_a_task_whose_gateway_goes_away_mid_turn_is_resubscribed_on_a_new_
         assert answer(task).startswith("done: ")
     # the tool ran once, and the task as stored caught up with its turn
     assert (tmp_path / "n").read_text() == "a\n"
-    entry = await (await nc.jetstream().key_value(SUBJECTS.a2a_tasks_bucket)).get(
-        f"acme.{got.task_id}"
-    )
-    assert msgspec.json.decode(entry.value)["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    bucket = await nc.jetstream().key_value(SUBJECTS.a2a_tasks_bucket)
+
+    async def stored_completed() -> bool:  # a follower of a cluster may answer a moment late
+        entry = await bucket.get(f"acme.{got.task_id}")
+        return msgspec.json.decode(entry.value)["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+    await wait_for(stored_completed, what="the task stored completed")
 
 
 # -- cancel ------------------------------------------------------------------------------
