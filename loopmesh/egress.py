@@ -234,7 +234,9 @@ class PinnedTransport(httpx.AsyncBaseTransport):
         if url.scheme not in ("http", "https"):
             raise EgressRefused(f"only http and https URLs are reached, not {url.scheme!r}")
         port = url.port or (443 if url.scheme == "https" else 80)
-        addresses = await self.egress.check(url.raw_host.decode("ascii"), port)
+        timeout = request.extensions.get("timeout", {}).get("connect")
+        async with asyncio.timeout(timeout):  # resolving is part of connecting
+            addresses = await self.egress.check(url.raw_host.decode("ascii"), port)
         for i, address in enumerate(addresses):
             try:
                 return await self.inner.handle_async_request(pinned(request, address))

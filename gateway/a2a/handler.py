@@ -45,6 +45,10 @@ from .projection import RUNNING, TERMINAL, Projection, loopmesh_of
 from .push import PushConfigStore, PushSender
 from .store import TaskStore
 
+#: How long the SDK keeps a task that asks for input in memory (its answer may come to
+#: any gateway; the store has it).
+PARKED_S = 60.0
+
 
 class Handler(DefaultRequestHandlerV2):
     def __init__(
@@ -68,6 +72,7 @@ class Handler(DefaultRequestHandlerV2):
             push_sender=push_sender,
             push_url_validator=push_sender.check_url,
             event_stream=TurnEventStream(backend, self.store),
+            interrupted_task_timeout=PARKED_S,
         )
 
     # -- messages ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ expect); this is the minimum the A2A SDK asks for.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -180,6 +181,7 @@ class PushSender(BasePushNotificationSender):
         self, store: PushConfigStore, *, allowlist: tuple[str, ...], timeout_s: float
     ) -> None:
         self.egress = Egress(Allowlist(allowlist, setting="push_allowlist"), setting=SETTING)
+        self.timeout_s = timeout_s
         self.client = httpx.AsyncClient(
             transport=PinnedTransport(self.egress),
             timeout=timeout_s,
@@ -203,9 +205,15 @@ class PushSender(BasePushNotificationSender):
             )
         port = target.port or (443 if target.scheme == "https" else 80)
         try:
-            await self.egress.check(target.raw_host.decode("ascii"), port)
+            async with asyncio.timeout(self.timeout_s):
+                await self.egress.check(target.raw_host.decode("ascii"), port)
         except (EgressRefused, EgressUnresolved) as exc:
             raise InvalidParamsError(message=f"push URL refused: {exc}") from None
+        except TimeoutError:
+            raise InvalidParamsError(
+                message=f"push URL refused: resolving {target.host!r} took over "
+                f"{self.timeout_s:g} s"
+            ) from None
         return True
 
     async def aclose(self) -> None:
