@@ -270,6 +270,37 @@ class JsonRpcMessage(msgspec.Struct, frozen=True, kw_only=True):
     params: dict[str, Any] | None = None
 
 
+# -- A2A (docs/AGENTS.md): described here for /openapi.json; the SDK reads and writes them
+
+
+class A2AAgentCard(msgspec.Struct, frozen=True, kw_only=True):
+    """An A2A agent card (protocol 1.0, in the protocol's JSON: camelCase names)."""
+
+    name: str
+    description: str = ""
+    version: str = ""
+    supportedInterfaces: list[dict[str, Any]] = []
+    capabilities: dict[str, Any] = {}
+    securitySchemes: dict[str, Any] = {}
+    securityRequirements: list[dict[str, Any]] = []
+    defaultInputModes: list[str] = []
+    defaultOutputModes: list[str] = []
+    skills: list[dict[str, Any]] = []
+
+
+class JsonRpcRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A JSON-RPC 2.0 request of A2A: ``method`` one of ``SendMessage``,
+    ``SendStreamingMessage``, ``GetTask``, ``ListTasks``, ``CancelTask``,
+    ``SubscribeToTask``, ``CreateTaskPushNotificationConfig``,
+    ``GetTaskPushNotificationConfig``, ``ListTaskPushNotificationConfigs``,
+    ``DeleteTaskPushNotificationConfig``; send ``A2A-Version: 1.0``."""
+
+    jsonrpc: str
+    method: str
+    id: str | int | None = None
+    params: dict[str, Any] = {}
+
+
 class JsonRpcError(msgspec.Struct, frozen=True, kw_only=True):
     code: int
     message: str
@@ -283,4 +314,13 @@ class JsonRpcAnswer(msgspec.Struct, frozen=True, kw_only=True):
     jsonrpc: Literal["2.0"]
     id: int | str | None
     result: dict[str, Any] | None = None
+
+
+class JsonRpcResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """Its result or its error (the two streaming methods answer an SSE stream of
+    these instead)."""
+
+    jsonrpc: str
+    id: str | int | None = None
+    result: Any = None
     error: JsonRpcError | None = None

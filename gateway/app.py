@@ -41,23 +41,23 @@ from schemas import (
 )
 
 from . import api, docs, webview
+from .a2a import A2A
 from .auth import Keys, Principal, RateLimiter, StreamSlots
 from .backend import Backend
-from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of
+from .checks import TOOL_NAME, check_id, check_length, check_sequence, field_of, read_body
 from .errors import (
     BadRequest,
     Busy,
     Conflict,
     GatewayError,
     NotFound,
-    PayloadTooLarge,
     Unprocessable,
 )
 from .fanout import Fanout
 from .openapi import AGENT, CALL_ID, SESSION, Operation, Param, document
 from .schedules import Schedules
 from .settings import GatewaySettings, OnBusy
-from .sse import SseResponse
+from .sse import Guarded, SseResponse
 from .stream import EventStream
 from .traces import TURNS_ROUTE, turn_span
 
@@ -105,6 +105,7 @@ class Gateway:
         self.fanout = Fanout(backend)
         self.metrics = Metrics(registry or CollectorRegistry())
         self.schedules = Schedules(self)
+        self.a2a = A2A(backend, settings, self.principal, self.slots, self.metrics.turns.inc)
 
     # -- request plumbing ---------------------------------------------------------------
 
@@ -114,16 +115,7 @@ class Gateway:
         return who
 
     async def body(self, request: Request, type_: type[T]) -> T:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
-        chunks = bytearray()
-        async for chunk in request.stream():
-            chunks += chunk
-            if len(chunks) > limit:
-                raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
-        data = bytes(chunks) or b"{}"
+        data = await read_body(request, self.settings.max_body_bytes) or b"{}"
         try:
             return msgspec.json.decode(data, type=type_)
         except msgspec.ValidationError as exc:
@@ -316,7 +308,7 @@ class Gateway:
             keepalive_s=self.settings.keepalive_s,
             send_timeout_s=self.settings.send_timeout_s,
         )
-        return _Guarded(response, cleanup)  # type: ignore[return-value]
+        return Guarded(response, cleanup)  # type: ignore[return-value]
 
     async def latest_events(self, request: Request) -> Response:
         who = self.principal(request)
@@ -495,6 +487,15 @@ class Gateway:
                        tags=("usage",)), self.usage),
             *self.schedules.operations(),
             *mcp_ops,
+            (Operation("GET", "/.well-known/agent-card.json", "the default agent's A2A card",
+                       200, api.A2AAgentCard, errors=(503,), public=True, tags=("a2a",)),
+             self.a2a.card),
+            (Operation("GET", "/a2a/{agent}/.well-known/agent-card.json", "an agent's A2A card",
+                       200, api.A2AAgentCard, params=(AGENT,), errors=(404, 422, 503),
+                       public=True, tags=("a2a",)), self.a2a.card),
+            (Operation("POST", "/a2a/{agent}", "A2A JSON-RPC: send, stream, tasks, push configs",
+                       200, api.JsonRpcResponse, api.JsonRpcRequest, params=(AGENT,),
+                       errors=(401, 404, 413, 422, 429, 503), tags=("a2a",)), self.a2a.rpc),
             (Operation("GET", "/healthz", "alive", 200, api.Health, errors=(), public=True,
                        tags=("health",)), self.healthz),
             (Operation("GET", "/readyz", "NATS connected and streams present", 200, api.Health,

@@ -27,7 +27,7 @@ from nats.js.kv import KeyValue
 from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
-from loopmesh.jetstream import Publisher, kv_values, open_kv
+from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.schedules import ScheduleStore, run_ends
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
@@ -67,6 +67,7 @@ class Backend:
         self.timeout = timeout
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self._buckets: dict[str, KeyValue] = {}
+        self._kvs: dict[str, KV] = {}
         self._publisher: Publisher | None = None  # for reads through the stream API
         self._schedules: ScheduleStore | None = None
 
@@ -89,17 +90,38 @@ class Backend:
             self._buckets[name] = kv
         return kv
 
+    async def kv(self, bucket: str) -> KV:
+        """``bucket`` for revision-checked reads and writes (read from the stream's leader
+        on a cluster, so a write checked against a read never works from a stale one)."""
+        kv = self._kvs.get(bucket)
+        if kv is None:
+            status = await self._call(
+                f"bucket {bucket} status", (await self._bucket(bucket)).status()
+            )
+            kv = self._kvs[bucket] = KV(
+                self.publisher(), bucket, leader=replicated(status.stream_info)
+            )
+        return kv
+
+    async def entries(self, bucket: str, keys: str) -> dict[str, KVEntry]:
+        """Every live key of ``bucket`` matching ``keys``, with its revision and value."""
+        await self._bucket(bucket)
+        return await self._call(
+            f"list {bucket}", kv_entries(self.js, bucket, keys, timeout=self.timeout)
+        )
+
+    def publisher(self) -> Publisher:
+        """The connection's publisher (acks and direct gets on one inbox)."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.nc)
+        return self._publisher
+
     # -- sessions ---------------------------------------------------------------------
 
     async def usage(self, tenant: str) -> list[UsageDay]:
         """The tenant's days in the usage ledger, oldest first."""
         await self._bucket(self.subjects.usage_bucket)
         return await self._call("read usage", read_days(self.js, self.subjects, tenant))
-
-    def publisher(self) -> Publisher:
-        if self._publisher is None:
-            self._publisher = Publisher(self.nc)
-        return self._publisher
 
     async def unfinished(self, tenant: str, session: str) -> list[Queued]:
         """The session's turns in the turns stream that have not ended."""

@@ -1,14 +1,17 @@
-"""Checks of what a request carries: ids, lengths, sequences, tool names, and the path
-of the bad field in msgspec's validation messages. Each failure is a 422 (or, for
-:func:`field_of`, the ``field`` of a 400) that names the field."""
+"""Checks of what a request carries: ids, lengths, sequences, tool names, the size of
+its body, and the path of the bad field in msgspec's validation messages. Each failure
+is a 422 (or, for :func:`field_of`, the ``field`` of a 400) that names the field, and a
+413 for a body over the limit."""
 
 from __future__ import annotations
 
 import re
 
+from starlette.requests import Request
+
 from schemas import is_token
 
-from .errors import Unprocessable
+from .errors import PayloadTooLarge, Unprocessable
 
 #: A tool in a turn's allowlist: ``server.tool`` or a bare ``tool``.
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})?$")
@@ -53,3 +56,17 @@ def field_of(message: str) -> str | None:
     if named:
         return named.group(1)
     return None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) past ``limit`` bytes: by its declared length
+    before reading, or as soon as what arrives is over it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"body of {declared} bytes is over the limit of {limit} bytes")
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise PayloadTooLarge(f"body is over the limit of {limit} bytes")
+    return bytes(chunks)

@@ -19,6 +19,7 @@ import logging
 import uvicorn
 from nats.aio.client import Client
 
+from loopmesh.egress import Allowlist
 from loopmesh.errors import ConfigError
 from loopmesh.jetstream import worker_name
 from loopmesh.nats import connect
@@ -45,7 +46,11 @@ def check_settings(settings: GatewaySettings) -> None:
             )
         if settings.api_keys:
             raise ConfigError("[gateway]", "no_auth = true and api_keys are both set; pick one")
-    elif not settings.api_keys:
+    try:
+        Allowlist(settings.push_allowlist, setting="push_allowlist")
+    except ValueError as exc:
+        raise ConfigError("[gateway] push_allowlist", str(exc)) from None
+    if not settings.no_auth and not settings.api_keys:
         raise ConfigError(
             "[gateway]",
             "no api_keys configured: add [[gateway.api_keys]] entries "
@@ -143,6 +148,8 @@ class GatewayServer:
         mcp, self.mcp = self.mcp, None
         if mcp is not None:
             mcp.closing = True  # the MCP calls it holds end with it; their turns go on
+        if self.gateway is not None:
+            await self.gateway.a2a.close()  # its streams end; the turns go on
         if server is not None and task is not None:
             server.should_exit = True
             with contextlib.suppress(Exception, SystemExit):  # uvicorn exits on a bind error

@@ -27,6 +27,7 @@ Positive = Annotated[float, msgspec.Meta(gt=0)]
 AtLeastOne = Annotated[int, msgspec.Meta(ge=1)]
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 TenantId = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)]
+PublicUrl = Annotated[str, msgspec.Meta(pattern=r"^https?://[^/?#\s]+(/[^?#\s]*[^/?#\s])?$")]
 
 #: The tenant of every request in no-auth mode.
 LOCAL_TENANT = "local"
@@ -59,6 +60,16 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     latest_max: AtLeastOne = 500  # /v1/events/latest?limit= at most
     nats_timeout_s: Positive = 5.0  # for publish acks and KV reads
     mcp_timeout_s: Positive = 900.0  # an MCP tool call waits this long for its turn's end
+    # A2A (docs/AGENTS.md): the base URL the agent cards advertise (default: the URL the
+    # card was asked at), webhook hosts that may be private (the format of
+    # [tool_worker] http_allowlist), how long a push may take, how long a cancel waits
+    # for the turn to end, and after how long a task whose gateway went away is
+    # written back from its turn's events (a read folds them in before that).
+    public_url: PublicUrl | None = None
+    push_allowlist: tuple[str, ...] = ()
+    push_timeout_s: Positive = 10.0
+    a2a_cancel_wait_s: Positive = 10.0
+    a2a_repair_after_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
 
 
 OnBusy = Literal["enqueue", "reject", "interrupt", "rollback"]

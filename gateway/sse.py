@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .stream import EventStream
 
@@ -76,3 +77,17 @@ class SseResponse:
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class Guarded:
+    """A response whose clean-up runs however it ends (finished, cut, disconnected)."""
+
+    def __init__(self, response: ASGIApp, cleanup: Callable[[], Awaitable[None]]) -> None:
+        self.response = response
+        self.cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            await self.cleanup()

@@ -1,12 +1,14 @@
 """Where loopmesh connects on someone else's say: resolve a URL's host once, check every
 address, pin one.
 
-Two things connect to URLs that someone other than the operator chose: the
-``http_fetch`` tool (an agent's tool calls are steered by text it reads) and webhook
-deliveries (a turn names its webhook). Neither may become a way into the network it runs
+Three things connect to URLs that someone other than the operator chose: the
+``http_fetch`` tool (an agent's tool calls are steered by text it reads), webhook
+deliveries (a turn names its webhook) and the gateway's A2A push notifications (a
+client registers the URL). Neither may become a way into the network it runs
 in (a cluster's internal services, the NATS monitoring port, the cloud metadata address
-169.254.169.254), so both apply this policy, each with its own allowlist setting
-(``[tool_worker] http_allowlist``, ``[webhooks] allowlist``). By default only globally routable
+169.254.169.254), so all apply this policy, each with its own allowlist setting
+(``[tool_worker] http_allowlist``, ``[webhooks] allowlist``, ``[gateway]
+push_allowlist``). By default only globally routable
 unicast addresses are reachable: loopback, private, link-local, unique-local, shared
 (CGNAT), multicast, unspecified and reserved addresses are refused, also when they hide
 inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4).
@@ -197,6 +199,26 @@ def literal(host: str) -> Address | None:
         return None
 
 
+def pinned(request: httpx.Request, address: Address) -> httpx.Request:
+    """``request`` sent to ``address`` instead of its URL's host: the name stays in the
+    Host header and, for https, in the TLS server name (the certificate is checked
+    against it)."""
+    url = request.url
+    host = url.raw_host.decode("ascii")
+    headers = httpx.Headers(request.headers)
+    headers["Host"] = url.netloc.decode("ascii")
+    extensions = dict(request.extensions)
+    if url.scheme == "https" and literal(host) is None:
+        extensions["sni_hostname"] = host
+    return httpx.Request(
+        request.method,
+        url.copy_with(host=str(address)),
+        headers=headers,
+        stream=request.stream,
+        extensions=extensions,
+    )
+
+
 async def send_pinned(
     client: httpx.AsyncClient,
     method: str,
@@ -207,25 +229,46 @@ async def send_pinned(
     content: bytes | None = None,
 ) -> httpx.Response:
     """Send ``method url`` to the first of ``addresses`` (from :meth:`Egress.check`) that
-    accepts a connection, keeping the URL's host in the Host header and, for https, in
-    the TLS server name (so the certificate is checked against it). The response is
-    streamed: the caller reads and closes it. Give ``client`` ``follow_redirects=False``
-    (each hop would need the check) and ``trust_env=False`` (a proxy would connect by
-    name, past the pinned address)."""
-    host = url.raw_host.decode("ascii")
-    sent = {**(headers or {}), "Host": url.netloc.decode("ascii")}
-    extensions = {} if literal(host) is not None else {"sni_hostname": host}
+    accepts a connection (:func:`pinned`). The response is streamed: the caller reads
+    and closes it. Give ``client`` ``follow_redirects=False`` (each hop would need the
+    check) and ``trust_env=False`` (a proxy would connect by name, past the pinned
+    address)."""
+    request = client.build_request(method, url, headers=headers, content=content)
     for i, address in enumerate(addresses):
-        request = client.build_request(
-            method,
-            url.copy_with(host=str(address)),
-            headers=sent,
-            content=content,
-            extensions=extensions if url.scheme == "https" else {},
-        )
         try:
-            return await client.send(request, stream=True)
+            return await client.send(pinned(request, address), stream=True)
         except httpx.ConnectError:
             if i == len(addresses) - 1:
                 raise
     raise ValueError("send_pinned needs at least one address")
+
+
+class PinnedTransport(httpx.AsyncBaseTransport):
+    """An ``httpx`` transport that checks every request's host against ``egress`` and
+    connects only to the addresses the check returned (the first that accepts): for a
+    client whose requests a library makes (the A2A SDK's push notifications). Refusals
+    raise :class:`~loopmesh.errors.EgressRefused`."""
+
+    def __init__(self, egress: Egress, inner: httpx.AsyncBaseTransport | None = None) -> None:
+        self.egress = egress
+        self.inner = inner or httpx.AsyncHTTPTransport(trust_env=False)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        host = url.raw_host.decode("ascii")
+        if url.scheme not in ("http", "https"):
+            raise EgressRefused(host, f"only http and https URLs are reached, not {url.scheme!r}")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        timeout = request.extensions.get("timeout", {}).get("connect")
+        async with asyncio.timeout(timeout):  # resolving is part of connecting
+            addresses = await self.egress.check(host, port)
+        for i, address in enumerate(addresses):
+            try:
+                return await self.inner.handle_async_request(pinned(request, address))
+            except httpx.ConnectError:
+                if i == len(addresses) - 1:
+                    raise
+        raise AssertionError("no addresses")  # Egress.check never returns none
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -170,6 +170,27 @@ def definitions(
                 description="the webhook of each turn that has one, by <tenant>.<session>.<turn>",
             ),
             schedules_bucket(s, replicas=replicas),
+            *a2a_buckets(s, ttl_s=events_max_age_s, replicas=replicas),
+        ),
+    )
+
+
+def a2a_buckets(subjects: Subjects, *, ttl_s: float, replicas: int = 1) -> tuple[KVDef, ...]:
+    """The gateway's A2A tasks (key ``<tenant>.<task id>``) and their push-notification
+    configurations (key ``<task id>``). A task lives as long as its turn's events
+    (``ttl_s``: the events stream's max age), so it can be folded forward from them."""
+    return (
+        KVDef(
+            bucket=subjects.a2a_tasks_bucket,
+            ttl_s=ttl_s,
+            replicas=replicas,
+            description="A2A tasks by <tenant>.<task id>: the state of a turn as A2A shows it",
+        ),
+        KVDef(
+            bucket=subjects.a2a_push_bucket,
+            ttl_s=ttl_s,
+            replicas=replicas,
+            description="A2A push-notification configurations by task id",
         ),
     )
 

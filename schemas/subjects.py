@@ -187,6 +187,14 @@ class Subjects:
     def schedules_bucket(self) -> str:
         return f"{self.prefix}-schedules"
 
+    @property
+    def a2a_tasks_bucket(self) -> str:
+        return f"{self.prefix}-a2a-tasks"
+
+    @property
+    def a2a_push_bucket(self) -> str:
+        return f"{self.prefix}-a2a-push"
+
 
 @functools.lru_cache(maxsize=16_384)
 def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times

@@ -97,3 +97,51 @@ async def test_the_client_example_runs_a_turn_and_decides_its_approval(
     assert any(li.startswith("tool_call local.guarded ") for li in proc.lines), proc.lines
     assert "approval_required guarded: approving" in proc.lines
     assert proc.lines[-1].startswith("loop_end task_completion: done: ")
+
+
+async def test_the_a2a_example_streams_an_agents_answer_through_the_gateway(mesh: Mesh):
+    from gateway.server import GatewayServer
+    from gateway.settings import GatewayConfig, GatewaySettings
+    from loopmesh.settings import NatsSettings
+
+    config = GatewayConfig(
+        nats=NatsSettings(url=mesh.url), gateway=GatewaySettings(port=0, no_auth=True)
+    )
+    async with GatewayServer(config) as gw:
+        proc = Proc(
+            str(ROOT / "examples" / "a2a_client.py"), "--url", f"{gw.url}/a2a/default",
+            'call local__echo {"text": "hi over A2A"}',
+        )  # fmt: skip
+        await proc.start()
+        assert proc.proc is not None
+        assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
+        await proc.close()
+    assert proc.lines[0].startswith("task ")
+    assert "done: hi over A2A" in proc.output()
+    assert proc.lines[-1] == "[TASK_STATE_COMPLETED]"
+
+
+async def test_the_a2a_snippet_in_agents_md_works(mesh: Mesh, capsys: pytest.CaptureFixture[str]):
+    import re
+
+    from gateway.auth import key_hash
+    from gateway.server import GatewayServer
+    from gateway.settings import ApiKey, GatewayConfig, GatewaySettings
+    from loopmesh.settings import NatsSettings
+
+    section = (ROOT / "docs" / "AGENTS.md").read_text().split("**A client**", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    keys = (ApiKey(sha256=key_hash("k-1"), tenant="acme"),)
+    config = GatewayConfig(
+        nats=NatsSettings(url=mesh.url), gateway=GatewaySettings(port=0, api_keys=keys)
+    )
+    await apply_agents(mesh.nc.jetstream(), SUBJECTS, [AgentSpec(name="calc")])
+    assert await mesh.running[-1].service.agents.wait_for(lambda b: b.get("calc"), 10)
+    async with GatewayServer(config) as gw:
+        code = block.group(1).replace("http://127.0.0.1:8080", gw.url)
+        namespace: dict[str, object] = {"KEY": "k-1"}
+        exec(compile(code, "AGENTS.md", "exec"), namespace)
+        await namespace["ask"]('call local__echo {"text": "from the docs"}')  # type: ignore[operator]
+    printed = capsys.readouterr().out
+    assert "done: from the docs" in printed and "TASK_STATE_COMPLETED" in printed

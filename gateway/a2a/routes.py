@@ -1,0 +1,144 @@
+"""The A2A endpoints of the gateway (routed, and described in ``/openapi.json``, with the
+rest in ``gateway/app.py``): each agent's card, and its JSON-RPC endpoint served by the
+SDK's dispatcher.
+
+========================================  ========  ========================================
+path                                      key       what
+========================================  ========  ========================================
+``/.well-known/agent-card.json``          public    the ``default`` agent's card
+``/a2a/<agent>/.well-known/agent-card.json``  public  ``<agent>``'s card (404: no such agent)
+``POST /a2a/<agent>``                     required  A2A JSON-RPC 2.0 (protocol 1.0): send,
+                                                    stream, get, list, cancel, subscribe,
+                                                    push-notification configs
+========================================  ========  ========================================
+
+Before the SDK sees a request, the gateway does what it does for every request: the API
+key (401 without one: no key, no task), the key's rate limit (429), the agent (404 if
+nobody defined it), the body's size (413 past ``max_body_bytes``) and, for the two
+streaming methods, the key's cap on open streams (429). What the SDK answers after that
+is the protocol's: a JSON-RPC result or error (``-32602`` invalid params, ``-32001``
+task not found, ...), or an SSE stream of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from a2a.server.routes import create_jsonrpc_routes
+from google.protobuf.json_format import MessageToDict
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message
+
+from schemas import DEFAULT_AGENT, AgentSpec
+
+from ..auth import Principal, StreamSlots
+from ..backend import Backend
+from ..checks import check_id, read_body
+from ..errors import NotFound
+from ..settings import GatewaySettings
+from ..sse import Guarded
+from .caller import SCOPE_KEY, Caller, ContextBuilder
+from .card import agent_card, handler_card
+from .handler import Handler
+from .push import PushConfigStore, PushSender
+
+#: The JSON-RPC methods whose answer is a stream.
+STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+
+
+class _Method(msgspec.Struct):
+    method: Any = None
+
+
+_method_of = msgspec.json.Decoder(_Method)
+
+
+class A2A:
+    """The SDK's request handler and JSON-RPC dispatcher, behind the gateway's checks."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: GatewaySettings,
+        principal: Callable[[Request], Principal],
+        slots: StreamSlots,
+        on_turn: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.principal = principal
+        self.slots = slots
+        push_store = PushConfigStore(backend)
+        self.push = PushSender(
+            push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s
+        )
+        self.handler = Handler(backend, settings, handler_card(), push_store, self.push, on_turn)
+        (route,) = create_jsonrpc_routes(
+            self.handler, rpc_url="/a2a/{agent}", context_builder=ContextBuilder()
+        )
+        assert isinstance(route, Route)
+        self._dispatch = route.endpoint
+
+    async def close(self) -> None:
+        """End the tasks this gateway follows (their turns go on) and the push client."""
+        await self.handler.aclose()
+        await self.push.aclose()
+
+    async def agent(self, request: Request) -> AgentSpec:
+        name = check_id(request.path_params.get("agent", DEFAULT_AGENT), "agent")
+        agent = await self.backend.agent(name)
+        if agent is None:
+            raise NotFound(f"no agent {name!r} (GET /v1/agents lists them)")
+        return agent
+
+    async def card(self, request: Request) -> Response:
+        agent = await self.agent(request)
+        base = self.settings.public_url or str(request.base_url).rstrip("/")
+        card = agent_card(agent, base, keys=not self.settings.no_auth)
+        return JSONResponse(MessageToDict(card))
+
+    async def rpc(self, request: Request) -> Response:
+        who = self.principal(request)
+        agent = await self.agent(request)
+        body = await read_body(request, self.settings.max_body_bytes)
+        scope = dict(request.scope)
+        scope[SCOPE_KEY] = Caller(who.tenant, who.key, agent.name)
+        inner = Request(scope, _replay(body, request))
+        if not _streaming(body):
+            return await self._dispatch(inner)
+        self.slots.acquire(who.key)
+        try:
+            response = await self._dispatch(inner)
+        except BaseException:
+            self.slots.release(who.key)
+            raise
+
+        async def release() -> None:
+            self.slots.release(who.key)
+
+        return Guarded(response, release)  # type: ignore[return-value]
+
+
+def _streaming(body: bytes) -> bool:
+    try:
+        return _method_of.decode(body).method in STREAMING
+    except msgspec.DecodeError:
+        return False  # the SDK answers it with the protocol's parse error
+
+
+def _replay(body: bytes, request: Request) -> Callable[[], Any]:
+    """A ``receive`` that gives the body already read, then the client's own."""
+    given = False
+
+    async def receive() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await request.receive()
+
+    return receive
