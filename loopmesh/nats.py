@@ -20,6 +20,7 @@ import logging
 import random
 import ssl
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client
@@ -42,8 +43,8 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 
 async def connect(settings: NatsSettings, *, name: str | None = None) -> Client:
     """Connect to ``settings.url`` (or :data:`DEFAULT_URL`); then reconnect forever."""
-    url = settings.url or DEFAULT_URL
-    servers = [u.strip() for u in url.split(",") if u.strip()]
+    servers = [u.strip() for u in (settings.url or DEFAULT_URL).split(",") if u.strip()]
+    url = shown(settings.url or DEFAULT_URL)  # for logs and errors: no password in them
     client_name = name or settings.name
     tls = ClientTls(settings, servers)
     connected = False
@@ -105,7 +106,10 @@ async def connect(settings: NatsSettings, *, name: str | None = None) -> Client:
             raise ConnectionAbortedError("given up after a failed TLS handshake")
     except Exception as exc:
         await nc.close()
-        cause = errors[-1] if errors else exc
+        # A refusal of the credentials, if any attempt got one, is the error to report:
+        # the server closes the socket after it, and a later attempt may see only a reset.
+        refused = [e for e in errors if "authorization violation" in str(e).lower()]
+        cause = refused[-1] if refused else errors[-1] if errors else exc
         raise tls.explain(url, cause) or NatsConnectError(url, cause) from cause
     if tls.required and not tls.checked:
         await nc.close()  # this nats-py no longer shows _Client the INFO: fail closed
@@ -151,9 +155,25 @@ class _Client(Client):
             log.warning("nats close gave up waiting after %ss", self._close_timeout_s)
 
 
+def shown(url: str) -> str:
+    """``url`` (one server or a comma-separated list) as logs and errors show it: a
+    password or token in it replaced by ``***``."""
+    return ",".join(_shown(u.strip()) for u in url.split(","))
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    hidden = f"{user}:***" if colon else "***"  # user:password, or a token alone
+    return urlunsplit(parts._replace(netloc=f"{hidden}@{host}"))
+
+
 def _current(nc: Client) -> str:
     server = nc.connected_url
-    return server.geturl() if server is not None else "-"
+    return shown(server.geturl()) if server is not None else "-"
 
 
-__all__ = ["Client", "connect", "nats"]
+__all__ = ["Client", "connect", "nats", "shown"]

@@ -211,6 +211,8 @@ def _overlay_env(data: dict[str, Any], tables: dict[str, Any], env: Mapping[str,
             continue  # another service's table
         fields = _struct_fields(tables[table])
         if field not in fields:
+            if not _strict(tables[table]):
+                continue  # a partial view of a table another service reads whole
             known = ", ".join(sorted(fields)) or "none"
             raise ConfigError(var, f"unknown setting `{table}.{field}` (known: {known})")
         value = _from_env(env[var], fields[field], var, f"{table}.{field}")
@@ -220,6 +222,13 @@ def _overlay_env(data: dict[str, Any], tables: dict[str, Any], env: Mapping[str,
         section[field] = value
         applied.append(var)
     return applied
+
+
+def _strict(type_: Any) -> bool:
+    """Whether a table's Struct refuses fields it does not know. One that does not is
+    a service's partial view of a shared table (the gateway's ``[loop]``, say)."""
+    info = _unwrap(mi.type_info(type_))
+    return isinstance(info, mi.StructType) and info.forbid_unknown_fields
 
 
 def _struct_fields(type_: Any) -> dict[str, Any]:

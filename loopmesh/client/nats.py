@@ -26,7 +26,7 @@ from loopmesh.aio import quietly
 from loopmesh.controls import send_control
 from loopmesh.errors import NatsConnectError, NatsTlsError
 from loopmesh.jetstream import ordered_subscribe
-from loopmesh.nats import DEFAULT_URL, connect
+from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn
@@ -77,7 +77,7 @@ class NatsTransport:
         self.settings = settings
         self.tenant = tenant
         self.subjects = Subjects(settings.prefix)
-        self.url = settings.url or DEFAULT_URL
+        self.url = shown(settings.url or DEFAULT_URL)  # as errors show it
         self.where = f"NATS, tenant {tenant}"
         self._wait_s = wait_s
         self._timeout = timeout

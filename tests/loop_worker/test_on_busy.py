@@ -49,7 +49,9 @@ async def test_reject_refuses_the_turn_and_the_running_one_goes_on(mesh: Mesh, t
         rejected = await watch.wait("loop_end", "t2", timeout=30)
         first = await watch.wait("loop_end", "t1", timeout=30)
     assert isinstance(rejected, LoopEnd) and rejected.reason == "rejected"
-    [error] = watch.of("error", "t2")
+    errors = watch.of("error", "t2")
+    assert len(errors) == 1, [(e.type, e.turn_id, getattr(e, "message", "")) for e in watch.events]
+    [error] = errors
     assert isinstance(error, Error) and error.code == "session_busy"
     assert "busy with turn t1" in error.message
     assert isinstance(first, LoopEnd) and first.reason == "task_completion"

@@ -6,6 +6,7 @@ import pytest
 from loopmesh import nats as loopmesh_nats
 from loopmesh.errors import NatsConnectError
 from loopmesh.nats import connect
+from loopmesh.server import NatsServer
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import wait_for
 
@@ -28,6 +29,25 @@ async def test_a_first_connection_that_fails_raises_an_error_naming_the_url(nats
         await connect(NatsSettings(url=url, connect_timeout_s=1, reconnect_wait_s=0.05))
     assert info.value.url == url
     assert url in str(info.value)
+
+
+async def test_refused_credentials_are_the_error_and_the_password_is_not_shown(tmp_path):
+    """The server answers a wrong password and closes the socket, so a second attempt may
+    see only a reset: the refusal is still what the error says, and never the password."""
+    async with NatsServer(tmp_path / "nats", extra_args=("--user", "u", "--pass", "right")) as s:
+        wrong = s.url.replace("nats://", "nats://u:s3cret@")
+        for _ in range(3):
+            with pytest.raises(NatsConnectError) as info:
+                await connect(NatsSettings(url=wrong, connect_timeout_s=2, reconnect_wait_s=0))
+            assert "authorization violation" in str(info.value).lower()
+            assert "s3cret" not in str(info.value) and "u:***@" in info.value.url
+
+
+def test_shown_hides_passwords_and_tokens_in_every_url_of_a_list():
+    shown = loopmesh_nats.shown
+    assert shown("nats://a:pw@h1:4222, tls://tok@h2:4222,nats://h3") == (
+        "nats://a:***@h1:4222,tls://***@h2:4222,nats://h3"
+    )
 
 
 async def test_connect_without_a_url_uses_the_local_default_that_up_serves(

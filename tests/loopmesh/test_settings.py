@@ -124,6 +124,17 @@ def test_variables_for_tables_the_service_does_not_have_are_ignored():
     assert config == Config()
 
 
+def test_a_service_reading_part_of_a_shared_table_ignores_the_fields_it_does_not_read():
+    """The gateway reads only ``[loop] on_busy``: ``loopmesh up`` hands every service the
+    same environment, so the loop worker's other ``[loop]`` variables reach it too."""
+    from gateway.settings import GatewayConfig
+
+    env = {"LOOPMESH_LOOP__MAX_ITERATIONS": "4", "LOOPMESH_LOOP__ON_BUSY": "reject"}
+    assert load(GatewayConfig, env=env).loop.on_busy == "reject"
+    with pytest.raises(ConfigError, match=r"loop\.on_busy.*Invalid enum value 'later'"):
+        load(GatewayConfig, env={"LOOPMESH_LOOP__ON_BUSY": "later"})
+
+
 def test_env_var_names_the_variable_of_a_field():
     assert env_var("llm", "base_url") == "LOOPMESH_LLM__BASE_URL"
     assert load(Config, env={env_var("loop", "model"): "m1"}).loop.model == "m1"
