@@ -157,6 +157,7 @@ def definitions(
                 description="LLM usage by <tenant>.<UTC day>, counted from the events",
             ),
             agents_bucket(s, replicas=replicas),
+            limits_bucket(s, replicas=replicas),
         ),
     )
 
@@ -179,6 +180,18 @@ def agents_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
 
 #: Revisions of each agent's definition that the agents bucket keeps.
 AGENTS_HISTORY = 5
+
+
+def limits_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The fleet's LLM rate limits: the limiter leader's key, its hand-over state, and
+    each model's pause (a provider's ``Retry-After``). Keys never expire: the leader's
+    is renewed with a revision check and taken over when it stops changing."""
+    return KVDef(
+        bucket=subjects.limits_bucket,
+        history=1,
+        replicas=replicas,
+        description="LLM rate limits: leader, hand-over state, pauses",
+    )
 
 
 def embeddings_bucket(
