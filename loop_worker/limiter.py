@@ -130,6 +130,7 @@ class SharedLimiter:
         self.settings = settings
         self.name = name
         self.publisher = publisher or Publisher(nc)
+        self._owns_publisher = publisher is None
         self.hold_s = hold_s
         self.leader_ttl_s = leader_ttl_s
         self._prefix = f"{name}-{secrets.token_hex(3)}-"  # two workers named alike differ
@@ -174,6 +175,15 @@ class SharedLimiter:
             await quietly(sub.unsubscribe())
         if self.leader is not None:
             await self.leader.close()
+        if self._owns_publisher:
+            await self.publisher.close()
+
+    async def __aenter__(self) -> SharedLimiter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     # -- the RateLimiter --------------------------------------------------------------
 

@@ -294,7 +294,8 @@ class LimiterLeader:
             held = self._held.get(ask.ident)
             if held is not None and held.reply:
                 del self._held[ask.ident]
-                await self.nc.publish(held.reply, _GRANTED)
+                # lost: its worker asks again after its timeout, and is answered then
+                await quietly(self.nc.publish(held.reply, _GRANTED))
             # else its worker asks again soon and is answered then (or gives it up)
 
     async def _pump(self) -> None:
@@ -306,13 +307,16 @@ class LimiterLeader:
                 self.changed.clear()
                 await self.changed.wait()
                 continue
-            await self._deliver(book.pump())
-            now = time.monotonic()
-            while self._deadlines and self._deadlines[0][0] <= now:
-                _, ident = heapq.heappop(self._deadlines)
-                await self._expire(book, ident, now)
-            for model in self.settings.models:
-                WAITING.labels(model).set(book.waiting(model))
+            try:
+                await self._deliver(book.pump())
+                now = time.monotonic()
+                while self._deadlines and self._deadlines[0][0] <= now:
+                    _, ident = heapq.heappop(self._deadlines)
+                    await self._expire(book, ident, now)
+                for model in self.settings.models:
+                    WAITING.labels(model).set(book.waiting(model))
+            except Exception:  # a bug here must not take the loop worker down with it
+                log.exception("rate-limit pump failed; going on")
             wakes = [t for t in (book.next_wake(), self._next_deadline()) if t is not None]
             self._sleeping_until = min(wakes) if wakes else math.inf
             self._wake.clear()

@@ -93,6 +93,9 @@ class _Tenant:
     tokens: Window | None
 
 
+_UNLIMITED = _Tenant(None, None)
+
+
 @dataclass(slots=True)
 class _Model:
     limits: ModelLimits
@@ -106,6 +109,8 @@ class _Model:
         found = self.tenants.get(name)
         if found is None:
             rpm, tpm = self.limits.tenant(name)
+            if not (rpm or tpm):
+                return _UNLIMITED  # nothing to count: nothing kept per tenant
             span, per = self.limits.window_s, self.limits.per_window
             found = self.tenants[name] = _Tenant(
                 Window(per(rpm), span) if rpm else None, Window(per(tpm), span) if tpm else None

@@ -13,10 +13,12 @@ from prometheus_client import REGISTRY
 from loop_worker.controls import send_control
 from loop_worker.engine.settings import LimitSettings, ModelLimits
 from loop_worker.limiter import SharedLimiter
+from loopmesh.jetstream import kv_values
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
 from loopmesh.testing.fake_replies import error
-from schemas import Cancel
+from schemas import Cancel, decode
 from schemas.events import LoopEnd, LoopStart
+from schemas.limits import LimiterState
 from tests.conftest import BOTH
 from tests.loop_worker.durable import Mesh, Running, Watch, mesh_on, send_turn, turn
 
@@ -224,3 +226,29 @@ async def test_a_new_leader_takes_over_and_counts_what_the_last_one_granted(nats
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
         await wait_for(lambda: book.waiting(MODEL) == 0, what="the place to be given up")
+
+
+async def test_a_leader_that_crashes_is_replaced_and_its_grants_still_count(nats_server, nc):
+    await provision_short(nc)
+    settings = LimitSettings(models={MODEL: ModelLimits(rpm=1)})  # one a minute
+    async with limiters(nats_server.url, settings, 2) as workers:
+        old = await leading(workers)
+        other = next(w for w in workers if w is not old)
+        permit = await old.acquire(MODEL, "acme", 10)
+        await permit.settle(10)
+
+        async def saved() -> bool:  # the leader's state, as it leaves it every tick
+            stored = await kv_values(nc.jetstream(), SUBJECTS.limits_bucket, "state")
+            state = decode(stored["state"], LimiterState) if "state" in stored else None
+            return state is not None and any(w.kind == "requests" for w in state.windows)
+
+        await wait_for(saved, what="the leader's state to count the grant")
+        await old.nc.close()  # a crash: no hand-over, the key left to lapse
+        new = await leading([other])
+        assert new.leader is not None and new.leader.book is not None
+        book = new.leader.book
+        waiting = asyncio.create_task(other.acquire(MODEL, "acme", 10))
+        await wait_for(lambda: book.waiting(MODEL) == 1, what="the ask to wait at the new leader")
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
