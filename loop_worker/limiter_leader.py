@@ -143,7 +143,7 @@ class LimiterLeader:
                         await self._take(revision)
             except Exception as exc:
                 log.warning("rate-limit leadership round failed error=%r", exc)
-                if self.leading and time.monotonic() - self._renewed > self.ttl_s * 2 / 3:
+                if self.leading and self._lapsed():
                     await self._step_down("its key could not be renewed")
             raise_if_cancelled()
             await asyncio.sleep(self.tick)
@@ -253,10 +253,15 @@ class LimiterLeader:
         if due and min(due) < self._sleeping_until:
             self._wake.set()
 
+    def _lapsed(self) -> bool:
+        """Whether this leader's key may have been taken over meanwhile (it was not
+        renewed for two thirds of the TTL: a stalled process): then it answers nothing."""
+        return time.monotonic() - self._renewed > self.ttl_s * 2 / 3
+
     async def _on_ask(self, msg: Msg) -> None:
         book = self.book
-        if book is None or not msg.reply:
-            return
+        if book is None or not msg.reply or self._lapsed():
+            return  # its worker asks again: the leader, once there is one, answers
         try:
             ask = decode(msg.data, LimitAsk)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -308,6 +313,9 @@ class LimiterLeader:
                 await self.changed.wait()
                 continue
             try:
+                if self._lapsed():  # a stalled leader: the campaign steps it down
+                    await self._step_down("its key was not renewed in time")
+                    continue
                 await self._deliver(book.pump())
                 now = time.monotonic()
                 while self._deadlines and self._deadlines[0][0] <= now:

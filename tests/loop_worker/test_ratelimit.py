@@ -162,7 +162,7 @@ async def limiters(url: str, settings: LimitSettings, n: int) -> AsyncIterator[l
         for i in range(n):
             nc = await connect_fast(url)
             stack.push_async_callback(nc.close)
-            limiter = SharedLimiter(nc, SUBJECTS, settings, name=f"w{i}", leader_ttl_s=1.5)
+            limiter = SharedLimiter(nc, SUBJECTS, settings, name=f"w{i}", leader_ttl_s=3.0)
             await limiter.start()
             task = asyncio.create_task(limiter.run())
             stack.push_async_callback(_stop, limiter, task)
