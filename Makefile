@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-floor run lint bench bench-load
+.PHONY: install test test-floor run lint bench bench-load bench-ratelimit
 
 install: $(STAMP)
 
@@ -98,3 +98,10 @@ BENCH_LOAD_ARGS ?=
 
 bench-load: $(STAMP)
 	$(BIN)/python -m bench.load $(BENCH_LOAD_ARGS)
+
+# The fleet-wide LLM rate limits of issue 25: 4 loop workers against a provider's
+# tokens-per-minute limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what
+# sharing the limit costs at 1,000 calls/s (docs/ARCHITECTURE.md).
+bench-ratelimit: $(STAMP)
+	$(BIN)/python -m bench.ratelimit $(BENCH_RATELIMIT_ARGS)
+	$(BIN)/python -m bench.ratelimit_cost

@@ -93,15 +93,16 @@ class LLMServer:
     """``python -m bench.llm_server`` in its own process (its CPU counts for no system),
     on a free port; ``pace``: its replies streamed at a model's speed."""
 
-    def __init__(self, pace: Pace | None = None) -> None:
+    def __init__(self, pace: Pace | None = None, *args: str) -> None:
         self.pace = pace or Pace()
+        self.args = args  # more of its options (``--tpm``, say)
 
     async def __aenter__(self) -> LLMServer:
         p = self.pace
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.llm_server", "--port", "0",
             "--ttft-ms", f"{p.ttft_s * 1000:g}", "--tokens-per-s", f"{p.tokens_per_s:g}",
-            "--tokens", str(p.tokens),
+            "--tokens", str(p.tokens), *self.args,
             cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -134,6 +135,11 @@ class LLMServer:
         """(requests served, CPU seconds the server's process has used) so far."""
         r = await self._get("/bench/stats")
         return int(r["requests"]), float(r["cpu_s"])
+
+    async def limited(self) -> tuple[int, int, int]:
+        """(requests, requests answered 429, tokens accepted) so far (``--tpm``)."""
+        r = await self._get("/bench/stats")
+        return int(r["requests"]), int(r.get("rejected", 0)), int(r.get("accepted_tokens", 0))
 
     async def tokens(self) -> int:
         """Paced content tokens streamed so far."""

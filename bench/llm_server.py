@@ -31,7 +31,14 @@ what it streamed for that turn: its replies' time from request to last write, to
 characters (``GET /bench/turns`` returns and clears them). The load bench runs on it
 (``python -m bench.load``).
 
+With a provider's limit (``BenchLLM(limit=ProviderLimit(...))``, or ``--tpm`` and
+``--window-s``: ``bench/llm_limit.py``), a chat request past the tokens per minute is
+answered 429 with ``Retry-After``; ``GET /bench/stats`` adds the requests so answered
+(``rejected``) and the tokens accepted. The rate-limit bench runs on it
+(``python -m bench.ratelimit``).
+
     python -m bench.llm_server --port N [--ttft-ms 200 --tokens-per-s 50 --tokens 20]
+                               [--tpm 60000 --window-s 60]
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any
 
 import msgspec
 
+from bench.llm_limit import ProviderLimit, retry_headers
 from bench.llm_stream import Pace, PacedReply, Streamed
 from loopmesh.aio import run
 
@@ -78,10 +86,17 @@ Start = Callable[[Any, Callable[[], None]], PacedReply]
 class BenchLLM:
     """The server; ``async with BenchLLM() as llm`` serves on a free loopback port."""
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", pace: Pace | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        pace: Pace | None = None,
+        limit: ProviderLimit | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.pace = pace or Pace()
+        self.limit = limit
         self.arrivals: dict[str, list[float]] = {}  # unpaced only: gaps mean nothing paced
         self.turns: dict[str, Streamed] = {}  # bench-turn id -> what was streamed for it
         self.requests = 0
@@ -132,6 +147,9 @@ class BenchLLM:
             return _json(200, {"gaps_ms": gaps})
         if method == "GET" and path == "/bench/stats":
             stats = {"requests": self.requests, "tokens": self.tokens, "cpu_s": time.process_time()}
+            if self.limit is not None:
+                stats["rejected"] = self.limit.rejected
+                stats["accepted_tokens"] = self.limit.accepted_tokens
             return _json(200, stats)
         if method == "GET" and path == "/bench/turns":
             turns, self.turns = self.turns, {}
@@ -157,6 +175,11 @@ class BenchLLM:
         elif finish:
             call = (finish, _encode({"result": "done"}).decode())
         reply = _Reply(request, f"c{next(self._ids)}", call, "" if call else "done")
+        if self.limit is not None:
+            wait = self.limit.take(reply.usage()["total_tokens"])
+            if wait is not None:
+                body = {"error": {"message": "tokens per minute exceeded", "type": "tokens"}}
+                return _response(429, b"application/json", _encode(body), retry_headers(wait))
         if request.get("stream") and self.pace.on:
             found = _TURN.search(current)
             turn = found.group(1) if found else None
@@ -289,12 +312,15 @@ class _Reply:
         }
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 413: b"Content Too Large"}
+_REASONS = {
+    200: b"OK", 400: b"Bad Request", 404: b"Not Found", 413: b"Content Too Large",
+    429: b"Too Many Requests",
+}  # fmt: skip
 
 
-def _response(status: int, content_type: bytes, body: bytes) -> bytes:
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n" % (
-        status, _REASONS.get(status, b"Error"), content_type, len(body),
+def _response(status: int, content_type: bytes, body: bytes, headers: bytes = b"") -> bytes:
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n" % (
+        status, _REASONS.get(status, b"Error"), content_type, len(body), headers,
     )  # fmt: skip
     return head + body
 
@@ -388,12 +414,12 @@ class _Connection(asyncio.Protocol):
         return bool(self.buffer)
 
 
-async def _serve(port: int, pace: Pace) -> None:
+async def _serve(port: int, pace: Pace, limit: ProviderLimit | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with BenchLLM(port=port, pace=pace) as fake:
+    async with BenchLLM(port=port, pace=pace, limit=limit) as fake:
         print(f"bench LLM serving {fake.base_url}", flush=True)
         await stop.wait()
 
@@ -408,6 +434,9 @@ if __name__ == "__main__":
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
     parser.add_argument("--tokens-per-s", type=float, default=50.0)
     parser.add_argument("--tokens", type=int, default=0, help="content tokens per reply")
+    parser.add_argument("--tpm", type=int, default=0, help="tokens per minute (0: no limit)")
+    parser.add_argument("--window-s", type=float, default=60.0, help="the limit's window")
     args = parser.parse_args()
     pace = Pace(ttft_s=args.ttft_ms / 1000, tokens_per_s=args.tokens_per_s, tokens=args.tokens)
-    run(_serve(args.port, pace))
+    limit = ProviderLimit(args.tpm, args.window_s) if args.tpm else None
+    run(_serve(args.port, pace, limit))

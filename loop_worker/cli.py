@@ -23,7 +23,9 @@ from .config import LoopWorkerConfig
 from .engine.constrained import ConstrainedLLM
 from .engine.llm import OpenAILLM
 from .engine.protocols import LLM
+from .engine.ratelimit import RateLimiter
 from .engine.settings import LLMSettings, LoopSettings
+from .limiter import SharedLimiter
 from .service import LoopWorker
 
 log = logging.getLogger("loopmesh.loop_worker")
@@ -155,13 +157,15 @@ def demo_loop_settings(loop: LoopSettings) -> LoopSettings:
     return msgspec.structs.replace(loop, tool_choice_strategy="constrained")
 
 
-async def copying_llm(settings: LLMSettings, stack: contextlib.AsyncExitStack) -> OpenAILLM | None:
+async def copying_llm(
+    settings: LLMSettings, stack: contextlib.AsyncExitStack, *, limiter: RateLimiter | None = None
+) -> OpenAILLM | None:
     """The constrained strategy's LLM for its second step, when ``copy_repeat_penalty``
     sets one of its own."""
     penalty = settings.copy_repeat_penalty
     if penalty is None or penalty == settings.repeat_penalty:
         return None
-    copying = OpenAILLM(msgspec.structs.replace(settings, repeat_penalty=penalty))
+    copying = OpenAILLM(msgspec.structs.replace(settings, repeat_penalty=penalty), limiter=limiter)
     return await stack.enter_async_context(copying)
 
 
@@ -199,11 +203,16 @@ async def serve(
         if provision and config.loop_worker.provision:
             for action in await provision_all(nc, config.nats, agents=config.agents):
                 log.info("%s", action)  # a change is never silent
-        async with OpenAILLM(config.llm) as openai_llm, contextlib.AsyncExitStack() as stack:
+        limiter = SharedLimiter.for_worker(nc, config)  # [llm.limits], and 429 pauses
+        async with (
+            OpenAILLM(config.llm, limiter=limiter) as openai_llm,
+            contextlib.AsyncExitStack() as stack,
+        ):
             llm: LLM = openai_llm
             if config.loop.tool_choice_strategy == "constrained":
-                llm = ConstrainedLLM(openai_llm, copying=await copying_llm(config.llm, stack))
-            worker = LoopWorker(nc, config, llm=llm)
+                copying = await copying_llm(config.llm, stack, limiter=limiter)
+                llm = ConstrainedLLM(openai_llm, copying=copying)
+            worker = LoopWorker(nc, config, llm=llm, limiter=limiter)
             port = config.loop_worker.metrics_port
             if port is not None:
                 await stack.enter_async_context(

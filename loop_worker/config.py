@@ -48,6 +48,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # daily budgets, [loop.budget]); 0: before every LLM call
     usage_read_every_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
     tool_grace_s: Positive = 5.0
+    # the rate-limit leader ([llm.limits]) is replaced after its key went this long
+    # without renewal; it renews every third of this, at most every second
+    limiter_ttl_s: Positive = 6.0
     metrics_host: str = "127.0.0.1"
     metrics_port: Port | None = None
     provision: bool = True

@@ -2,6 +2,7 @@
 
 LoopWorkerError            (``loop_worker.engine.errors``)
 ├── LeaseLostError         the session lease expired or was taken over (``.key``)
+├── LimiterError           the rate-limit leader refused an ask (a worker of another version)
 └── BucketNotLoadedError   a watched bucket did not load in time (``.bucket``, ``.timeout_s``)
     ├── CatalogNotLoadedError  the tool catalog
     └── AgentsNotLoadedError   the named agents
@@ -16,6 +17,10 @@ class LeaseLostError(LoopWorkerError):
     def __init__(self, key: str, message: str = "") -> None:
         super().__init__(message or f"lost the lease of session {key}")
         self.key = key
+
+
+class LimiterError(LoopWorkerError):
+    """The rate-limit leader refused an ask (``[llm.limits]``): the message says why."""
 
 
 class BucketNotLoadedError(LoopWorkerError):

@@ -62,6 +62,7 @@ from schemas.streams import (
     advisories_stream,
     agents_bucket,
     embeddings_bucket,
+    limits_bucket,
     schedules_bucket,
 )
 
@@ -81,6 +82,7 @@ from .engine.prefilter import Prefilter
 from .engine.protocols import LLM
 from .errors import LeaseLostError
 from .lease import Leases
+from .limiter import SharedLimiter
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
@@ -95,19 +97,35 @@ log = logging.getLogger("loopmesh.loop_worker")
 class LoopWorker:
     """Runs turns from the turns stream until ``stop`` is set::
 
-    async with OpenAILLM(config.llm) as llm:
-        await LoopWorker(nc, config, llm=llm).run(stop)
+    limiter = SharedLimiter.for_worker(nc, config)  # [llm.limits], and 429 pauses
+    async with OpenAILLM(config.llm, limiter=limiter) as llm:
+        await LoopWorker(nc, config, llm=llm, limiter=limiter).run(stop)
     """
 
     def __init__(
-        self, nc: Client, config: LoopWorkerConfig, *, llm: LLM, name: str | None = None
+        self,
+        nc: Client,
+        config: LoopWorkerConfig,
+        *,
+        llm: LLM,
+        name: str | None = None,
+        limiter: SharedLimiter | None = None,
     ) -> None:
+        """``limiter``: the one ``llm`` waits on (:meth:`SharedLimiter.for_worker`); the
+        worker runs it. Required when ``[llm.limits]`` sets models: a worker whose calls
+        would pass the fleet's limits unseen is refused."""
+        if limiter is None and config.llm.limits.models:
+            raise ValueError(
+                "[llm.limits] sets limits, and the loop worker was given no limiter: build "
+                "one with SharedLimiter.for_worker and give it to the LLM and the worker"
+            )
         self.nc = nc
         self.config = config
         self.settings: ServiceSettings = config.loop_worker
         self.name = name or self.settings.name or worker_name()
         self.subjects = Subjects(config.nats.prefix)
         self.llm = llm
+        self.limiter = limiter
         self.ready = asyncio.Event()
         self.stats = {
             "finished": 0, "resumed": 0, "handed_back": 0, "lost": 0, "stale": 0, "warm": 0
@@ -214,6 +232,7 @@ class LoopWorker:
                 deltas = tg.create_task(self.events.run(), name="deltas")
                 listening = asyncio.Event()
                 buryer = tg.create_task(self.deadletters.run(listening), name="dead letters")
+                limits = tg.create_task(self._limits(), name="limits")
                 await listening.wait()
                 puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
                 if self.scheduler is not None:
@@ -236,7 +255,10 @@ class LoopWorker:
                 committer.cancel()
                 deltas.cancel()
                 buryer.cancel()
+                limits.cancel()
         finally:
+            if self.limiter is not None:  # a leader leaves its state to the next
+                await self.limiter.close()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
             if self.scheduler is not None:
@@ -248,6 +270,10 @@ class LoopWorker:
             if self.prefilter is not None:
                 await self.prefilter.aclose()
             log.info("loop worker stopped name=%s stats=%s", self.name, self.stats)
+
+    async def _limits(self) -> None:
+        if self.limiter is not None:
+            await self.limiter.run()
 
     async def _prepare(self) -> None:
         s, subjects = self.settings, self.subjects
@@ -293,6 +319,10 @@ class LoopWorker:
             done += "\n" + await ensure_bucket(
                 self._js, schedules_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
             )
+            if self.limiter is not None:
+                done += "\n" + await ensure_bucket(
+                    self._js, limits_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
+                )
             if self.prefilter is not None and self.prefilter.embedder is not None:
                 done += "\n" + await ensure_bucket(
                     self._js,
@@ -314,6 +344,8 @@ class LoopWorker:
         await self.leases.start()
         await self.controls.start()
         await self.tools.start()
+        if self.limiter is not None:
+            await self.limiter.start()
         self.agents.start()  # turns wait for its first load (AgentBook.agent)
 
     async def _finish_in_flight(self) -> None:

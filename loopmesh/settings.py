@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -139,7 +140,7 @@ def load(
     except msgspec.ValidationError as exc:
         if overridden and path is None:
             source = "environment (" + ", ".join(overridden) + ")"
-        raise ConfigError(source, str(exc)) from None
+        raise ConfigError(source, _name_keys(str(exc), data, type_)) from None
 
 
 def replace(struct: S, source: str, **changes: Any) -> S:
@@ -153,6 +154,47 @@ def replace(struct: S, source: str, **changes: Any) -> S:
         return msgspec.convert(data, type(struct), strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(source, str(exc)) from None
+
+
+_AT = re.compile(r"`(\$[^`]*\[\.\.\.\][^`]*)`")
+_STEP = re.compile(r'\.([^.\[]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
+
+
+def _name_keys(message: str, data: dict[str, Any], type_: type[Any]) -> str:
+    """msgspec's ``message`` with each ``[...]`` of its path (a value of a table keyed by
+    name: ``[llm.limits.models."gpt-4o"]``) replaced by the key that fails: each key's
+    value is converted alone until one fails the same way."""
+    found = _AT.search(message)
+    if found is None:
+        return message
+    path = found.group(1)
+    head, _, tail = path.partition("[...]")
+    table = _at(data, head)
+    if not isinstance(table, dict):
+        return message
+    for key in list(table):
+        others = {k: table.pop(k) for k in list(table) if k != key}
+        try:
+            msgspec.convert(data, type_, strict=False)
+        except msgspec.ValidationError as exc:
+            if str(exc).split(" - at ")[0] == message.split(" - at ")[0]:
+                named = message.replace(path, f"{head}[{json.dumps(key)}]{tail}", 1)
+                return _name_keys(named, data, type_)  # the next [...], within this key
+        finally:
+            table.update(others)
+    return message
+
+
+def _at(data: Any, path: str) -> Any:
+    """The value at msgspec's ``path`` (``$.llm.limits.models``) in ``data``, or None."""
+    for field, index, key in _STEP.findall(path.removeprefix("$")):
+        if (field or key) and isinstance(data, dict):
+            data = data.get(field or json.loads(key))
+        elif index and isinstance(data, list) and int(index) < len(data):
+            data = data[int(index)]
+        else:
+            return None
+    return data
 
 
 def environ(name: str, env: Mapping[str, str] | None = None, *, empty: bool = False) -> str | None:

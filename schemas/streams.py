@@ -170,6 +170,7 @@ def definitions(
                 description="the webhook of each turn that has one, by <tenant>.<session>.<turn>",
             ),
             schedules_bucket(s, replicas=replicas),
+            limits_bucket(s, replicas=replicas),
             *a2a_buckets(s, ttl_s=events_max_age_s, replicas=replicas),
         ),
     )
@@ -222,6 +223,18 @@ def schedules_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
         bucket=subjects.schedules_bucket,
         replicas=replicas,
         description="schedules by <tenant>.<id>, their runs by <tenant>.<id>.state",
+    )
+
+
+def limits_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """The fleet's LLM rate limits: the limiter leader's key, its hand-over state, and
+    each model's pause (a provider's ``Retry-After``). Keys never expire: the leader's
+    is renewed with a revision check and taken over when it stops changing."""
+    return KVDef(
+        bucket=subjects.limits_bucket,
+        history=1,
+        replicas=replicas,
+        description="LLM rate limits: leader, hand-over state, pauses",
     )
 
 

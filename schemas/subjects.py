@@ -57,6 +57,21 @@ class Subjects:
             )
         return check_token(parts[2], "tenant"), check_token(parts[3], "session")
 
+    @property
+    def limits_ask(self) -> str:
+        """Requests for the fleet's LLM rate limits (``[llm.limits]``): only the limiter
+        leader listens."""
+        return f"{self.prefix}.limits.ask"
+
+    @property
+    def limits_settle(self) -> str:
+        return f"{self.prefix}.limits.settle"
+
+    @property
+    def limits_pause(self) -> str:
+        """A provider's 429 with ``Retry-After``: every loop worker listens."""
+        return f"{self.prefix}.limits.pause"
+
     # -- wildcards for subscriptions and stream definitions ----------------------------
 
     @property
@@ -194,6 +209,10 @@ class Subjects:
     @property
     def a2a_push_bucket(self) -> str:
         return f"{self.prefix}-a2a-push"
+
+    @property
+    def limits_bucket(self) -> str:
+        return f"{self.prefix}-limits"
 
 
 @functools.lru_cache(maxsize=16_384)

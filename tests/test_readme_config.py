@@ -48,6 +48,9 @@ def test_the_configuration_example_loads(tmp_path: Path) -> None:
     assert (loop.plan_max_steps, loop.step_max_iterations, loop.step_retries) == (8, 6, 1)
     assert (loop.deadline_s, loop.max_tool_calls, loop.max_parallel_tools) == (120, 30, 8)
     assert (loop.tool_failure, loop.max_iterations) == ("continue", 20)
+    # the fleet's rate limits ([llm.limits], docs/ARCHITECTURE.md)
+    limits = config.llm.limits.models["gpt-4o-mini"]
+    assert (limits.rpm, limits.tpm, limits.tenant("acme")) == (5000, 2_000_000, (0, 500_000))
     # a named agent, as docs/AGENTS.md defines one
     (calc,) = config.agents
     assert (calc.name, calc.tools) == ("calc", ("local.calculator",))

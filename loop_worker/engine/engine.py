@@ -48,6 +48,7 @@ from .protocols import (
     ToolSelector,
     all_tools,
 )
+from .ratelimit import TURN_TENANT
 from .run import TurnRun, describe, ended_again
 from .scope import TurnScope
 from .settings import LLMSettings, LoopSettings
@@ -161,9 +162,11 @@ class Engine:
         agent = self.agent_for(spec)
         snapshot = stored or SessionSnapshot(tenant=turn.tenant, session=turn.session, agent=name)
         fallbacks = TURN_FALLBACKS.set(agent.fallbacks)
+        tenant = TURN_TENANT.set(turn.tenant)  # the rate limits' ([llm.limits])
         try:
             return await TurnRun(self, scope, snapshot, agent).run()
         finally:
+            TURN_TENANT.reset(tenant)
             TURN_FALLBACKS.reset(fallbacks)
 
 

@@ -58,6 +58,7 @@ from .prompt import (
     turn_message,
 )
 from .protocols import LLM, Completion
+from .ratelimit import PROMPT_TOKENS
 from .scope import End, TurnScope
 from .settings import LoopSettings
 from .thinking import Piece, ThinkingSplitter, split_thinking
@@ -304,15 +305,19 @@ class Inference:
                 tools=len(tools),
                 **self._offered_fields(tools),
             )
-            completion = await scope.race(
-                self.llm.complete(
-                    prepared,
-                    tools=tools,
-                    model=model or None,
-                    on_delta=on_delta,
-                    on_retry=on_retry,
+            counted = PROMPT_TOKENS.set(self.tokens)  # the rate limits' estimate
+            try:
+                completion = await scope.race(
+                    self.llm.complete(
+                        prepared,
+                        tools=tools,
+                        model=model or None,
+                        on_delta=on_delta,
+                        on_retry=on_retry,
+                    )
                 )
-            )
+            finally:
+                PROMPT_TOKENS.reset(counted)
         splitter = stream.splitter
         if not stream.streamed:  # a model that did not stream: report the whole text
             stream.chars += await self._pieces(splitter.feed(completion.content))

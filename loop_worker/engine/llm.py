@@ -15,6 +15,12 @@ Every response is streamed (``stream_options.include_usage``): text fragments go
 Fragments that a failed attempt already passed to ``on_delta`` are not taken back:
 ``on_retry`` tells the caller to drop them.
 
+With a :class:`~.ratelimit.RateLimiter` (``[llm.limits]``), each attempt first acquires
+a permit for its model (waiting its turn), and settles it with the reply's ``usage``
+after; a 429 with ``Retry-After`` pauses the model in the limiter (for every worker
+that shares it) instead of sleeping here, and the next attempt's acquire waits for the
+pause's end (docs/ARCHITECTURE.md, "Fleet-wide LLM rate limits").
+
 The stream is read as plain JSON chunks (``openai.AsyncStream[object]``: the client
 still parses the SSE, raises an error sent inside the stream and maps transport
 failures to its own errors) and converted by msgspec into the few fields the loop
@@ -44,6 +50,7 @@ from schemas.events import Usage
 from .agents import TURN_FALLBACKS
 from .errors import LLMError
 from .protocols import Completion, OnDelta, OnRetry
+from .ratelimit import PROMPT_TOKENS, TURN_TENANT, Permit, RateLimiter, estimate_tokens
 from .settings import LLMSettings
 
 #: Requests sent on to a fallback model (``settings.fallback_models``) after the model
@@ -51,6 +58,12 @@ from .settings import LLMSettings
 FALLBACKS = Counter(
     "loopmesh_llm_fallbacks",
     "LLM requests sent on to a fallback model after the one before failed",
+    ["gen_ai_request_model"],
+)
+#: Requests the provider answered 429 (too many requests), by model.
+RATE_LIMITED = Counter(
+    "loopmesh_llm_rate_limited",
+    "LLM requests the provider answered 429 (rate limited)",
     ["gen_ai_request_model"],
 )
 
@@ -150,8 +163,10 @@ class OpenAILLM:
         client: openai.AsyncOpenAI | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.settings = settings
+        self.limiter = limiter
         self._owns_client = client is None
         self._client = client or openai.AsyncOpenAI(
             base_url=settings.base_url,
@@ -189,18 +204,28 @@ class OpenAILLM:
                 FALLBACKS.labels(name).inc()
             for attempt in range(1, s.max_retries + 2):
                 attempts += 1
+                permit = await self._acquire(name, messages)
                 try:
-                    return await self._attempt(
+                    completion = await self._attempt(
                         name, payload, tools, on_delta, response_format, tool_choice
                     )
                 except (openai.APIError, StreamCutError, StreamChunkError) as exc:
+                    await _settle(permit)  # as estimated: the provider may count it
                     last = exc
+                    paused = await self._rate_limited(name, exc)
                     if not _retryable(exc) or attempt > s.max_retries:
                         break
-                    delay = self._delay(attempt, exc)
+                    delay = self._delay(attempt, exc) if paused is None else paused
                     if on_retry is not None:
                         await on_retry(attempt, _describe(exc), delay, name)
-                    await self._sleep(delay)
+                    if paused is None:  # else the next acquire waits for the pause
+                        await self._sleep(delay)
+                    continue
+                except BaseException:
+                    await _settle(permit)  # cancelled while the request ran
+                    raise
+                await _settle(permit, completion.usage)
+                return completion
             failures.append(f"{name}: {_describe(last)}")
         raise LLMError(
             f"every model failed after {attempts} attempts: " + "; ".join(failures),
@@ -279,6 +304,29 @@ class OpenAILLM:
             model=answered or model,
             latency_ms=(time.perf_counter() - started) * 1000,
         )
+
+    async def _acquire(self, model: str, messages: Sequence[ChatMessage]) -> Permit | None:
+        """A permit for one attempt, once the limiter grants it (no limiter: none)."""
+        if self.limiter is None:
+            return None
+        prompt = PROMPT_TOKENS.get()
+        if prompt is None:
+            prompt = estimate_tokens(sum(len(m.content) for m in messages))
+        reply = self.settings.max_tokens or self.settings.limits.reply_tokens
+        return await self.limiter.acquire(model, TURN_TENANT.get(), prompt + reply)
+
+    async def _rate_limited(self, model: str, exc: BaseException) -> float | None:
+        """On a 429: count it; with a limiter and a ``Retry-After``, pause the model
+        there and return how long (else ``None``)."""
+        if not (isinstance(exc, openai.APIStatusError) and exc.status_code == 429):
+            return None
+        RATE_LIMITED.labels(model).inc()
+        retry_after = _retry_after(exc)
+        if self.limiter is None or retry_after is None:
+            return None
+        seconds = min(retry_after, self.settings.limits.max_pause_s)
+        await self.limiter.pause(model, seconds)
+        return seconds
 
     def _delay(self, attempt: int, exc: BaseException) -> float:
         s = self.settings
@@ -365,6 +413,15 @@ def _usage(chunk: Chunk) -> Usage | None:
         completion_tokens=u.completion_tokens or 0,
         total_tokens=u.total_tokens or 0,
     )
+
+
+async def _settle(permit: Permit | None, usage: Usage | None = None) -> None:
+    if permit is None:
+        return
+    if usage is None:
+        await permit.settle()
+    else:
+        await permit.settle(usage.total_tokens or usage.prompt_tokens + usage.completion_tokens)
 
 
 def _retryable(exc: BaseException) -> bool:

@@ -10,8 +10,103 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from schemas import Token
+
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class TenantLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One tenant's own ceilings within a model (``[llm.limits.models."<model>".tenants.<t>]``):
+    they replace the model's ``tenant_rpm`` / ``tenant_tpm`` for it (unset: those; 0: none)."""
+
+    rpm: Count | None = None
+    tpm: Count | None = None
+
+
+class ModelLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[llm.limits.models."<model>"]``: requests and tokens (prompt and reply) per minute
+    for a model as requests name it, every worker and tenant together, and each tenant's
+    share within it; 0 is no ceiling. They hold over every ``window_s`` (at most
+    ``rpm * window_s / 60`` requests in any such window): 60 for a provider that counts
+    per minute, less for one that counts over shorter windows (Azure OpenAI: 10)."""
+
+    rpm: Count = 0
+    tpm: Count = 0
+    tenant_rpm: Count = 0  # each tenant's, within the model's (0: none)
+    tenant_tpm: Count = 0
+    tenants: dict[Token, TenantLimits] = {}  # one tenant's own, in place of tenant_*
+    window_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+
+    def tenant(self, tenant: str) -> tuple[int, int]:
+        """``tenant``'s own (rpm, tpm) within the model; 0: none."""
+        own = self.tenants.get(tenant)
+        if own is None:
+            return self.tenant_rpm, self.tenant_tpm
+        rpm = self.tenant_rpm if own.rpm is None else own.rpm
+        tpm = self.tenant_tpm if own.tpm is None else own.tpm
+        return rpm, tpm
+
+    def per_window(self, per_minute: int) -> int:
+        """What ``per_minute`` allows in one ``window_s`` (0: no ceiling)."""
+        return int(per_minute * self.window_s / 60) if per_minute else 0
+
+
+class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[llm.limits]``: rate limits that every loop worker shares through NATS
+    (docs/ARCHITECTURE.md, "Fleet-wide LLM rate limits"). A model not in ``models``
+    has none; a provider's 429 with ``Retry-After`` pauses any model for every worker."""
+
+    models: dict[str, ModelLimits] = {}
+    # a request's tokens before it is made: the prompt (counted by the loop) and its
+    # reply's ceiling, [llm] max_tokens, or this when that is unset
+    reply_tokens: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    # a Retry-After longer than this pauses the model this long
+    max_pause_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+
+    def __post_init__(self) -> None:
+        for model, limits in self.models.items():
+            _check_model(model, limits)
+
+
+def _check_model(model: str, m: ModelLimits) -> None:
+    """A ValueError naming the field (``models."<model>".<field>``) of a model's limits
+    that cannot work: none set, less than one per window, a tenant's above the model's."""
+    where = f"models.{_quoted(model)}"
+    if not model.strip():
+        raise ValueError("`models`: a model name is empty")
+    if not (m.rpm or m.tpm or m.tenant_rpm or m.tenant_tpm or m.tenants):
+        raise ValueError(
+            f"`{where}` sets no limit: set rpm, tpm, tenant_rpm, tenant_tpm or tenants, "
+            "or leave the model out"
+        )
+    ceilings: list[tuple[str, int, int]] = [
+        ("rpm", m.rpm, m.rpm),
+        ("tpm", m.tpm, m.tpm),
+        ("tenant_rpm", m.tenant_rpm, m.rpm),
+        ("tenant_tpm", m.tenant_tpm, m.tpm),
+    ]
+    for tenant, own in m.tenants.items():
+        for field, value, model_value in (("rpm", own.rpm, m.rpm), ("tpm", own.tpm, m.tpm)):
+            if value is not None:
+                ceilings.append((f"tenants.{tenant}.{field}", value, model_value))
+    for field, value, model_value in ceilings:
+        if value and m.per_window(value) < 1:
+            raise ValueError(
+                f"`{where}.{field}` ({value}) allows less than one per window_s "
+                f"({m.window_s:g} s): raise it or widen window_s"
+            )
+        if value and model_value and value > model_value and field not in ("rpm", "tpm"):
+            kind = field.rsplit(".", 1)[-1].removeprefix("tenant_")
+            raise ValueError(
+                f"`{where}.{field}` ({value}) is above the model's {kind} ({model_value}): "
+                "a tenant's share is within the model's"
+            )
+
+
+def _quoted(key: str) -> str:
+    """A TOML key as written in the file: bare when it can be, else quoted."""
+    return key if key.replace("-", "").replace("_", "").isalnum() else f'"{key}"'
 
 
 class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -35,6 +130,7 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     fallback_message: str = (
         "I could not reach a language model to answer this. Please try again later."
     )
+    limits: LimitSettings = LimitSettings()
 
 
 class PrefilterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -130,6 +130,7 @@ class FakeLLM:
         self.embeddings: list[list[str]] = []  # the inputs of each embeddings request
         self.models = models
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # when each request arrived (time.time()), in order
         self.disconnects = 0  # requests whose client went away before the reply ended
         self._script: list[Reply] = list(replies)
         self._by_model: dict[str, list[Reply]] = {}
@@ -214,9 +215,11 @@ class FakeLLM:
         await self.aclose()
 
     async def _completions(self, request: Request) -> Response:
+        arrived = time.time()
         body = await request.json()
         async with self._changed:
             self.requests.append(body)
+            self.arrivals.append(arrived)
             self._changed.notify_all()
         own = self._by_model.get(str(body.get("model")))
         if own:

@@ -197,11 +197,12 @@ class Mesh:
         service.setdefault("fetch_timeout_s", 0.2)
         loop = service.pop("loop", LoopSettings(max_iterations=6))
         webhooks = service.pop("webhooks", None)
+        llm = {"max_retries": 0, **service.pop("llm_settings", {})}
         config = LoopWorkerConfig(
             nats=NatsSettings(url=self.url, reconnect_wait_s=0.05, replicas=self.replicas),
             llm=LLMSettings(
-                base_url=self.llm_url, api_key="test", model="fake-model", max_retries=0,
-                backoff_initial_s=0.05,
+                base_url=self.llm_url, api_key="test", model="fake-model",
+                backoff_initial_s=0.05, **llm,
             ),
             loop=loop,
             loop_worker=ServiceSettings(**service),
@@ -209,14 +210,17 @@ class Mesh:
         return config if webhooks is None else msgspec.structs.replace(config, webhooks=webhooks)
 
     async def loop_worker(self, name: str = "w1", *, llm: Any = None, **service: Any) -> Running:
-        """A loop worker against the fake LLM server (or ``llm``, an engine ``LLM``)."""
+        """A loop worker against the fake LLM server (or ``llm``, an engine ``LLM``), with
+        its rate limiter as production has it (``llm_settings={"limits": ...}``: [llm])."""
         from loop_worker.engine.llm import OpenAILLM
+        from loop_worker.limiter import SharedLimiter
         from loop_worker.service import LoopWorker
 
         config = self.config(name=name, **service)
         client = await connect(config.nats, name=name)
-        openai = OpenAILLM(config.llm)
-        worker = LoopWorker(client, config, llm=llm or openai)
+        limiter = SharedLimiter.for_worker(client, config)
+        openai = OpenAILLM(config.llm, limiter=limiter)
+        worker = LoopWorker(client, config, llm=llm or openai, limiter=limiter)
         running: Running
 
         async def run() -> None:
