@@ -13,7 +13,9 @@ A turn is given up on in two ways:
   takes them through the stream's durable consumer (each advisory to one worker),
   fetches the turn by its stream sequence, records it, deletes it from the work queue
   and acks the advisory. A ``MSG_TERMINATED`` advisory is handled the same way when the
-  message is still there (a term by another client on a stream that keeps it).
+  message is still there (a term by another client on a stream that keeps it). loopmesh's
+  own refusals are recorded and announced where they are refused, then acked, never
+  termed, so no advisory brings them back.
 
 The record is :func:`loopmesh.deadletter.record`'s: the message's body unchanged,
 published to ``<prefix>.deadletter.<stream>`` with headers ``Loopmesh-Stream``,
@@ -30,6 +32,7 @@ loop worker listens is then lost, and its turn stays in the turns stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -43,7 +46,7 @@ from prometheus_client import Counter
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.deadletter import record
-from loopmesh.jetstream import Publisher, acked, quietly, retry
+from loopmesh.jetstream import Publisher, acked, answered, quietly, retry
 from schemas import InvalidIdError, Subjects, encode, is_token, turn_msg_id
 from schemas.events import Error, LoopEnd
 
@@ -163,14 +166,19 @@ class DeadLetters:
         )
 
     async def refuse(self, msg: Msg, reason: str, *, announce: bool = True) -> None:
-        """Record a delivered turn that will never run, then terminate it; ``announce``:
-        tell its session too (a refusal's events are :mod:`.refusals`' to publish)."""
+        """Record a delivered turn that will never run, then ack it; ``announce``: tell
+        its session too (a refusal's events are :mod:`.refusals`' to publish). Not a
+        term: its ``MSG_TERMINATED`` advisory could reach a worker while a replicated
+        stream still held the turn, and that worker would bury and announce it again."""
         meta = msg.metadata
         await self.bury(
             msg.subject, msg.data, meta.sequence.stream,
             deliveries=meta.num_delivered, reason=reason, announce=announce,
         )  # fmt: skip
-        await quietly(msg.term())
+        await retry(
+            functools.partial(answered, self.publisher, msg.reply, b"+ACK"),
+            f"ack dead-lettered turn {meta.sequence.stream}",
+        )
 
     async def bury(
         self,

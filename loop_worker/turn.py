@@ -370,7 +370,7 @@ class TurnRun:
             await refusals.report(
                 w.publisher, w.subjects, refused, what="turn", ref=ref, reason="rejected"
             )
-            await quietly(self.msg.term())
+            await self._ack(turn)  # handled: refused (a term would be dead-lettered too)
             raise Rejected
         log.info("turn %s interrupts %s (%s) session=%s", turn.id, names, mode, turn.session)
         for queued in earlier:

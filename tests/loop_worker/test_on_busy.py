@@ -43,6 +43,8 @@ async def first_turn_running_its_tool(mesh: Mesh, watch: Watch, ledger: Path) ->
 async def test_reject_refuses_the_turn_and_the_running_one_goes_on(mesh: Mesh, tmp_path: Path):
     ledger = tmp_path / "n"
     mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE))
+    # a term's advisory would be buried by a worker as a dead letter: refused, then acked
+    terms = await mesh.nc.subscribe("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>")
     async with Watch(mesh.nc) as watch:
         await first_turn_running_its_tool(mesh, watch, ledger)
         await send_turn(mesh.nc, turn("t2", "and now this", on_busy="reject"))
@@ -57,6 +59,8 @@ async def test_reject_refuses_the_turn_and_the_running_one_goes_on(mesh: Mesh, t
     assert isinstance(first, LoopEnd) and first.reason == "task_completion"
     assert ledger.read_text() == "a\n"
     assert len(mesh.fake.requests) == 2  # t1's two calls; t2 never reached the model
+    await mesh.nc.flush()
+    assert terms.pending_msgs == 0, "the rejected turn was termed"
 
 
 async def test_interrupt_stops_the_running_turn_after_its_call_is_recorded(

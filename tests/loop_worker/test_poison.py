@@ -62,8 +62,8 @@ async def test_poison_turns_are_dead_lettered_and_the_consumer_keeps_serving(mes
         end = await watch.wait("loop_end", "t1", timeout=15)
         assert end.reason == "task_completion"  # served after the poison, in order
         await wait_for(lambda: len(watch.of("loop_end")) == 5, what="a loop_end per refusal")
-    # a turn's loop_end goes out before its ack, a refusal's before its (unconfirmed)
-    # term: the stream empties a moment after the last loop_end, not with it
+    # a turn's loop_end goes out before its ack, and a refusal's before its ack: the
+    # stream empties a moment after the last loop_end, not with it
     await _until_empty(mesh.nc)
     records = sorted(await dead_letters(mesh.nc), key=lambda r: int(r[1]["Loopmesh-Seq"]))
     assert [(h["Loopmesh-Subject"], body) for body, h in records] == poison
@@ -75,6 +75,29 @@ async def test_poison_turns_are_dead_lettered_and_the_consumer_keeps_serving(mes
     errors = watch.of("error")
     assert [e.code for e in errors] == ["invalid_message"] * 4
     assert any("malformed JSON" in e.message for e in errors)
+
+
+#: The advisory a term publishes (a loop worker buries a turn another client termed).
+TERMINATED = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>"
+
+
+async def test_a_refused_turn_is_acked_so_no_advisory_buries_it_a_second_time(mesh):
+    """A refused turn is recorded and announced by the worker that refused it, then
+    acked. It used to be termed: the term's advisory reached the dead-letter consumer,
+    and on a replicated stream that still held the turn a worker buried it again,
+    announcing a second ``error`` and ``loop_end``."""
+    await mesh.loop_worker()
+    terms = await mesh.nc.subscribe(TERMINATED)
+    async with Watch(mesh.nc) as watch:
+        body = b'{"id": "t0", "tenant": "acme", "session": "s1"}'  # no input
+        await mesh.nc.jetstream().publish(SUBJECTS.turn("acme", "s1"), body)
+        await send_turn(mesh.nc, turn("t1", "say hello"))
+        await watch.wait("loop_end", "t1", timeout=15)
+    await _until_empty(mesh.nc)
+    await mesh.nc.flush()
+    assert terms.pending_msgs == 0, "a refused turn was termed"
+    assert [e.code for e in watch.of("error")] == ["invalid_message"]
+    assert len(await dead_letters(mesh.nc)) == 1
 
 
 class CrashingLLM:
