@@ -212,6 +212,61 @@ def agent_overview() -> dashboard.Dashboard:
                 ),
             )
         )
+        .with_row(dashboard.Row("LLM rate limits ([llm.limits])"))
+        .with_panel(
+            ts(
+                "Wait for the rate limits by model (p50, p95)",
+                "s",
+                q(
+                    p(0.5, "loopmesh_llm_limit_wait_seconds", "gen_ai_request_model"),
+                    "p50 {{gen_ai_request_model}}",
+                    "A",
+                ),
+                q(
+                    p(0.95, "loopmesh_llm_limit_wait_seconds", "gen_ai_request_model"),
+                    "p95 {{gen_ai_request_model}}",
+                    "B",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Requests waiting at the rate-limit leader",
+                "short",
+                q(
+                    "sum by (gen_ai_request_model) (loopmesh_llm_limit_waiting)",
+                    "{{gen_ai_request_model}}",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Tokens granted by the rate limits, by model",
+                "short",
+                q(
+                    "sum by (gen_ai_request_model) "
+                    f"(rate(loopmesh_llm_limit_tokens_granted_total[{RATE}]))",
+                    "{{gen_ai_request_model}}",
+                ),
+            )
+        )
+        .with_panel(
+            ts(
+                "Provider 429s and the pauses they started, by model",
+                "ops",
+                q(
+                    "sum by (gen_ai_request_model) "
+                    f"(rate(loopmesh_llm_rate_limited_total[{RATE}]))",
+                    "429 {{gen_ai_request_model}}",
+                    "A",
+                ),
+                q(
+                    f"sum by (gen_ai_request_model) (rate(loopmesh_llm_pauses_total[{RATE}]))",
+                    "paused {{gen_ai_request_model}}",
+                    "B",
+                ),
+            )
+        )
         .with_row(dashboard.Row("Tools"))
         .with_panel(
             ts(

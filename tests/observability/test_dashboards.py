@@ -119,7 +119,9 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(nats_se
         try:
             env = {
                 **worker_env(url, llm.base_url, metrics_port=ports["loop"]),
-                "LOOPMESH_LLM__MAX_RETRIES": "1",
+                "LOOPMESH_LLM__MAX_RETRIES": "2",
+                # the fleet's rate limits, far above this load: every call is granted
+                "LOOPMESH_LLM__LIMITS": '{"models": {"fake-model": {"rpm": 100000}}}',
                 "LOOPMESH_LLM__BACKOFF_INITIAL_S": "0.05",
                 "LOOPMESH_LLM__FALLBACK_MODELS": '["fallback-model"]',
             }
@@ -156,8 +158,11 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(nats_se
             base = f"http://127.0.0.1:{ports['prom']}"
             await wait_ready(f"{base}/-/ready", None)
 
-            # A retry then a fallback (two 503s, max_retries 1), a tool call, a tool error.
-            llm.script(error(503, "busy"), error(503, "busy"))
+            # A 429 that pauses the model, retries, then a fallback (a 429 and two 503s,
+            # max_retries 2), a tool call, a tool error.
+            llm.script(
+                error(429, "slow down", retry_after=0.2), error(503, "busy"), error(503, "busy")
+            )
             tasks = [
                 'call calculator {"expression": "6*7"}',
                 'call calculator {"expression": "1/0"}',
