@@ -33,7 +33,9 @@ Health = Callable[[], bool | Awaitable[bool]]
 #: A health check that has not answered in this long counts as unhealthy.
 HEALTH_TIMEOUT_S = 5.0
 
-_TEXT = [("Content-Type", "text/plain; charset=utf-8")]
+#: A plain-text answer's headers. Each response gets its own list: wsgiref adds
+#: ``Content-Length`` to the list it is given, and a shared one kept the first answer's.
+_TEXT = (("Content-Type", "text/plain; charset=utf-8"),)
 
 
 class MetricsServer:
@@ -112,11 +114,11 @@ class MetricsServer:
             return result
         if path == "/healthz":
             if self._healthy_from_thread():
-                start_response("200 OK", _TEXT)
+                start_response("200 OK", [*_TEXT])
                 return [b"ok\n"]
-            start_response("503 Service Unavailable", _TEXT)
+            start_response("503 Service Unavailable", [*_TEXT])
             return [b"unhealthy\n"]
-        start_response("404 Not Found", _TEXT)
+        start_response("404 Not Found", [*_TEXT])
         return [b"not found\n"]
 
     def _healthy_from_thread(self) -> bool:

@@ -26,9 +26,12 @@ async def test_healthz_follows_the_health_callable():
         return state["ok"]
 
     async with MetricsServer(healthy=healthy) as server, httpx.AsyncClient() as http:
-        assert (await http.get(f"{server.url}/healthz")).status_code == 200
-        state["ok"] = False
-        assert (await http.get(f"{server.url}/healthz")).status_code == 503
+        answers = []
+        for ok in (True, False, True):  # each answer whole (its own Content-Length)
+            state["ok"] = ok
+            response = await http.get(f"{server.url}/healthz")
+            answers.append((response.status_code, response.text))
+    assert answers == [(200, "ok\n"), (503, "unhealthy\n"), (200, "ok\n")]
 
 
 async def test_a_health_callable_that_raises_counts_as_unhealthy():
