@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from loopmesh.cli import config_from_args
+from loopmesh.cli import add_metrics_options, config_from_args, metrics_changes
 from loopmesh.settings import replace
 from loopmesh.shutdown import shutdown_on_signals
 
@@ -30,6 +30,7 @@ UP_TENANT = "local"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    add_metrics_options(parser)
     parser.add_argument(
         "--tenant", help="the tenant prompts run in (default: [nats_agents] tenant; required)"
     )
@@ -37,10 +38,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def config_of(args: argparse.Namespace) -> NatsAgentsConfig:
     config = config_from_args(NatsAgentsConfig, args)
+    changes = metrics_changes(args)
     if getattr(args, "tenant", None):
-        settings = replace(config.nats_agents, "the command line", tenant=args.tenant)
-        config = msgspec.structs.replace(config, nats_agents=settings)
-    return config
+        changes["tenant"] = args.tenant
+    settings = replace(config.nats_agents, "the command line", **changes)
+    return msgspec.structs.replace(config, nats_agents=settings)
 
 
 async def main(args: argparse.Namespace) -> int:

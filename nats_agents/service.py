@@ -23,6 +23,7 @@ from nats.aio.client import Client
 
 from loopmesh.agents import AgentsWatch
 from loopmesh.errors import ConfigError
+from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
 from schemas import DEFAULT_AGENT, AgentSpec, Subjects
 from schemas.agents import default_agent
@@ -108,11 +109,24 @@ async def _first(*events: asyncio.Event) -> None:
 
 async def serve(config: NatsAgentsConfig, stop: asyncio.Event) -> None:
     """Connect and serve every agent until ``stop`` is set (the command, ``loopmesh up``,
-    tests)."""
+    tests), with ``/metrics`` and ``/healthz`` on ``[nats_agents] metrics_port`` if set:
+    healthy while connected and every agent of the bucket's first load is registered."""
     tenant_of(config)  # refused before anything connects
+    settings = config.nats_agents
     nc = await connect(config.nats, name="nats-agents")
     try:
-        await NatsAgents(nc, config).run(stop)
+        host = NatsAgents(nc, config)
+        async with contextlib.AsyncExitStack() as stack:
+            if settings.metrics_port is not None:
+                server = await stack.enter_async_context(
+                    MetricsServer(
+                        settings.metrics_host,
+                        settings.metrics_port,
+                        healthy=lambda: nc.is_connected and host.ready.is_set(),
+                    )
+                )
+                print(f"nats-agents metrics at {server.url}/metrics", flush=True)
+            await host.run(stop)
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()

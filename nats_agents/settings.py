@@ -9,11 +9,17 @@
     turn_timeout_s = 600            # a turn not ended by then: an error (it goes on)
     heartbeat_s = 30                # the protocol's heartbeat, per agent
     drain_s = 10                    # on stop, prompts in flight get this long to end
+    metrics_port = 9468             # /metrics and /healthz (unset: none)
+    metrics_host = "127.0.0.1"      # "0.0.0.0" in a pod, for probes and Prometheus
 
 A protocol request carries no tenant and no credential the host could map to one, so
 the tenant is configuration, and there is no default: without it the host does not
 start (``loopmesh up`` on its own loopback server takes ``local``, as its gateway does).
-Every field can be set with ``LOOPMESH_NATS_AGENTS__<FIELD>``.
+``metrics_port`` is unset by default, so neither ``loopmesh nats-agents`` nor ``loopmesh
+up`` opens one unless asked; where set, its ``/healthz`` answers 200 while the host is
+connected to NATS and serves the agents of the bucket (the probes of
+``k8s/base/nats-agents.yaml``). Every field can be set with
+``LOOPMESH_NATS_AGENTS__<FIELD>``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class NatsAgentsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     turn_timeout_s: Positive = 600.0
     heartbeat_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 30
     drain_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    #: ``/metrics`` and ``/healthz`` (``--metrics-port``); unset: none.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
 
 
 class NatsAgentsConfig(msgspec.Struct, frozen=True, kw_only=True):

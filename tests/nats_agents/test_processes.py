@@ -1,14 +1,17 @@
 """The host as people run it: inside ``loopmesh up`` (tenant ``local`` on its own
-loopback server), and alone as ``loopmesh nats-agents``, which needs a tenant."""
+loopback server), and alone as ``loopmesh nats-agents``, which needs a tenant (and, in
+a pod, serves ``/healthz`` for its probes)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 from synadia_ai.agents import Agents, ResponseChunk
 
+from loopmesh.ports import free_port
 from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import Proc, connect_fast, wait_for
@@ -65,6 +68,34 @@ async def test_sigterm_withdraws_the_agents_and_exits_0(nats_server: object):
     finally:
         await proc.close()
         await agents.close()
+        await nc.close()
+
+
+async def test_healthz_answers_200_once_the_agents_are_served_and_503_before(
+    nats_server: object,
+):
+    """As a pod's probes see it: the agents bucket is not there yet (the loop workers
+    provision it), so the host serves nothing and is not healthy; once it is, it is."""
+    url: str = nats_server.url  # type: ignore[attr-defined]
+    port = free_port()
+    args = ("--nats-url", url, "--tenant", "acme", "--metrics-port", str(port))
+    proc = Proc("-m", "loopmesh", "nats-agents", *args)
+    nc = await connect_fast(url)
+    healthz = f"http://127.0.0.1:{port}/healthz"
+    try:
+        await proc.start()
+        assert f":{port}/metrics" in await proc.wait_line("nats-agents metrics at")
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(healthz)).status_code == 503
+            await provision_all(nc, NatsSettings(url=url))
+
+            async def healthy() -> bool:
+                return (await http.get(healthz)).status_code == 200
+
+            await wait_for(healthy, timeout=60, what="/healthz to answer 200")
+        assert await proc.terminate(60) == 0, proc.output()
+    finally:
+        await proc.close()
         await nc.close()
 
 

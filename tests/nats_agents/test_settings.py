@@ -23,3 +23,11 @@ def test_the_tenant_is_unset_unless_configured_and_must_be_a_token():
     env = {"LOOPMESH_NATS_AGENTS__TENANT": "ac.me"}
     with pytest.raises(ConfigError, match=r"LOOPMESH_NATS_AGENTS__TENANT.*nats_agents.tenant"):
         load(NatsAgentsConfig, env=env)
+
+
+def test_no_metrics_port_unless_configured_and_a_bad_one_is_refused():
+    settings = load(NatsAgentsConfig, env={}).nats_agents
+    assert (settings.metrics_host, settings.metrics_port) == ("127.0.0.1", None)
+    env = {"LOOPMESH_NATS_AGENTS__METRICS_PORT": "70000"}
+    with pytest.raises(ConfigError, match=r"nats_agents.metrics_port"):
+        load(NatsAgentsConfig, env=env)
