@@ -52,6 +52,9 @@ HARNESS = "loopmesh"
 #: are: upper case, say).
 AGENT_KEY = "loopmesh_agent"
 
+#: After ``drain_s``, how long the prompts still in flight get to send their error.
+CUT_S = 5.0
+
 #: The turn the request interceptor made of the prompt being served (a prompt runs in
 #: a task and a context of its own).
 _turn: ContextVar[Turn] = ContextVar("nats_agents_turn")
@@ -122,7 +125,7 @@ class AgentHost:
                 await self._idle.wait()
         self._cut.set()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5.0):  # their error frames go out
+            async with asyncio.timeout(CUT_S):  # their error frames go out
                 await self._idle.wait()
         await self._service.stop()
         log.info("agent %s no longer serves %s", self.name, self.prompt_subject)

@@ -24,6 +24,7 @@ from loop_worker.config import LoopWorkerConfig
 from loopmesh.cli import COMMANDS
 from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import load
+from nats_agents.settings import NatsAgentsConfig
 from tests.certs import certificate_secret
 from tool_worker.config import ToolWorkerConfig
 from webhooks.cli import WebhooksConfig
@@ -47,6 +48,7 @@ SERVICES: dict[str, type[Any]] = {
     "gateway": GatewayConfig,
     "exporter": ExporterConfig,
     "webhooks": WebhooksConfig,
+    "nats-agents": NatsAgentsConfig,
 }
 
 

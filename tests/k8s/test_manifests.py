@@ -21,6 +21,8 @@ from gateway.server import check_settings
 from gateway.settings import GatewayConfig
 from loopmesh.errors import ConfigError
 from loopmesh.settings import NatsSettings, load
+from nats_agents.host import CUT_S
+from nats_agents.service import tenant_of
 from schemas.subjects import Subjects
 
 from .cert_manager import SCHEMAS as CERT_MANAGER
@@ -178,6 +180,13 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
             assert grace >= settings.drain_timeout_s + DRAIN_MARGIN_S, (name, grace)
             _webhooks_secret_from_a_secret(container)
+        elif service == "nats-agents":
+            settings = config.nats_agents
+            listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
+            # drain_s for the prompts in flight, then CUT_S for the errors of the rest
+            assert grace >= settings.drain_s + CUT_S + DRAIN_MARGIN_S, (name, grace)
+            assert tenant_of(config), name  # it refuses to start without a tenant
+            assert _egress_ports(docs, pod_labels(deployment)) == {53, 4222}, name  # NATS only
         else:
             settings = config.loop_worker if service == "loop-worker" else config.tool_worker
             listen, host, paths = settings.metrics_port, settings.metrics_host, ("/healthz",)
@@ -194,6 +203,32 @@ def test_deployments_match_their_settings(target: str, tmp_path: Path) -> None:
             pool = container["args"][container["args"].index("--pool") + 1]
             assert pod_labels(deployment)["loopmesh.dev/pool"] == pool
             assert name == f"tool-worker-{pool}"
+
+
+def _egress_ports(docs: list[Doc], labels: dict[str, str]) -> set[int | str]:
+    """Every port the NetworkPolicies let pods with ``labels`` connect to (``any``: a
+    rule that names no port)."""
+    return {
+        port["port"]
+        for policy in of_kind(docs, "NetworkPolicy")
+        if selects(policy["spec"]["podSelector"], labels)
+        for rule in policy["spec"].get("egress", [])
+        for port in rule.get("ports") or [{"port": "any"}]
+    }
+
+
+def _scrapes_allowed(docs: list[Doc], labels: dict[str, str], port: int) -> bool:
+    """Whether a NetworkPolicy lets the namespace ``monitoring`` reach ``port`` of pods
+    with ``labels``."""
+    return any(
+        source.get("namespaceSelector", {}).get("matchLabels")
+        == {"kubernetes.io/metadata.name": "monitoring"}
+        and port in {p["port"] for p in rule.get("ports", [])}
+        for policy in of_kind(docs, "NetworkPolicy")
+        if policy["spec"]["podSelector"] and selects(policy["spec"]["podSelector"], labels)
+        for rule in policy["spec"].get("ingress", [])
+        for source in rule.get("from", [])
+    )
 
 
 def _webhooks_secret_from_a_secret(container: Doc) -> None:
@@ -295,6 +330,9 @@ def test_deployments_are_hardened(target: str) -> None:
                     ]  # fmt: skip
                     scraped.append(port["targetPort"])
         assert len(scraped) == 1 and scraped[0] in ports, f"{name}: scraped on {scraped}"
+        (number,) = [p["containerPort"] for c in pod["containers"] for p in c["ports"]
+                     if p["name"] == scraped[0]]  # fmt: skip
+        assert _scrapes_allowed(docs, labels, number), f"{name}: Prometheus may not reach {number}"
 
 
 # -- autoscaling -------------------------------------------------------------------------
