@@ -50,7 +50,8 @@ time zone. Every loop worker and gateway runs a scheduler; each tick fires once.
 
 --session S sends every run to session S (default: a new session per run); --policy
 says what a tick does while the previous run has not ended: skip (default), buffer_one
-(one run waits) or allow."""
+(one run waits) or allow. A tenant has at most [scheduler] max_per_tenant schedules
+(100; 0: no limit), read from this command's configuration."""
 
 ACTIONS = ("list", "add", "show", "delete", "pause", "resume")
 
