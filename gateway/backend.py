@@ -29,6 +29,7 @@ from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.schedules import ScheduleStore, run_ends
+from loopmesh.settings import SchedulerSettings
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
     DEFAULT_AGENT,
@@ -59,12 +60,21 @@ MAX_LISTED_SESSIONS = 1_000
 
 
 class Backend:
-    """NATS operations of the gateway, on one connection."""
+    """NATS operations of the gateway, on one connection. ``max_schedules`` is
+    ``[scheduler] max_per_tenant`` (:class:`~loopmesh.schedules.ScheduleStore`)."""
 
-    def __init__(self, nc: Client, subjects: Subjects, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        *,
+        timeout: float = 5.0,
+        max_schedules: int = SchedulerSettings().max_per_tenant,
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.timeout = timeout
+        self.max_schedules = max_schedules
         self.js: JetStreamContext = nc.jetstream(timeout=timeout)
         self._buckets: dict[str, KeyValue] = {}
         self._kvs: dict[str, KV] = {}
@@ -217,7 +227,9 @@ class Backend:
             kv = await self._call(
                 f"open bucket {bucket}", open_kv(self.js, self.publisher(), bucket)
             )
-            self._schedules = ScheduleStore(kv, self.js, self.subjects)
+            self._schedules = ScheduleStore(
+                kv, self.js, self.subjects, max_per_tenant=self.max_schedules
+            )
         return self._schedules
 
     async def call(self, what: str, call: Awaitable[T]) -> T:

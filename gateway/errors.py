@@ -10,6 +10,7 @@ GatewayError                     (``.status``, ``.code``, ``.message``, ``.field
 ├── PayloadTooLarge    413       the body is over ``max_body_bytes``
 ├── Unprocessable      422       a value out of bounds, a hostile id
 ├── RateLimited        429       over the key's rate (``.retry_after``) or stream cap
+│   └── QuotaExceeded    429       the tenant has as many schedules as it may
 └── Unavailable        503       NATS did not answer in time
 """
 
@@ -60,6 +61,13 @@ class RateLimited(GatewayError):
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class QuotaExceeded(RateLimited):
+    """A count the tenant may not pass: waiting does not help (no ``Retry-After``),
+    deleting one does."""
+
+    code = "quota_exceeded"
 
 
 class Unavailable(GatewayError):

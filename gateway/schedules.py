@@ -12,13 +12,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from loopmesh.schedules import Exists, ScheduleError, explain, new_schedule, next_tick
+from loopmesh.schedules import Exists, ScheduleError, TooMany, explain, new_schedule, next_tick
 from schemas.schedules import Schedule, ScheduleRun, ScheduleState
 
 from . import api
 from .api import json_response as _json
 from .checks import check_id
-from .errors import Conflict, NotFound, Unprocessable
+from .errors import Conflict, NotFound, QuotaExceeded, Unprocessable
 from .openapi import Operation, Param
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class Schedules:
             await self.backend.call("create schedule", store.create(schedule))
         except Exists:
             raise Conflict(f"schedule {schedule.id!r} exists already", field="id") from None
+        except TooMany as exc:
+            raise QuotaExceeded(str(exc)) from None
         return _json(view(schedule, None), 201)
 
     async def _session_of(self, tenant: str, session: str, agent: str) -> None:

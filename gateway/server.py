@@ -100,7 +100,10 @@ class GatewayServer:
             self._nc = await connect(self.config.nats, name="gateway")
         try:
             backend = Backend(
-                self._nc, Subjects(self.config.nats.prefix), timeout=settings.nats_timeout_s
+                self._nc,
+                Subjects(self.config.nats.prefix),
+                timeout=settings.nats_timeout_s,
+                max_schedules=self.config.scheduler.max_per_tenant,
             )
             self.gateway = Gateway(
                 settings, backend, on_busy=self.config.loop.on_busy,

@@ -9,9 +9,11 @@ import sys
 import time
 from datetime import UTC, datetime
 
+import msgspec
 from nats.aio.client import Client
 
 from loopmesh.agents import read_agents
+from loopmesh.cli import config_from_args
 from loopmesh.errors import LoopmeshError
 from loopmesh.jetstream import Publisher, open_kv
 from loopmesh.nats import connect
@@ -20,11 +22,13 @@ from loopmesh.schedules import (
     Exists,
     ScheduleError,
     ScheduleStore,
+    TooMany,
     explain,
     new_schedule,
     next_tick,
     run_ends,
 )
+from loopmesh.settings import SchedulerSettings
 from schemas import Subjects, encode
 from schemas.schedules import Schedule, ScheduleState
 
@@ -46,9 +50,16 @@ time zone. Every loop worker and gateway runs a scheduler; each tick fires once.
 
 --session S sends every run to session S (default: a new session per run); --policy
 says what a tick does while the previous run has not ended: skip (default), buffer_one
-(one run waits) or allow."""
+(one run waits) or allow. A tenant has at most [scheduler] max_per_tenant schedules
+(100; 0: no limit), read from this command's configuration."""
 
 ACTIONS = ("list", "add", "show", "delete", "pause", "resume")
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """``[scheduler]``, for its ``max_per_tenant``: ``add`` refuses past it, as the gateway does."""
+
+    scheduler: SchedulerSettings = SchedulerSettings()
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,11 +84,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def main(args: argparse.Namespace) -> int:
     config = client_config(args)
     tenant, subjects = config.client.tenant, Subjects(config.nats.prefix)
+    limit = config_from_args(SchedulerConfig, args).scheduler.max_per_tenant
     nc = await connect(config.nats, name="loopmesh-schedules")
     publisher = Publisher(nc)
     try:
         kv = await open_kv(nc.jetstream(), publisher, subjects.schedules_bucket, timeout=5.0)
-        store = ScheduleStore(kv, nc.jetstream(), subjects)
+        store = ScheduleStore(kv, nc.jetstream(), subjects, max_per_tenant=limit)
         match args.action:
             case "list":
                 found = await store.all(tenant)
@@ -131,6 +143,8 @@ async def _add(args: argparse.Namespace, tenant: str, store: ScheduleStore, nc: 
         await store.create(schedule)
     except Exists:
         raise LoopmeshError(f"`id`: schedule {schedule.id!r} exists already") from None
+    except TooMany as exc:
+        raise LoopmeshError(str(exc)) from None
     return schedule
 
 

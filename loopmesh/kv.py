@@ -211,9 +211,15 @@ async def kv_values(
 
 
 async def kv_entries(
-    js: JetStreamContext, bucket: str, keys: str = ">", *, timeout: float = 5.0
+    js: JetStreamContext,
+    bucket: str,
+    keys: str = ">",
+    *,
+    timeout: float = 5.0,
+    headers_only: bool = False,
 ) -> dict[str, KVEntry]:
-    """Every live key matching ``keys`` in ``bucket`` with its last revision, as of the call.
+    """Every live key matching ``keys`` in ``bucket`` with its last revision, as of the call
+    (``headers_only``: with empty values, for whoever wants only the keys).
 
     A consumer that starts at each key's last revision, whose creation says how many
     messages it has to deliver, fetched until that many are in. (A KV watch cannot say
@@ -228,6 +234,7 @@ async def kv_entries(
         ack_policy=AckPolicy.NONE,
         mem_storage=True,
         inactive_threshold=max(timeout, 5.0),
+        headers_only=headers_only,
     )
     info = await js.add_consumer(stream, config)
     values: dict[str, KVEntry] = {}

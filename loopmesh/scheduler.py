@@ -142,7 +142,9 @@ class Scheduler:
                     warned = True
                 await asyncio.sleep(self.settings.reload_s)
                 continue
-            self.store = ScheduleStore(kv, self.js, self.subjects)
+            self.store = ScheduleStore(
+                kv, self.js, self.subjects, max_per_tenant=self.settings.max_per_tenant
+            )
         return self.store
 
     async def _run(self) -> None:

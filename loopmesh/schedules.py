@@ -7,8 +7,8 @@ a machine without ``/usr/share/zoneinfo``)::
 
     schedule = new_schedule("acme", id="daily", cron="0 9 * * 1-5",
                             timezone="Europe/Paris", input="Summarise yesterday")  # ScheduleError
-    store = ScheduleStore(kv, js, subjects)
-    await store.create(schedule)
+    store = ScheduleStore(kv, js, subjects, max_per_tenant=100)
+    await store.create(schedule)  # Exists, TooMany
     tick = next_tick(schedule, after=time.time())
 
 The schedulers (:mod:`loopmesh.scheduler`) fire the ticks; the gateway and ``loopmesh
@@ -44,9 +44,11 @@ from schemas.schedules import (
 from .kv import KV, kv_entries
 from .publisher import Publisher
 from .retry import retry
+from .settings import SchedulerSettings
 
 POLICIES: tuple[OverlapPolicy, ...] = ("skip", "buffer_one", "allow")
-#: Schedules of one tenant at most.
+#: Schedules of one tenant listed at most (``[scheduler] max_per_tenant`` caps how many
+#: it may have).
 MAX_SCHEDULES = 1_000
 
 T = TypeVar("T")
@@ -166,25 +168,64 @@ class Exists(Exception):
     """A schedule of that id exists already."""
 
 
+class TooMany(Exception):
+    """The tenant has as many schedules as ``[scheduler] max_per_tenant`` allows."""
+
+    def __init__(self, tenant: str, count: int, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant} has {count} schedule(s), the most allowed ([scheduler] "
+            f"max_per_tenant = {limit}): delete one first"
+        )
+        self.tenant = tenant
+        self.count = count
+        self.limit = limit
+
+
 class ScheduleStore:
     """A tenant's schedules and their states in the schedules bucket: reads go to the
-    leader on a cluster (:class:`~loopmesh.kv.KV`), writes are revision-checked."""
+    leader on a cluster (:class:`~loopmesh.kv.KV`), writes are revision-checked. A tenant
+    has at most ``max_per_tenant`` schedules (0: no limit; ``[scheduler]
+    max_per_tenant``)."""
 
-    def __init__(self, kv: KV, js: JetStreamContext, subjects: Subjects) -> None:
+    def __init__(
+        self,
+        kv: KV,
+        js: JetStreamContext,
+        subjects: Subjects,
+        *,
+        max_per_tenant: int = SchedulerSettings().max_per_tenant,
+    ) -> None:
         self.kv = kv
         self.js = js
         self.subjects = subjects
+        self.max_per_tenant = max_per_tenant
 
     async def create(self, schedule: Schedule) -> None:
-        """Store ``schedule``; :class:`Exists` if its id is taken."""
+        """Store ``schedule``; :class:`Exists` if its id is taken, :class:`TooMany` if its
+        tenant has ``max_per_tenant`` schedules. The count is read before the write, so
+        two creates at the same moment may both pass it: a tenant can end a few over."""
         key = schedule.key
         entry = await self.kv.entry(key)
         if entry is not None and entry.value is not None:
             raise Exists(schedule.id)
+        if self.max_per_tenant:
+            count = await self.count(schedule.tenant)
+            if count >= self.max_per_tenant:
+                raise TooMany(schedule.tenant, count, self.max_per_tenant)
         try:
             await self.kv.update(key, encode(schedule), last=entry.revision if entry else 0)
         except KeyWrongLastSequenceError:
             raise Exists(schedule.id) from None
+
+    async def count(self, tenant: str) -> int:
+        """How many schedules ``tenant`` has (``<tenant>.*``: not their ``.state`` keys)."""
+        keys = await retry(
+            lambda: kv_entries(
+                self.js, self.subjects.schedules_bucket, f"{tenant}.*", headers_only=True
+            ),
+            f"count the schedules of {tenant}",
+        )
+        return len(keys)
 
     async def get(self, tenant: str, schedule: str) -> Schedule | None:
         entry = await self.kv.entry(schedule_key(tenant, schedule))

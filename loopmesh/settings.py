@@ -97,13 +97,19 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     re-read behind it. A run claimed by a scheduler that stops before it says the turn is
     published is published again by another after ``republish_after_s``, up to
     ``republish_within_s`` after the claim (keep it under the turns stream's duplicate
-    window, 120 s, which drops the second copy of a turn that did get out)."""
+    window, 120 s, which drops the second copy of a turn that did get out).
+
+    ``max_per_tenant`` is the most schedules a tenant may have (0: no limit): a create
+    past it is refused, through the gateway (429 ``quota_exceeded``) and ``loopmesh
+    schedules add`` alike, each reading it from its own configuration. Two creates at
+    the same moment may both pass the count, so a tenant can end a few over."""
 
     enabled: bool = True
     reload_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     buffer_check_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
     republish_after_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
     republish_within_s: Annotated[float, msgspec.Meta(gt=0, le=110)] = 60.0
+    max_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 100
 
 
 class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

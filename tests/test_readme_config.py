@@ -62,3 +62,8 @@ def test_the_readme_shows_budgets_and_prices(tmp_path: Path) -> None:
     assert config.loop.budget.tenant_daily_cost == 50.0
     assert config.prices["gpt-4o-mini"].of(1_000_000, 1_000_000) == 0.75
     assert (config.loop.on_busy, config.loop.stream_flush_ms) == ("enqueue", 50)
+
+
+def test_the_configuration_example_caps_schedules(tmp_path: Path) -> None:
+    config = readme_config(tmp_path)
+    assert config.scheduler.enabled and config.scheduler.max_per_tenant == 100

@@ -1,6 +1,7 @@
 """``/v1/schedules``: create (each bad field named), list, read with the runs and what
-became of them, pause, resume, delete; one tenant never sees another's. The gateway's
-own scheduler fires them (no loop worker runs here: a run's turn stays in the stream)."""
+became of them, pause, resume, delete; one tenant never sees another's, nor counts
+against its ``[scheduler] max_per_tenant``. The gateway's own scheduler fires them (no
+loop worker runs here: a run's turn stays in the stream)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 import httpx
 from nats.aio.client import Client
 
+from gateway.server import GatewayServer
+from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.agents import apply_agents
+from loopmesh.settings import NatsSettings, SchedulerSettings
 from loopmesh.testing.durable import SUBJECTS, wait_for
 from schemas import AgentSpec, encode
 from schemas.events import LoopEnd
-from tests.gateway.conftest import GLOBEX_KEY, auth
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
 from tests.gateway.test_api import turns_in_stream
 
 EVERY_SECOND = "* * * * * *"
@@ -79,6 +83,37 @@ async def test_a_tenant_sees_only_its_own_schedules(client, gateway) -> None:
             "/v1/schedules", json={"id": "mine", "cron": "0 0 * * *", "input": "y"}
         )
         assert r.status_code == 201  # the same id in another tenant is another schedule
+
+
+async def test_past_max_per_tenant_a_create_is_a_429_naming_the_setting(nats_url: str) -> None:
+    config = GatewayConfig(
+        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=KEYS),
+        scheduler=SchedulerSettings(enabled=False, max_per_tenant=2),
+    )
+    body = {"cron": "0 0 * * *", "input": "x"}
+    async with (
+        GatewayServer(config) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as acme,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(GLOBEX_KEY)) as globex,
+    ):
+        for id in ("a", "b"):
+            assert (await acme.post("/v1/schedules", json={**body, "id": id})).status_code == 201
+        r = await acme.post("/v1/schedules", json={**body, "id": "c"})
+        assert r.status_code == 429 and "retry-after" not in r.headers  # waiting will not help
+        assert r.json() == {
+            "error": {
+                "code": "quota_exceeded",
+                "message": "tenant acme has 2 schedule(s), the most allowed ([scheduler] "
+                "max_per_tenant = 2): delete one first",
+            }
+        }
+        r = await acme.post("/v1/schedules", json={**body, "id": "a"})
+        assert r.status_code == 409  # an id taken is said first
+        assert (await acme.post("/v1/schedules/a/pause")).status_code == 200
+        assert (await globex.post("/v1/schedules", json=body)).status_code == 201
+        assert (await acme.delete("/v1/schedules/b")).status_code == 204
+        assert (await acme.post("/v1/schedules", json={**body, "id": "c"})).status_code == 201
 
 
 async def test_a_session_of_another_agent_is_refused(client: httpx.AsyncClient, nc: Client):

@@ -52,3 +52,22 @@ async def test_schedules_are_added_listed_shown_paused_resumed_and_deleted(nats_
     assert code == 1 and "no schedule 'daily'" in lines[-1]
     code, lines = await loopmesh("schedules", "--json", *url)
     assert code == 0 and lines == []
+
+
+async def test_add_past_max_per_tenant_is_refused_as_the_gateway_refuses_it(nats_server, tmp_path):
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    await nc.close()
+    config = tmp_path / "loopmesh.toml"
+    config.write_text("[scheduler]\nmax_per_tenant = 1\n")
+    url = ("--nats-url", nats_server.url, "--tenant", "acme", "--config", str(config))
+    add = ("schedules", "add", "x", "--cron", "0 1 * * *")
+    code, lines = await loopmesh(*add, "--id", "a", *url)
+    assert code == 0, lines
+    code, lines = await loopmesh(*add, "--id", "b", *url)
+    assert code == 1 and lines[-1].endswith(
+        "tenant acme has 1 schedule(s), the most allowed ([scheduler] max_per_tenant = 1): "
+        "delete one first"
+    ), lines
+    code, lines = await loopmesh(*add, "--id", "b", *url, "--tenant", "globex")
+    assert code == 0, lines
