@@ -57,6 +57,10 @@ MAX_MISSED_COUNTED = 100_000
 #: The catch-up window is never shorter than this: a scheduler a few seconds late (a
 #: busy machine, a claim that took a while) has not missed the tick.
 LATE_S = 10.0
+#: After its first reads, the scheduler reads the schedules again this soon: a new core
+#: subscription's interest may take a moment to reach every server of a cluster, and a
+#: schedule written meanwhile would otherwise wait for ``reload_s`` (30 s).
+SETTLE_S = (0.1, 0.5, 2.0)
 
 
 class Gone(Exception):
@@ -67,7 +71,8 @@ class Scheduler:
     """Fires the ticks of every schedule in the bucket (see the module docstring).
 
     One task per schedule follows it; the schedules are re-read whenever one is written
-    (a core subscription to the definitions' subjects) and every ``reload_s``. The
+    (a core subscription to the definitions' subjects) and every ``reload_s`` (soon after
+    the first read too: :data:`SETTLE_S`). The
     scheduler owns its tasks: ``async with`` (or :meth:`start` and the idempotent
     :meth:`close`) bounds them."""
 
@@ -155,6 +160,7 @@ class Scheduler:
             self._dirty.set()
 
         sub = await self.nc.subscribe(f"$KV.{bucket}.*.*", cb=changed)
+        settle = list(SETTLE_S)
         try:
             async with asyncio.TaskGroup() as tg:
                 while True:
@@ -168,8 +174,9 @@ class Scheduler:
                     if found is not None:
                         self._follow_all(tg, found)
                         self.ready.set()
+                    wait = settle.pop(0) if settle else self.settings.reload_s
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.settings.reload_s):
+                        async with asyncio.timeout(wait):
                             await self._dirty.wait()
         finally:
             await quietly(sub.unsubscribe())
