@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -241,12 +242,20 @@ async def kv_entries(
     try:
         pending = info.num_pending or 0
         sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+        deadline = time.monotonic() + timeout
         try:
             while pending > 0:
                 try:
                     msgs = await sub.fetch(min(pending, 256), timeout=timeout)
                 except nats.errors.TimeoutError:
                     break  # the rest lapsed
+                except nats.js.errors.ServiceUnavailableError:
+                    # a consumer just made on a replicated stream answers 503 until its
+                    # leader is elected (seen in CI at a loop worker's start on R3)
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+                    continue
                 for msg in msgs:
                     pending = min(pending - 1, msg.metadata.num_pending)
                     key = msg.subject[len(prefix) :]
