@@ -53,12 +53,12 @@ async def mesh(nats_url: str) -> AsyncIterator[Mesh]:
 def abandoned_connections() -> Iterator[None]:
     """For a test that drops a call mid-stream (a cancel, a gateway stopping): after its
     gateway and mesh are gone, collect the connection objects the drop left, where an
-    unclosed transport is expected. Left to a later test's garbage collection, its
+    unclosed transport or socket is expected. Left to a later test's garbage collection, its
     ``ResourceWarning`` fails that test instead (seen once in CI on the floor's uvicorn
     0.31 and starlette 0.45). Request it first, so that its teardown runs last."""
     yield
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "unclosed transport", ResourceWarning)
+        warnings.filterwarnings("ignore", "unclosed", ResourceWarning)
         gc.collect()
 
 
