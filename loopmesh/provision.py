@@ -26,7 +26,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from schemas.agents import AgentSpec
 from schemas.streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions
-from schemas.subjects import Subjects
+from schemas.subjects import MAX_PARTITIONS, Subjects
 
 from .agents import apply_agents
 from .errors import ProvisionError
@@ -92,7 +92,9 @@ async def provision_all(
     """Provision everything loopmesh needs under ``settings.prefix``. With ``agents``
     (a configuration's ``[[agents]]``, checked), the agents bucket is made to hold
     exactly them (:func:`loopmesh.agents.apply_agents`); ``None`` leaves it as it is."""
-    subjects = Subjects(settings.prefix)
+    subjects = settings.subjects
+    js = nc.jetstream()
+    await check_partitions(js, subjects)
     defs = definitions(
         subjects,
         events_max_age_s=settings.events_max_age_s,
@@ -100,11 +102,41 @@ async def provision_all(
         sessions_ttl_s=settings.sessions_ttl_s,
         replicas=settings.replicas,
     )
-    js = nc.jetstream()
     actions = await provision(js, defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=placement_wait_s)
     if agents is not None:
         actions += await apply_agents(js, subjects, agents)
     return actions
+
+
+async def events_partitions(js: JetStreamContext, subjects: Subjects) -> int | None:
+    """How many partitions the server's events streams are for (``None``: there are none
+    yet). Provisioning keeps them numbered from 0 with no gap (:func:`check_partitions`)."""
+    if await _stream_info(js, subjects.events_stream) is not None:
+        return 1
+    found = 0
+    while (
+        found < MAX_PARTITIONS
+        and await _stream_info(js, f"{subjects.events_stream}_{found}") is not None
+    ):
+        found += 1
+    return found or None
+
+
+async def check_partitions(js: JetStreamContext, subjects: Subjects) -> None:
+    """Refuse a partition count (``[nats] partitions``) other than the one the server's
+    events streams were made for: the sessions would hash to other streams, and their
+    events would be looked for where they are not. No events streams yet is fine."""
+    found = await events_partitions(js, subjects)
+    if found is None or found == subjects.partitions:
+        return
+    held = Subjects(subjects.prefix, found).events_streams
+    raise ProvisionError(
+        subjects.events_stream,
+        f"[nats] partitions is {subjects.partitions}, but the server keeps the events in "
+        f"{found} partition{'s' if found > 1 else ''} ({', '.join(held)}): set "
+        f"partitions = {found}, or delete those streams (their events are lost) to "
+        "start over with another count",
+    )
 
 
 async def ensure_stream(

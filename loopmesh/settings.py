@@ -28,6 +28,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from schemas.ids import TOKEN_PATTERN
+from schemas.subjects import MAX_PARTITIONS, Subjects
 
 from .errors import ConfigError
 
@@ -64,6 +65,14 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # oldest events go; a session untouched for sessions_ttl_s loses its snapshot (0: never).
     events_max_bytes: Annotated[int, msgspec.Meta(ge=2**20, le=2**40)] = 4 * 2**30
     sessions_ttl_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 24 * 3600)] = 30 * 24 * 3600
+    # The events streams to split the events over (docs/ARCHITECTURE.md, "Partitions"):
+    # every service of a deployment must say the same; they check it against the server.
+    partitions: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTITIONS)] = 1
+
+    @property
+    def subjects(self) -> Subjects:
+        """The deployment's subjects and stream names (its prefix and partitions)."""
+        return Subjects(self.prefix, self.partitions)
 
     def __post_init__(self) -> None:
         for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"):

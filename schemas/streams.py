@@ -92,16 +92,7 @@ def definitions(
                 replicas=replicas,
                 description="tool-call requests; Nats-Msg-Id is the call id",
             ),
-            StreamDef(
-                name=s.events_stream,
-                subjects=(s.all_events,),
-                retention="limits",
-                max_age_s=events_max_age_s,
-                max_bytes=events_max_bytes,
-                duplicate_window_s=duplicate_window_s,
-                replicas=replicas,
-                description="every event of every turn",
-            ),
+            *events_streams(s, events_max_age_s, events_max_bytes, duplicate_window_s, replicas),
             StreamDef(
                 name=s.deadletter_stream,
                 subjects=(s.all_deadletter,),
@@ -121,7 +112,7 @@ def definitions(
                 description="loop workers share this consumer",
             ),
             advisories_consumer(s),
-            webhooks_consumer(s),
+            *webhooks_consumers(s),
         ),
         buckets=(
             KVDef(
@@ -291,14 +282,43 @@ def advisories_consumer(subjects: Subjects) -> ConsumerDef:
 WEBHOOKS_ACK_WAIT_S = 120.0
 
 
-def webhooks_consumer(subjects: Subjects) -> ConsumerDef:
-    """The webhooks service's durable consumer: the event types a webhook may ask for
-    (:data:`schemas.webhook.WEBHOOK_EVENTS`), from the events published after it was
-    made (an existing deployment does not replay its history to receivers)."""
+def events_streams(
+    s: Subjects, max_age_s: float, max_bytes: int, duplicate_window_s: float, replicas: int
+) -> tuple[StreamDef, ...]:
+    """The events streams, one per partition (:attr:`Subjects.partitions`). ``max_bytes``
+    (``-1``: no limit) is for all of them together, shared out evenly."""
+    n = s.partitions
+    each = max_bytes if max_bytes < 0 else max(1, max_bytes // n)
+    return tuple(
+        StreamDef(
+            name=s.partition_stream(k),
+            subjects=(s.partition_events(k),),
+            retention="limits",
+            max_age_s=max_age_s,
+            max_bytes=each,
+            duplicate_window_s=duplicate_window_s,
+            replicas=replicas,
+            description="every event of every turn" + ("" if n == 1 else f", partition {k} of {n}"),
+        )
+        for k in range(n)
+    )
+
+
+def webhooks_consumers(subjects: Subjects) -> tuple[ConsumerDef, ...]:
+    """The webhooks service's durable consumers, one per events stream
+    (:func:`webhooks_consumer`)."""
+    return tuple(webhooks_consumer(subjects, k) for k in range(subjects.partitions))
+
+
+def webhooks_consumer(subjects: Subjects, partition: int = 0) -> ConsumerDef:
+    """The webhooks service's durable consumer on one events stream: the event types a
+    webhook may ask for (:data:`schemas.webhook.WEBHOOK_EVENTS`), from the events
+    published after it was made (an existing deployment does not replay its history to
+    receivers)."""
     return ConsumerDef(
-        stream=subjects.events_stream,
+        stream=subjects.partition_stream(partition),
         durable=subjects.webhooks_consumer,
-        filter_subjects=tuple(subjects.events_of_type(t) for t in WEBHOOK_EVENTS),
+        filter_subjects=tuple(subjects.events_of_type(t, partition) for t in WEBHOOK_EVENTS),
         ack_wait_s=WEBHOOKS_ACK_WAIT_S,
         max_ack_pending=20_000,
         deliver_policy="new",

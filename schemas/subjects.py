@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import zlib
 from dataclasses import dataclass
 
 from .ids import InvalidIdError, check_token
@@ -10,14 +11,41 @@ from .ids import InvalidIdError, check_token
 DEFAULT_PREFIX = "loopmesh"
 
 
+#: The most events streams one deployment may split its events over (``[nats] partitions``).
+MAX_PARTITIONS = 64
+
+
 @dataclass(frozen=True, slots=True)
 class Subjects:
-    """Subjects, stream names and bucket names under one prefix (default ``loopmesh``)."""
+    """Subjects, stream names and bucket names under one prefix (default ``loopmesh``).
+
+    ``partitions`` (``[nats] partitions``) splits the events over that many streams, so
+    that no one stream leader carries every event of the fleet (docs/ARCHITECTURE.md,
+    "Partitions"). A session's events all go to one partition, chosen by a hash of its
+    tenant and session (:meth:`partition`); with more than one, an event's subject ends
+    in its partition's number (``<prefix>.events.<tenant>.<session>.<type>.<partition>``)
+    and partition ``k``'s stream is ``<PREFIX>_EVENTS_<k>``. With one (the default) the
+    subjects and the stream are those of an unpartitioned deployment.
+    """
 
     prefix: str = DEFAULT_PREFIX
+    partitions: int = 1
 
     def __post_init__(self) -> None:
         check_token(self.prefix, "prefix")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be 1 to {MAX_PARTITIONS}, not {self.partitions!r}")
+
+    def partition(self, tenant: str, session: str) -> int:
+        """The partition that holds the session's events: CRC-32 of ``tenant.session``,
+        modulo :attr:`partitions` (stable across processes, versions and machines)."""
+        if self.partitions == 1:
+            return 0
+        return zlib.crc32(f"{tenant}.{session}".encode()) % self.partitions
+
+    def _part(self, tenant: str, session: str) -> str:
+        """The subject suffix of the session's partition ("" when unpartitioned)."""
+        return "" if self.partitions == 1 else f".{self.partition(tenant, session)}"
 
     # -- subjects -------------------------------------------------------------------
 
@@ -34,6 +62,7 @@ class Subjects:
         return (
             f"{self.prefix}.events.{check_token(tenant, 'tenant')}."
             f"{check_token(session, 'session')}.{check_token(type, 'event type')}"
+            f"{self._part(tenant, session)}"
         )
 
     def control(self, tenant: str, session: str) -> str:
@@ -87,17 +116,37 @@ class Subjects:
 
     @property
     def all_events(self) -> str:
+        """Every event of every partition (a core subscription's subject)."""
         return f"{self.prefix}.events.>"
+
+    def partition_events(self, partition: int) -> str:
+        """Every event of one partition: the subjects of its stream."""
+        if self.partitions == 1:
+            return self.all_events
+        return f"{self.prefix}.events.*.*.*.{self._check_partition(partition)}"
 
     def session_events(self, tenant: str, session: str) -> str:
         return (
             f"{self.prefix}.events.{check_token(tenant, 'tenant')}."
-            f"{check_token(session, 'session')}.*"
+            f"{check_token(session, 'session')}.*{self._part(tenant, session)}"
         )
 
-    def events_of_type(self, type: str) -> str:
-        """Every session's events of one ``type`` (a consumer's filter)."""
-        return f"{self.prefix}.events.*.*.{check_token(type, 'event type')}"
+    def tenant_events(self, tenant: str, partition: int = 0) -> str:
+        """Every event of one tenant in one partition."""
+        head = f"{self.prefix}.events.{check_token(tenant, 'tenant')}"
+        if self.partitions == 1:
+            return f"{head}.>"
+        return f"{head}.*.*.{self._check_partition(partition)}"
+
+    def events_of_type(self, type: str, partition: int = 0) -> str:
+        """Every session's events of one ``type`` in one partition (a consumer's filter)."""
+        tail = "" if self.partitions == 1 else f".{self._check_partition(partition)}"
+        return f"{self.prefix}.events.*.*.{check_token(type, 'event type')}{tail}"
+
+    def _check_partition(self, partition: int) -> int:
+        if not 0 <= partition < self.partitions:
+            raise ValueError(f"partition {partition!r} is not one of 0..{self.partitions - 1}")
+        return partition
 
     @property
     def all_control(self) -> str:
@@ -137,7 +186,23 @@ class Subjects:
 
     @property
     def events_stream(self) -> str:
+        """The events stream of an unpartitioned deployment; partition ``k``'s is
+        :meth:`partition_stream`."""
         return self._name("EVENTS")
+
+    def partition_stream(self, partition: int) -> str:
+        if self.partitions == 1:
+            return self.events_stream
+        return f"{self.events_stream}_{self._check_partition(partition)}"
+
+    def events_stream_of(self, tenant: str, session: str) -> str:
+        """The stream that holds the session's events."""
+        return self.partition_stream(self.partition(tenant, session))
+
+    @property
+    def events_streams(self) -> tuple[str, ...]:
+        """Every events stream, partition 0 first."""
+        return tuple(self.partition_stream(k) for k in range(self.partitions))
 
     @property
     def deadletter_stream(self) -> str:
