@@ -1,7 +1,7 @@
 """One events stream's ceiling: how many events a second its leader stores, and what each
 costs the server.
 
-    python -m bench.ceiling [--seconds 5] [--publishers 2] [--sessions 256]
+    python -m bench.ceiling [--seconds 5] [--publishers 2] [--sessions 256] [--partitions 1,4]
 
 For each configuration (one server with JetStream's default sync, one server with
 ``sync_interval: always``, a 3-node cluster with the stream at R3), the events stream is
@@ -12,7 +12,9 @@ barrier every 64 (the sink's ``barriers``), on R3 every event acked (``each``), 
 512 events unacked per publisher. It prints, per configuration, the events stored a
 second, the servers' CPU per stored event, and what one core of server would store at
 that cost (the leader's ceiling where the publishers are not the limit: on a small
-machine they share its cores with the servers, and run out first).
+machine they share its cores with the servers, and run out first). Each configuration
+runs once per ``--partitions`` count (``[nats] partitions``: the events over that many
+streams, whose leaders JetStream spreads over a cluster's nodes).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too
 
+from nats.js import JetStreamContext
+
 from bench.harness import cpu_seconds
 from loopmesh.aio import run
 from loopmesh.cluster import NatsCluster
@@ -39,13 +43,15 @@ from schemas import Subjects, encode
 from schemas.events import ContentDelta
 from schemas.streams import definitions
 
-S = Subjects()
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 512  # events a publisher leaves unacked at most
 
 
-async def publish(url: str, index: int, seconds: float, sessions: int, each: bool) -> int:
+async def publish(
+    url: str, index: int, seconds: float, sessions: int, each: bool, partitions: int
+) -> int:
     """Publish events for ``seconds``; how many were published (and acked)."""
+    S = Subjects(partitions=partitions)
     nc = await connect(NatsSettings(url=url), name=f"publisher-{index}")
     publisher = Publisher(nc)
     await publisher.start()
@@ -74,15 +80,25 @@ async def publish(url: str, index: int, seconds: float, sessions: int, each: boo
     return sent
 
 
+async def stored(js: JetStreamContext, S: Subjects) -> int:
+    """Messages in all the events streams."""
+    infos = [await js.stream_info(name) for name in S.events_streams]
+    return sum(info.state.messages for info in infos)
+
+
 async def measure(
-    url: str, pids: list[int], args: argparse.Namespace, each: bool
+    url: str, pids: list[int], args: argparse.Namespace, each: bool, partitions: int
 ) -> dict[str, float]:
+    S = Subjects(partitions=partitions)
     nc = await connect(NatsSettings(url=url), name="ceiling")
     js = nc.jetstream()
     replicas = 3 if each else 1
-    [events] = [d for d in definitions(S, replicas=replicas).streams if d.name == S.events_stream]
-    await ensure_stream(js, events, placement_wait_s=30)
-    before = (await js.stream_info(S.events_stream)).state.messages
+    names = set(S.events_streams)
+    for events in definitions(S, replicas=replicas).streams:
+        if events.name in names:
+            await ensure_stream(js, events, placement_wait_s=30)
+    leaders = {(await js.stream_info(name)).cluster.leader for name in S.events_streams}  # type: ignore[union-attr]
+    before = await stored(js, S)
     cpu = sum(cpu_seconds(p) for p in pids)
     started = time.perf_counter()
     procs = [
@@ -98,6 +114,8 @@ async def measure(
             str(args.seconds),
             "--sessions",
             str(args.sessions),
+            "--partitions",
+            str(partitions),
             *(["--each"] if each else []),
             cwd=str(ROOT),
             stdout=asyncio.subprocess.PIPE,
@@ -107,22 +125,25 @@ async def measure(
     outs = [await p.communicate() for p in procs]
     wall = time.perf_counter() - started
     spent = sum(cpu_seconds(p) for p in pids) - cpu
-    stored = (await js.stream_info(S.events_stream)).state.messages - before
+    kept = await stored(js, S) - before
+    for name in S.events_streams:  # the next count's streams take these subjects
+        await js.delete_stream(name)
     await nc.close()
     published = sum(int(out.decode().split()[-1]) for out, _ in outs)
     return {
         "published": published,
-        "stored": stored,
-        "per_s": stored / wall,
-        "cpu_us": spent / max(stored, 1) * 1e6,
+        "stored": kept,
+        "per_s": kept / wall,
+        "cpu_us": spent / max(kept, 1) * 1e6,
+        "leaders": len(leaders),
     }
 
 
-def _row(name: str, m: dict[str, float]) -> str:
+def _row(name: str, partitions: int, m: dict[str, float]) -> str:
     core = 1e6 / m["cpu_us"] if m["cpu_us"] else 0
     return (
-        f"| {name} | {m['per_s']:,.0f} | {m['cpu_us']:.1f} | {core:,.0f} | "
-        f"{m['stored']:,.0f} of {m['published']:,.0f} |"
+        f"| {name} | {partitions} ({m['leaders']:.0f} leader nodes) | {m['per_s']:,.0f} | "
+        f"{m['cpu_us']:.1f} | {core:,.0f} | {m['stored']:,.0f} of {m['published']:,.0f} |"
     )
 
 
@@ -130,28 +151,29 @@ async def main(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        counts = args.partitions
         async with NatsServer(root / "r1") as server:
-            rows.append(
-                _row("R1, default sync", await measure(server.url, [server.pid or 0], args, False))
-            )
+            for n in counts:
+                m = await measure(server.url, [server.pid or 0], args, False, n)
+                rows.append(_row("R1, default sync", n, m))
         conf = root / "always.conf"
         conf.write_text("jetstream { sync_interval: always }\n")
         async with NatsServer(root / "r1a", extra_args=("-c", str(conf))) as server:
-            rows.append(
-                _row("R1, sync always", await measure(server.url, [server.pid or 0], args, False))
-            )
+            for n in counts:
+                m = await measure(server.url, [server.pid or 0], args, False, n)
+                rows.append(_row("R1, sync always", n, m))
         async with NatsCluster(root / "r3") as cluster:
-            pids = [n.pid or 0 for n in cluster.nodes]
-            rows.append(
-                _row("R3 (3 nodes), default sync", await measure(cluster.url, pids, args, True))
-            )
+            pids = [node.pid or 0 for node in cluster.nodes]
+            for n in counts:
+                m = await measure(cluster.url, pids, args, True, n)
+                rows.append(_row("R3 (3 nodes), default sync", n, m))
     print(
         f"events stream, {args.publishers} publisher processes, {args.seconds:g} s each, "
         f"{os.cpu_count()} cores:"
     )
-    print("| configuration | events stored/s | server CPU per event (µs, all nodes) "
+    print("| configuration | partitions | events stored/s | server CPU per event (µs, all nodes) "
           "| one core's worth (events/s) | stored of published |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
 
 
@@ -162,11 +184,18 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--publishers", type=int, default=2)
     parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument(
+        "--partitions",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 4],
+        help="comma-separated [nats] partitions counts to measure (default 1,4)",
+    )
     parser.add_argument("--publisher", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--each", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.publisher is not None:
-        print(run(publish(a.url, a.publisher, a.seconds, a.sessions, a.each)))
+        [count] = a.partitions
+        print(run(publish(a.url, a.publisher, a.seconds, a.sessions, a.each, count)))
     else:
         run(main(a))
