@@ -10,9 +10,10 @@ import signal
 
 import pytest
 
-from loopmesh.testing.durable import Proc
+from loopmesh.testing.durable import Proc, connect_fast, stream_events
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto, error
+from schemas import Subjects
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +162,38 @@ async def test_the_embedded_demo_model_calls_the_calculator_and_answers_with_its
         assert re.search(r"💬 .*391", out), out  # the answer, after the result
     finally:
         await stop_and_check_nothing_left(proc)
+
+
+async def test_up_and_run_keep_a_session_in_its_partition_and_refuse_another_count(tmp_path):
+    """With ``[nats] partitions = 3`` every service of ``up`` and the ``run`` client
+    agree: the turn completes, its events are all in the stream of its session's
+    partition, and a client configured with another count is refused at once."""
+    three = {"LOOPMESH_NATS__PARTITIONS": "3"}
+    subjects = Subjects(partitions=3)
+    session = next(f"p{i}" for i in range(100) if subjects.partition("local", f"p{i}") == 2)
+    async with FakeLLM(default=auto()) as llm:
+        proc, url = await up(tmp_path, **llm_env(llm), **three)
+        try:
+            await proc.wait_line("loop worker ready")
+            code, out = await run(
+                url, 'call calculator {"expression": "6 * 7"}', "--session", session, env=three
+            )
+            assert code == 0, out
+            assert "42" in out and "✔ task_completion" in out
+            nc = await connect_fast(url)
+            try:
+                js = nc.jetstream()
+                counts = {
+                    n: (await js.stream_info(n)).state.messages for n in subjects.events_streams
+                }
+                assert counts["LOOPMESH_EVENTS_2"] > 0, counts
+                events = await stream_events(nc, "local", session, subjects)
+                assert [e.type for e, _ in events][-1] == "loop_end"
+                assert len(events) == counts["LOOPMESH_EVENTS_2"]
+            finally:
+                await nc.close()
+            code, out = await run(url, "never runs", env={"LOOPMESH_NATS__PARTITIONS": "2"})
+            assert code != 0, out
+            assert "partitions is 2" in out and "LOOPMESH_EVENTS_2" in out, out
+        finally:
+            await stop_and_check_nothing_left(proc)
