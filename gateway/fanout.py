@@ -63,6 +63,14 @@ def frame(seq: int | None, event: str, data: bytes) -> bytes:
     return head + b"".join(b"data: %s\r\n" % line for line in lines) + b"\r\n"
 
 
+def event_type(subject: str) -> str:
+    """The event type of an event's subject: its fifth token
+    (``<prefix>.events.<tenant>.<session>.<type>``), not its last, which is the
+    partition's number when the events are partitioned."""
+    tokens = subject.split(".", 5)
+    return tokens[4] if len(tokens) > 4 else ""
+
+
 def item(seq: int | None, event: str, data: bytes) -> Item:
     turn_id = ""
     if seq is not None:
@@ -86,14 +94,15 @@ class SessionFeed:
         self.backend = backend
         self.tenant = tenant
         self.session = session
-        self.filter = f"{backend.subjects.prefix}.events.{tenant}.{session}.*"
+        self.filter = backend.subjects.session_events(tenant, session)
+        self.stream = backend.subjects.events_stream_of(tenant, session)
         self.last_seq = 0
         self.listeners: set[Listener] = set()
         self.users = 0  # streams holding the feed (listening or about to)
         self._sub: Any = None
 
     async def open(self) -> None:
-        _, last = await self.backend.events_bounds()
+        _, last = await self.backend.events_bounds(self.tenant, self.session)
         self.last_seq = last
         self._sub = await self.backend._call(
             "subscribe to events",
@@ -101,7 +110,7 @@ class SessionFeed:
                 self.backend.nc,
                 self.filter,
                 js=self.backend.js,
-                stream=self.backend.subjects.events_stream,
+                stream=self.stream,
                 cb=self._on_msg,
                 deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                 config=js_api.ConsumerConfig(opt_start_seq=last + 1),
@@ -130,7 +139,7 @@ class SessionFeed:
         if seq <= self.last_seq:
             return  # never hand out a sequence twice
         self.last_seq = seq
-        one = item(seq, msg.subject.rpartition(".")[2], msg.data)
+        one = item(seq, event_type(msg.subject), msg.data)
         full = [lsn for lsn in self.listeners if not lsn.offer(one)]
         for listener in full:
             self.listeners.discard(listener)

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 
-from .fanout import Fanout, Item, SessionFeed, item
+from .fanout import Fanout, Item, SessionFeed, event_type, item
 
 KEEPALIVE = b": keepalive\r\n\r\n"
 _REPLAY_BATCH = 256
@@ -104,7 +104,7 @@ class EventStream:
             await self._fanout.release(feed)
 
     async def _check_kept(self, start: int) -> None:
-        first, _ = await self._fanout.backend.events_bounds()
+        first, _ = await self._fanout.backend.events_bounds(self._tenant, self._session)
         if start < first:
             trimmed = Trimmed(
                 requested=start,
@@ -187,8 +187,12 @@ class EventStream:
     async def _replay(self, start: int) -> AsyncIterator[list[Item]]:
         """The session's stored events from ``start`` to ``join``, in batches."""
         backend = self._fanout.backend
-        subject = f"{backend.subjects.prefix}.events.{self._tenant}.{self._session}.*"
-        stored = backend.stored_events(subject, start, "event replay", _REPLAY_BATCH)
+        subjects = backend.subjects
+        stored = backend.stored_events(
+            subjects.events_stream_of(self._tenant, self._session),
+            subjects.session_events(self._tenant, self._session),
+            start, "event replay", _REPLAY_BATCH,
+        )  # fmt: skip
         async with contextlib.aclosing(stored):
             async for msgs in stored:
                 batch: list[Item] = []
@@ -198,7 +202,7 @@ class EventStream:
                     if seq > self._join:  # the feed has it
                         joined = True
                         break
-                    one = item(seq, msg.subject.rpartition(".")[2], msg.data)
+                    one = item(seq, event_type(msg.subject), msg.data)
                     if self._turn is None or one.turn_id == self._turn:
                         batch.append(one)
                     if seq == self._join:
