@@ -6,12 +6,15 @@ Each message it delivers is turned once into an :class:`Item` holding its SSE fr
 already encoded, and handed to every client of the session: a client costs an append
 to its own bounded buffer and a wake-up, not a consumer and an encoding of its own.
 
-The feed starts just after the stream's last sequence when it is opened and remembers
-the last sequence it handed out (``last_seq``). A client joins synchronously: from that
-moment it gets every item with a sequence above ``last_seq`` at join time, and what it
-needs from before (a resume by ``Last-Event-ID`` or ``since``) it replays itself from
-the stream, up to that sequence (see :mod:`gateway.stream`). So the hand-over is by
-sequence: no gap, nothing twice. The feed ends when its last client leaves.
+The feed reads the stream that holds the session's events (its partition's, with
+``[nats] partitions`` above 1: a sequence is an id only within one stream, and all of a
+session's events are in one). It starts just after that stream's last sequence when it
+is opened and remembers the last sequence it handed out (``last_seq``). A client joins
+synchronously: from that moment it gets every item with a sequence above ``last_seq``
+at join time, and what it needs from before (a resume by ``Last-Event-ID`` or
+``since``) it replays itself from the stream, up to that sequence (see
+:mod:`gateway.stream`). So the hand-over is by sequence: no gap, nothing twice. The
+feed ends when its last client leaves.
 
 A client whose buffer is full is dropped from the feed (it is cut); the feed itself
 never waits for anyone.

@@ -5,8 +5,9 @@ joins it first, which fixes the sequence ``join`` after which the feed hands it 
 event. A client that resumes from an older sequence (``since`` or ``Last-Event-ID``)
 then replays the events after that sequence, up to ``join``, from the stream with a
 consumer of its own, and goes on with what the feed buffered for it meanwhile: no gap,
-nothing twice. The stream sequence is the SSE ``id``, so a client that resumes from the
-last id it got misses nothing and gets nothing twice.
+nothing twice. The sequence in the session's events stream (its partition's) is the
+SSE ``id``, so a client that resumes from the last id it got misses nothing and gets
+nothing twice.
 
 A client that reads too slowly fills its bounded buffer: the feed drops it, the stream
 sends what it holds, ends with a ``cut`` event, and the client resumes by
