@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 _MAX_MODEL_CHARS = 200
 VERSION = "1"  # of the HTTP API: /v1
-_LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many messages
+_LATEST_SCAN_FACTOR = 50  # /v1/events/latest: up to limit x this many messages per stream
 MAX_USAGE_DAYS = 31  # /v1/usage?days= at most (the bucket keeps 40)
 
 
