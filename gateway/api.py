@@ -245,10 +245,14 @@ class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 #: ``GET /v1/events/latest``: events (``schemas.events``) with their stream sequence
-#: added as ``seq``.
+#: added as ``seq`` (their session's stream's: with partitions, the tenant's sessions
+#: are in several streams, merged by ``ts``; see :meth:`Backend.latest_events`).
 LatestEvents = Annotated[
     list[dict[str, Any]],
-    msgspec.Meta(description="events, oldest first, each with its stream sequence as `seq`"),
+    msgspec.Meta(
+        description="events, oldest first (by `ts` across partitions), each with the "
+        "sequence in its session's events stream as `seq`"
+    ),
 ]
 
 

@@ -67,7 +67,7 @@ T = TypeVar("T")
 
 _MAX_MODEL_CHARS = 200
 VERSION = "1"  # of the HTTP API: /v1
-_LATEST_SCAN_FACTOR = 50  # /v1/events/latest looks at up to limit x this many messages
+_LATEST_SCAN_FACTOR = 50  # /v1/events/latest: up to limit x this many messages per stream
 MAX_USAGE_DAYS = 31  # /v1/usage?days= at most (the bucket keeps 40)
 
 
@@ -186,9 +186,9 @@ class Gateway:
     async def start_turn(self, request: Request, turn: Turn, route: str = TURNS_ROUTE) -> int:
         """Publish ``turn`` (built by :meth:`turn`): its agent checked, a busy session
         refused at once when the turn asks ``on_busy=reject``, its session created for
-        its agent. Returns the events stream's sequence after which its events come (0
-        for a retried turn, which may have run already). ``route``: what the request
-        was, for its span."""
+        its agent. Returns the sequence, in the session's events stream, after which its
+        events come (0 for a retried turn, which may have run already). ``route``: what
+        the request was, for its span."""
         tenant, session = turn.tenant, turn.session
         if turn.agent is not None:
             await self.known_agent(turn.agent)
@@ -206,7 +206,7 @@ class Gateway:
                     "on_busy=reject (enqueue waits, interrupt stops the running turn)"
                 )
         await self.backend.create_session(tenant, session, turn.agent or DEFAULT_AGENT)
-        _, last = await self.backend.events_bounds()
+        _, last = await self.backend.events_bounds(tenant, session)
         with turn_span(request, turn, route):  # continues the caller's traceparent; off: a no-op
             # the turn's message carries the trace on (the caller's own while off)
             if await self.backend.publish_turn(turn, tracing.forward(request.headers)):

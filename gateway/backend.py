@@ -7,11 +7,13 @@ can only ever reach its own tenant's data; ids are checked before they get here.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping
 from typing import TypeVar
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -278,31 +280,55 @@ class Backend:
 
     # -- events -----------------------------------------------------------------------
 
-    async def events_bounds(self) -> tuple[int, int]:
-        """The events stream's first and last sequence."""
-        info = await self._call(
-            "events stream info", self.js.stream_info(self.subjects.events_stream)
-        )
+    async def events_bounds(self, tenant: str, session: str) -> tuple[int, int]:
+        """The first and last sequence of the events stream that holds the session's
+        events (its partition's: a sequence means something only within one stream)."""
+        stream = self.subjects.events_stream_of(tenant, session)
+        info = await self._call("events stream info", self.js.stream_info(stream))
         return info.state.first_seq, info.state.last_seq
 
     async def latest_events(self, tenant: str, limit: int, scan: int) -> list[tuple[int, bytes]]:
-        """The tenant's latest ``limit`` events among the stream's last ``scan`` messages,
-        oldest first, as (sequence, JSON)."""
-        first, last = await self.events_bounds()
+        """The tenant's latest ``limit`` events among each events stream's last ``scan``
+        messages, oldest first, as (sequence, JSON).
+
+        With more than one partition the tenant's sessions are spread over several
+        streams, whose sequences do not compare: each partition's newest ``limit`` are
+        read, and they are merged by the events' own ``ts`` (the time the worker made
+        them; a tie goes to the lower partition). The merge never reorders one stream's
+        events, so a session's events always come in their sequence order, even where a
+        worker's clock stepped back. Each event keeps its own stream's sequence: the id
+        to resume its session's stream with (``GET /v1/sessions/{session}/events``,
+        Last-Event-ID)."""
+        parts = await asyncio.gather(
+            *(self._latest_in(k, tenant, limit, scan) for k in range(self.subjects.partitions))
+        )
+        if len(parts) == 1:
+            return parts[0]
+        merged = heapq.merge(*parts, key=lambda found: _ts_of(found[1]))
+        return list(merged)[-limit:]
+
+    async def _latest_in(
+        self, partition: int, tenant: str, limit: int, scan: int
+    ) -> list[tuple[int, bytes]]:
+        """The tenant's latest ``limit`` events among one partition's last ``scan``."""
+        stream = self.subjects.partition_stream(partition)
+        info = await self._call("events stream info", self.js.stream_info(stream))
+        first, last = info.state.first_seq, info.state.last_seq
         if last == 0:
             return []
         start = max(first, last - scan + 1, 1)
         out: list[tuple[int, bytes]] = []
-        subject = f"{self.subjects.prefix}.events.{tenant}.>"
-        async for batch in self.stored_events(subject, start, "latest events"):
+        subject = self.subjects.tenant_events(tenant, partition)
+        async for batch in self.stored_events(stream, subject, start, "latest events"):
             out.extend((msg.metadata.sequence.stream, msg.data) for msg in batch)
             out = out[-limit:]
         return out
 
     async def stored_events(
-        self, subject: str, start: int, what: str, batch: int = 256
+        self, stream: str, subject: str, start: int, what: str, batch: int = 256
     ) -> AsyncGenerator[list[Msg]]:
-        """The events stream's messages on ``subject`` from sequence ``start`` to the last
+        """The messages of events stream ``stream`` (a partition's: the one that holds
+        ``subject``'s events) on ``subject`` from sequence ``start`` to the last
         one stored when this starts, in batches of at most ``batch``, read by an ephemeral
         consumer (no acks, in memory, gone 30 s after its last use). A caller that stops
         early closes it (``contextlib.aclosing``) so the consumer goes at once. ``what``
@@ -311,7 +337,7 @@ class Backend:
             f"open {what}",
             self.js.pull_subscribe(
                 subject,
-                stream=self.subjects.events_stream,
+                stream=stream,
                 config=js_api.ConsumerConfig(
                     deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=start,
@@ -341,7 +367,7 @@ class Backend:
         if not self.nc.is_connected:
             return "not connected to NATS"
         s = self.subjects
-        for stream in (s.turns_stream, s.events_stream):
+        for stream in (s.turns_stream, *s.events_streams):
             try:
                 await self._call("stream info", self.js.stream_info(stream))
             except NotFoundError:
@@ -349,3 +375,18 @@ class Backend:
             except Unavailable as exc:
                 return exc.message
         return None
+
+
+class _Stamped(msgspec.Struct):
+    ts: float = 0.0
+
+
+_stamp = msgspec.json.Decoder(_Stamped)
+
+
+def _ts_of(data: bytes) -> float:
+    """An event's ``ts`` (0 for bytes that are no event: they sort first)."""
+    try:
+        return _stamp.decode(data).ts
+    except msgspec.DecodeError:
+        return 0.0

@@ -6,12 +6,15 @@ Each message it delivers is turned once into an :class:`Item` holding its SSE fr
 already encoded, and handed to every client of the session: a client costs an append
 to its own bounded buffer and a wake-up, not a consumer and an encoding of its own.
 
-The feed starts just after the stream's last sequence when it is opened and remembers
-the last sequence it handed out (``last_seq``). A client joins synchronously: from that
-moment it gets every item with a sequence above ``last_seq`` at join time, and what it
-needs from before (a resume by ``Last-Event-ID`` or ``since``) it replays itself from
-the stream, up to that sequence (see :mod:`gateway.stream`). So the hand-over is by
-sequence: no gap, nothing twice. The feed ends when its last client leaves.
+The feed reads the stream that holds the session's events (its partition's, with
+``[nats] partitions`` above 1: a sequence is an id only within one stream, and all of a
+session's events are in one). It starts just after that stream's last sequence when it
+is opened and remembers the last sequence it handed out (``last_seq``). A client joins
+synchronously: from that moment it gets every item with a sequence above ``last_seq``
+at join time, and what it needs from before (a resume by ``Last-Event-ID`` or
+``since``) it replays itself from the stream, up to that sequence (see
+:mod:`gateway.stream`). So the hand-over is by sequence: no gap, nothing twice. The
+feed ends when its last client leaves.
 
 A client whose buffer is full is dropped from the feed (it is cut); the feed itself
 never waits for anyone.
@@ -63,6 +66,14 @@ def frame(seq: int | None, event: str, data: bytes) -> bytes:
     return head + b"".join(b"data: %s\r\n" % line for line in lines) + b"\r\n"
 
 
+def event_type(subject: str) -> str:
+    """The event type of an event's subject: its fifth token
+    (``<prefix>.events.<tenant>.<session>.<type>``), not its last, which is the
+    partition's number when the events are partitioned."""
+    tokens = subject.split(".", 5)
+    return tokens[4] if len(tokens) > 4 else ""
+
+
 def item(seq: int | None, event: str, data: bytes) -> Item:
     turn_id = ""
     if seq is not None:
@@ -86,14 +97,15 @@ class SessionFeed:
         self.backend = backend
         self.tenant = tenant
         self.session = session
-        self.filter = f"{backend.subjects.prefix}.events.{tenant}.{session}.*"
+        self.filter = backend.subjects.session_events(tenant, session)
+        self.stream = backend.subjects.events_stream_of(tenant, session)
         self.last_seq = 0
         self.listeners: set[Listener] = set()
         self.users = 0  # streams holding the feed (listening or about to)
         self._sub: Any = None
 
     async def open(self) -> None:
-        _, last = await self.backend.events_bounds()
+        _, last = await self.backend.events_bounds(self.tenant, self.session)
         self.last_seq = last
         self._sub = await self.backend._call(
             "subscribe to events",
@@ -101,7 +113,7 @@ class SessionFeed:
                 self.backend.nc,
                 self.filter,
                 js=self.backend.js,
-                stream=self.backend.subjects.events_stream,
+                stream=self.stream,
                 cb=self._on_msg,
                 deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                 config=js_api.ConsumerConfig(opt_start_seq=last + 1),
@@ -130,7 +142,7 @@ class SessionFeed:
         if seq <= self.last_seq:
             return  # never hand out a sequence twice
         self.last_seq = seq
-        one = item(seq, msg.subject.rpartition(".")[2], msg.data)
+        one = item(seq, event_type(msg.subject), msg.data)
         full = [lsn for lsn in self.listeners if not lsn.offer(one)]
         for listener in full:
             self.listeners.discard(listener)

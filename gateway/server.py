@@ -6,7 +6,9 @@ event loop::
         await stop.wait()
 
 Refuses to start without API keys unless no-auth is on, and refuses no-auth on a
-non-loopback host unless ``no_auth_any_host`` says so too (fail closed).
+non-loopback host unless ``no_auth_any_host`` says so too (fail closed). Refuses, too,
+a ``[nats] partitions`` other than the one the server's events streams were made for:
+it would look for each session's events in another stream (:class:`ProvisionError`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from loopmesh.egress import Allowlist
 from loopmesh.errors import ConfigError
 from loopmesh.jetstream import worker_name
 from loopmesh.nats import connect
+from loopmesh.provision import check_partitions
 from loopmesh.scheduler import Scheduler
-from schemas import Subjects
 
 from .app import Gateway, create_app
 from .backend import Backend
@@ -99,9 +101,11 @@ class GatewayServer:
         if self._nc is None:
             self._nc = await connect(self.config.nats, name="gateway")
         try:
+            subjects = self.config.nats.subjects
+            await check_partitions(self._nc.jetstream(), subjects)
             backend = Backend(
                 self._nc,
-                Subjects(self.config.nats.prefix),
+                subjects,
                 timeout=settings.nats_timeout_s,
                 max_schedules=self.config.scheduler.max_per_tenant,
             )

@@ -5,8 +5,9 @@ joins it first, which fixes the sequence ``join`` after which the feed hands it 
 event. A client that resumes from an older sequence (``since`` or ``Last-Event-ID``)
 then replays the events after that sequence, up to ``join``, from the stream with a
 consumer of its own, and goes on with what the feed buffered for it meanwhile: no gap,
-nothing twice. The stream sequence is the SSE ``id``, so a client that resumes from the
-last id it got misses nothing and gets nothing twice.
+nothing twice. The sequence in the session's events stream (its partition's) is the
+SSE ``id``, so a client that resumes from the last id it got misses nothing and gets
+nothing twice.
 
 A client that reads too slowly fills its bounded buffer: the feed drops it, the stream
 sends what it holds, ends with a ``cut`` event, and the client resumes by
@@ -25,7 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 
-from .fanout import Fanout, Item, SessionFeed, item
+from .fanout import Fanout, Item, SessionFeed, event_type, item
 
 KEEPALIVE = b": keepalive\r\n\r\n"
 _REPLAY_BATCH = 256
@@ -104,7 +105,7 @@ class EventStream:
             await self._fanout.release(feed)
 
     async def _check_kept(self, start: int) -> None:
-        first, _ = await self._fanout.backend.events_bounds()
+        first, _ = await self._fanout.backend.events_bounds(self._tenant, self._session)
         if start < first:
             trimmed = Trimmed(
                 requested=start,
@@ -187,8 +188,12 @@ class EventStream:
     async def _replay(self, start: int) -> AsyncIterator[list[Item]]:
         """The session's stored events from ``start`` to ``join``, in batches."""
         backend = self._fanout.backend
-        subject = f"{backend.subjects.prefix}.events.{self._tenant}.{self._session}.*"
-        stored = backend.stored_events(subject, start, "event replay", _REPLAY_BATCH)
+        subjects = backend.subjects
+        stored = backend.stored_events(
+            subjects.events_stream_of(self._tenant, self._session),
+            subjects.session_events(self._tenant, self._session),
+            start, "event replay", _REPLAY_BATCH,
+        )  # fmt: skip
         async with contextlib.aclosing(stored):
             async for msgs in stored:
                 batch: list[Item] = []
@@ -198,7 +203,7 @@ class EventStream:
                     if seq > self._join:  # the feed has it
                         joined = True
                         break
-                    one = item(seq, msg.subject.rpartition(".")[2], msg.data)
+                    one = item(seq, event_type(msg.subject), msg.data)
                     if self._turn is None or one.turn_id == self._turn:
                         batch.append(one)
                     if seq == self._join:

@@ -69,7 +69,7 @@ class TurnExecutor(AgentExecutor):
         session = session_of(context_id)
         current = context.current_task
         turn_id = task_id if current is None else new_id()
-        _, first = await self.backend.events_bounds()
+        _, first = await self.backend.events_bounds(caller.tenant, session)
         about = {"session": session, "agent": caller.agent, "turn": turn_id, "seq": first}
         if current is None:
             task = Task(

@@ -46,7 +46,7 @@ async def live_events(
             backend.nc,
             backend.subjects.session_events(tenant, session),
             js=backend.js,
-            stream=backend.subjects.events_stream,
+            stream=backend.subjects.events_stream_of(tenant, session),
             cb=on_msg,
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             config=js_api.ConsumerConfig(opt_start_seq=after + 1),
@@ -68,8 +68,13 @@ async def stored_events(
 ) -> AsyncGenerator[tuple[int, Event]]:
     """``turn``'s events after sequence ``after`` that the stream holds now, to its
     ``loop_end`` if that is among them."""
-    subject = backend.subjects.session_events(tenant, session)
-    batches = backend.stored_events(subject, after + 1, "a task's events")
+    subjects = backend.subjects
+    batches = backend.stored_events(
+        subjects.events_stream_of(tenant, session),
+        subjects.session_events(tenant, session),
+        after + 1,
+        "a task's events",
+    )
     async with contextlib.aclosing(batches):
         async for batch in batches:
             for found in filter(None, (_of_turn(msg, turn) for msg in batch)):
