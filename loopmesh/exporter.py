@@ -51,7 +51,6 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
-from schemas.subjects import Subjects
 
 from .aio import quietly
 from .kv import open_kv
@@ -229,7 +228,7 @@ class Exporter:
         self.ledger: Ledger | None = None  # the usage ledger, once the bucket is open
         self._agents: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # by turn
         self.js = nc.jetstream()
-        self.subjects = Subjects(prefix=nats.prefix)
+        self.subjects = nats.subjects
         self.settings = settings
         self.metrics = EventMetrics(registry)
         self.backlog = Gauge(

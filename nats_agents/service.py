@@ -25,7 +25,7 @@ from loopmesh.agents import AgentsWatch
 from loopmesh.errors import ConfigError
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
-from schemas import DEFAULT_AGENT, AgentSpec, Subjects
+from schemas import DEFAULT_AGENT, AgentSpec
 from schemas.agents import default_agent
 
 from .host import AgentHost, description_of
@@ -53,7 +53,7 @@ class NatsAgents:
     def __init__(self, nc: Client, config: NatsAgentsConfig) -> None:
         self.tenant = tenant_of(config)
         self.settings = config.nats_agents
-        self.subjects = Subjects(config.nats.prefix)
+        self.subjects = config.nats.subjects
         self.hosts: dict[str, AgentHost] = {}
         self.ready = asyncio.Event()  # set once every agent of the first load is registered
         self._nc = nc

@@ -76,7 +76,7 @@ class NatsTransport:
     ) -> None:
         self.settings = settings
         self.tenant = tenant
-        self.subjects = Subjects(settings.prefix)
+        self.subjects = settings.subjects
         self.url = shown(settings.url or DEFAULT_URL)  # as errors show it
         self.where = f"NATS, tenant {tenant}"
         self._wait_s = wait_s
