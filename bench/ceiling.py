@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script too
 
+from nats.js import JetStreamContext
+
 from bench.harness import cpu_seconds
 from loopmesh.aio import run
 from loopmesh.cluster import NatsCluster
@@ -74,15 +76,21 @@ async def publish(url: str, index: int, seconds: float, sessions: int, each: boo
     return sent
 
 
+async def stored_events(js: JetStreamContext) -> int:
+    """The events kept, over every partition's events stream."""
+    return sum([(await js.stream_info(name)).state.messages for name in S.events_streams])
+
+
 async def measure(
     url: str, pids: list[int], args: argparse.Namespace, each: bool
 ) -> dict[str, float]:
     nc = await connect(NatsSettings(url=url), name="ceiling")
     js = nc.jetstream()
     replicas = 3 if each else 1
-    [events] = [d for d in definitions(S, replicas=replicas).streams if d.name == S.events_stream]
-    await ensure_stream(js, events, placement_wait_s=30)
-    before = (await js.stream_info(S.events_stream)).state.messages
+    for d in definitions(S, replicas=replicas).streams:
+        if d.name in S.events_streams:
+            await ensure_stream(js, d, placement_wait_s=30)
+    before = await stored_events(js)
     cpu = sum(cpu_seconds(p) for p in pids)
     started = time.perf_counter()
     procs = [
@@ -107,7 +115,7 @@ async def measure(
     outs = [await p.communicate() for p in procs]
     wall = time.perf_counter() - started
     spent = sum(cpu_seconds(p) for p in pids) - cpu
-    stored = (await js.stream_info(S.events_stream)).state.messages - before
+    stored = await stored_events(js) - before
     await nc.close()
     published = sum(int(out.decode().split()[-1]) for out, _ in outs)
     return {

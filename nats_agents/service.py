@@ -25,6 +25,7 @@ from loopmesh.agents import AgentsWatch
 from loopmesh.errors import ConfigError
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
+from loopmesh.provision import check_partitions
 from schemas import DEFAULT_AGENT, AgentSpec
 from schemas.agents import default_agent
 
@@ -60,6 +61,10 @@ class NatsAgents:
         self._changed = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop``; :class:`ProvisionError` first if the server's events
+        streams are for another partition count (a prompt's events would be followed
+        in a stream that never gets them)."""
+        await check_partitions(self._nc.jetstream(), self.subjects)
         watch = AgentsWatch(
             self._nc, self.subjects.agents_bucket, on_change=lambda _: self._changed.set()
         )

@@ -71,9 +71,7 @@ async def serve(
         if provision:
             for action in await provision_all(nc, config.nats):  # a change is never silent
                 log.info("%s", action)
-        service = WebhookService(
-            nc, config.nats.subjects, settings, unsigned_level=unsigned_level
-        )
+        service = WebhookService(nc, config.nats.subjects, settings, unsigned_level=unsigned_level)
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port is not None:
                 server = await stack.enter_async_context(

@@ -69,12 +69,13 @@ async def stream_events(
     js = nc.jetstream()
     out: list[tuple[Event, dict[str, str]]] = []
     subject = subjects.session_events(tenant, session)
+    stream = subjects.events_stream_of(tenant, session)  # its partition's
     seq = 0
     while True:
         try:
             msg = await retry(
                 lambda after=seq: js.get_msg(  # type: ignore[misc]
-                    subjects.events_stream, seq=after + 1, subject=subject, next=True
+                    stream, seq=after + 1, subject=subject, next=True
                 ),
                 f"read the events of {tenant}.{session}",
             )
