@@ -1,0 +1,96 @@
+"""``[nats] partitions``: provisioning makes one events stream and one webhooks consumer
+per partition, a session's events are stored in its partition's stream, and a server
+made for another count is refused without changing anything on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from loopmesh.errors import ProvisionError
+from loopmesh.provision import check_partitions, provision_all
+from loopmesh.settings import NatsSettings
+from schemas import Subjects
+from schemas.subjects import MAX_PARTITIONS
+
+
+def sessions_in_every_partition(subjects: Subjects, tenant: str = "acme") -> dict[int, str]:
+    """A session id landing in each partition (the first ``s<i>`` that does)."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < subjects.partitions:
+        found.setdefault(subjects.partition(tenant, f"s{i}"), f"s{i}")
+        i += 1
+    return found
+
+
+async def stream_names(nc) -> set[str]:
+    return {info.config.name for info in await nc.jetstream().streams_info()}
+
+
+async def test_three_partitions_make_three_events_streams_and_three_webhooks_consumers(nc):
+    settings = NatsSettings(partitions=3)
+    s = settings.subjects
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    names = await stream_names(nc)
+    assert {"LOOPMESH_EVENTS_0", "LOOPMESH_EVENTS_1", "LOOPMESH_EVENTS_2"} <= names
+    assert "LOOPMESH_EVENTS" not in names
+    for k, stream in enumerate(s.events_streams):
+        info = await js.stream_info(stream)
+        assert info.config.subjects == [f"loopmesh.events.*.*.*.{k}"]
+        consumer = await js.consumer_info(stream, s.webhooks_consumer)
+        filters = consumer.config.filter_subjects or [consumer.config.filter_subject]
+        assert filters and all(f.endswith(f".{k}") for f in filters)
+
+
+async def test_each_sessions_events_are_stored_in_the_stream_its_partition_names(nc):
+    settings = NatsSettings(partitions=3)
+    s = settings.subjects
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    sessions = sessions_in_every_partition(s)
+    for k, session in sessions.items():
+        ack = await js.publish(s.event("acme", session, "loop_start"), b"{}")
+        assert ack.stream == s.events_stream_of("acme", session) == f"LOOPMESH_EVENTS_{k}"
+    for stream in s.events_streams:
+        assert (await js.stream_info(stream)).state.messages == 1
+
+
+@pytest.mark.parametrize(("made", "asked"), [(1, 3), (3, 2), (3, 1), (2, 3)])
+async def test_another_partition_count_is_refused_and_changes_nothing(nc, made, asked):
+    await provision_all(nc, NatsSettings(partitions=made))
+    before = await stream_names(nc)
+    held = Subjects(partitions=made).events_streams
+    with pytest.raises(ProvisionError) as refused:
+        await provision_all(nc, NatsSettings(partitions=asked))
+    message = str(refused.value)
+    assert f"partitions is {asked}" in message
+    assert all(name in message for name in held)
+    assert await stream_names(nc) == before
+    with pytest.raises(ProvisionError):
+        await check_partitions(nc.jetstream(), Subjects(partitions=asked))
+    await check_partitions(nc.jetstream(), Subjects(partitions=made))  # the same: fine
+
+
+async def test_a_server_with_no_events_streams_takes_any_count(nc):
+    await check_partitions(nc.jetstream(), Subjects(partitions=5))
+    assert await stream_names(nc) == set()
+
+
+@pytest.mark.parametrize("bad", [0, -1, MAX_PARTITIONS + 1])
+def test_a_partition_count_out_of_range_is_refused(bad):
+    with pytest.raises(ValueError, match=f"partitions must be 1 to {MAX_PARTITIONS}"):
+        Subjects(partitions=bad)
+
+
+def test_partition_is_stable_and_in_range():
+    s = Subjects(partitions=7)
+    seen = {s.partition("acme", f"s{i}") for i in range(500)}
+    assert seen == set(range(7))  # every partition gets sessions
+    assert s.partition("acme", "s1") == Subjects("other", 7).partition("acme", "s1")
+    assert [s.partition("acme", "s1") for _ in range(3)] == [s.partition("acme", "s1")] * 3
+    assert Subjects().partition("acme", "s1") == 0
+    assert s.event("acme", "s1", "loop_end").split(".")[-1] == str(s.partition("acme", "s1"))
+    assert Subjects().event("acme", "s1", "loop_end") == "loopmesh.events.acme.s1.loop_end"
+    with pytest.raises(ValueError, match=r"partition 7 is not one of 0\.\.6"):
+        s.partition_stream(7)
