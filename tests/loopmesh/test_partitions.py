@@ -4,13 +4,19 @@ made for another count is refused without changing anything on it."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
+from prometheus_client import CollectorRegistry
 
 from loopmesh.errors import ProvisionError
+from loopmesh.exporter import Exporter, ExporterSettings
 from loopmesh.provision import check_partitions, provision_all
 from loopmesh.settings import NatsSettings
+from loopmesh.usage import read_days
 from schemas import Subjects
 from schemas.subjects import MAX_PARTITIONS
+from tests.loopmesh.test_exporter import run_until
+from tests.loopmesh.test_exporter import turn as exporter_turn
 
 
 def sessions_in_every_partition(subjects: Subjects, tenant: str = "acme") -> dict[int, str]:
@@ -94,3 +100,29 @@ def test_partition_is_stable_and_in_range():
     assert Subjects().event("acme", "s1", "loop_end") == "loopmesh.events.acme.s1.loop_end"
     with pytest.raises(ValueError, match=r"partition 7 is not one of 0\.\.6"):
         s.partition_stream(7)
+
+
+async def test_the_exporter_counts_every_partitions_events_and_usage_once(nc):
+    settings = NatsSettings(partitions=3)
+    s = settings.subjects
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    sessions = sessions_in_every_partition(s)
+    for session in sessions.values():  # each stream numbers its events from 1
+        for event in exporter_turn(session, 1000.0):
+            await js.publish(s.event("acme", session, event.type), msgspec.json.encode(event))
+    registry = CollectorRegistry()
+    await run_until(Exporter(nc, settings, ExporterSettings(), registry), 6 * 3)
+    turns = {"outcome": "task_completion", "tenant": "acme"}
+    assert registry.get_sample_value("loopmesh_turns_total", turns) == 3
+    [day] = await read_days(js, s, "acme")
+    assert [(line.calls, line.prompt_tokens) for line in day.lines] == [(3, 30)]
+    assert day.counted_to(0) and day.counted_to(1) and day.counted_to(2)
+    # a restarted exporter resumes on every partition: nothing is counted twice
+    again = Exporter(nc, settings, ExporterSettings(), CollectorRegistry())
+    for session in sessions.values():
+        [event] = [e for e in exporter_turn(session, 1000.0) if e.type == "llm_response"]
+        await js.publish(s.event("acme", session, event.type), msgspec.json.encode(event))
+    await run_until(again, 3)
+    [day] = await read_days(js, s, "acme")
+    assert [(line.calls, line.prompt_tokens) for line in day.lines] == [(6, 60)]
