@@ -10,13 +10,19 @@ from prometheus_client import CollectorRegistry
 
 from loopmesh.errors import ProvisionError
 from loopmesh.exporter import Exporter, ExporterSettings
+from loopmesh.jetstream import Publisher
 from loopmesh.provision import check_partitions, provision_all
-from loopmesh.settings import NatsSettings
+from loopmesh.scheduler import Scheduler
+from loopmesh.schedules import new_schedule, run_ends
+from loopmesh.settings import NatsSettings, SchedulerSettings
+from loopmesh.testing.durable import connect_fast, provision_short
 from loopmesh.usage import read_days
-from schemas import Subjects
+from schemas import Subjects, encode
+from schemas.events import LoopEnd
 from schemas.subjects import MAX_PARTITIONS
 from tests.loopmesh.test_exporter import run_until
 from tests.loopmesh.test_exporter import turn as exporter_turn
+from tests.loopmesh.test_scheduler import T0, Clock
 
 
 def sessions_in_every_partition(subjects: Subjects, tenant: str = "acme") -> dict[int, str]:
@@ -126,3 +132,45 @@ async def test_the_exporter_counts_every_partitions_events_and_usage_once(nc):
     await run_until(again, 3)
     [day] = await read_days(js, s, "acme")
     assert [(line.calls, line.prompt_tokens) for line in day.lines] == [(6, 60)]
+
+
+async def test_a_schedules_runs_are_followed_in_the_stream_of_their_sessions_partition(
+    nats_server,
+):
+    s = Subjects(partitions=3)
+    nc = await connect_fast(nats_server.url)
+    clock = Clock()
+    scheduler = Scheduler(nc, s, SchedulerSettings(), name="s1", clock=clock)
+    try:
+        await provision_short(nc, subjects=s)
+        sessions = sessions_in_every_partition(s)
+        js = nc.jetstream()
+        for _ in range(20):  # partition 0's stream is ahead: its sequences mean nothing here
+            await js.publish(s.event("acme", sessions[0], "content_delta"), b"{}")
+        await scheduler.open()
+        schedule = new_schedule(
+            "acme", cron="* * * * * *", input="tick", now=T0, id="every",
+            session=sessions[2], policy="skip",
+        )  # fmt: skip
+        await scheduler.store.create(schedule)
+        clock.now = T0 + 1.5
+        while await scheduler.step(schedule) <= 0:
+            pass
+        state, _ = await scheduler.store.state("acme", schedule.id)
+        assert state is not None
+        [run] = state.runs
+        assert (run.outcome, run.events_seq) == ("fired", 0)  # partition 2's last sequence
+        end = LoopEnd(tenant="acme", session=sessions[2], turn_id=run.turn_id or "",
+                      reason="task_completion")  # fmt: skip
+        await js.publish(s.event("acme", sessions[2], "loop_end"), encode(end))
+        ends = await run_ends(Publisher(nc), s, "acme", state.runs)
+        assert ends == {run.turn_id: "task_completion"}
+        clock.now = T0 + 2.5  # the run ended (its loop_end found in partition 2): no skip
+        while await scheduler.step(schedule) <= 0:
+            pass
+        state, _ = await scheduler.store.state("acme", schedule.id)
+        assert state is not None
+        assert [r.outcome for r in state.runs] == ["fired", "fired"]
+    finally:
+        await scheduler.close()
+        await nc.close()
