@@ -8,6 +8,7 @@ import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
+from loop_worker.sink import JetStreamEvents
 from loopmesh.errors import ProvisionError
 from loopmesh.exporter import Exporter, ExporterSettings
 from loopmesh.jetstream import Publisher
@@ -15,11 +16,12 @@ from loopmesh.provision import check_partitions, provision_all
 from loopmesh.scheduler import Scheduler
 from loopmesh.schedules import new_schedule, run_ends
 from loopmesh.settings import NatsSettings, SchedulerSettings
-from loopmesh.testing.durable import connect_fast, provision_short
+from loopmesh.testing.durable import connect_fast, provision_short, stream_events
 from loopmesh.usage import read_days
 from schemas import Subjects, encode
 from schemas.events import LoopEnd
 from schemas.subjects import MAX_PARTITIONS
+from tests.conftest import BOTH_SHARED
 from tests.loopmesh.test_exporter import run_until
 from tests.loopmesh.test_exporter import turn as exporter_turn
 from tests.loopmesh.test_scheduler import T0, Clock
@@ -173,4 +175,27 @@ async def test_a_schedules_runs_are_followed_in_the_stream_of_their_sessions_par
         assert [r.outcome for r in state.runs] == ["fired", "fired"]
     finally:
         await scheduler.close()
+        await nc.close()
+
+
+@pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)
+async def test_partitioned_events_streams_are_replicated_and_read_from_their_leader(durable):
+    settings = NatsSettings(replicas=durable.replicas, partitions=3)
+    s = settings.subjects
+    nc = await connect_fast(durable.url)
+    try:
+        await provision_all(nc, settings)
+        js = nc.jetstream()
+        for stream in s.events_streams:
+            assert (await js.stream_info(stream)).config.num_replicas == durable.replicas
+        sink = JetStreamEvents(nc, s)
+        await sink.start()
+        assert sink.acks_each == (durable.replicas > 1)  # every partition replicated alike
+        for k, session in sessions_in_every_partition(s).items():
+            end = LoopEnd(tenant="acme", session=session, turn_id=f"t{k}", reason="task_completion")
+            ack = await js.publish(s.event("acme", session, "loop_end"), encode(end))
+            assert ack.stream == f"LOOPMESH_EVENTS_{k}"
+            [(stored, _)] = await stream_events(nc, "acme", session, s)
+            assert stored == end
+    finally:
         await nc.close()
