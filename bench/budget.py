@@ -39,7 +39,7 @@ def kind(subject: str, headers: dict[str, str] | None, reply: str = "") -> str:
         return "delivery of a " + kind(subject, headers)
     parts = subject.split(".")
     if subject.startswith(f"{S.prefix}.events."):
-        return f"event {parts[-1]}"
+        return f"event {parts[4]}"  # <prefix>.events.<tenant>.<session>.<type>[.<partition>]
     if subject.startswith(f"{S.prefix}.turns."):
         return "turn"
     if subject.startswith(f"{S.prefix}.tools."):
@@ -65,6 +65,9 @@ async def stored(js: object) -> dict[str, int]:
     for label, stream in STORES.items():
         info = await js.stream_info(stream)  # type: ignore[attr-defined]
         out[label] = info.state.last_seq
+    for name in S.events_streams[1:]:  # the events of the other partitions, if any
+        info = await js.stream_info(name)  # type: ignore[attr-defined]
+        out["events"] += info.state.last_seq
     return out
 
 

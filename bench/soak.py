@@ -54,17 +54,20 @@ class Soak:
 
 
 async def stream_bytes(js: Any) -> tuple[dict[str, int], int]:
+    """Bytes kept by store (the events summed over every partition's stream), and the
+    highest first sequence of an events stream (above 1: events were discarded)."""
     names = {
-        "events": S.events_stream, "turns": S.turns_stream, "tools": S.tools_stream,
+        "turns": S.turns_stream, "tools": S.tools_stream,
         "sessions": f"KV_{S.sessions_bucket}", "effects": f"KV_{S.effects_bucket}",
         "leases": f"KV_{S.leases_bucket}",
     }  # fmt: skip
-    out, first = {}, 0
-    for label, stream in names.items():
+    out, first = {"events": 0}, 0
+    for stream in S.events_streams:
         info = await js.stream_info(stream)
-        out[label] = info.state.bytes
-        if label == "events":
-            first = info.state.first_seq
+        out["events"] += info.state.bytes
+        first = max(first, info.state.first_seq)
+    for label, stream in names.items():
+        out[label] = (await js.stream_info(stream)).state.bytes
     return out, first
 
 

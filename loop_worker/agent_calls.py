@@ -141,8 +141,9 @@ class NatsAgentCalls:
 
     async def _last(self, child: Turn, kind: str) -> Event | None:
         subject = self._subjects.event(child.tenant, child.session, kind)
+        stream = self._subjects.events_stream_of(child.tenant, child.session)
         msg = await retry(
-            lambda: self._publisher.leader_get(self._subjects.events_stream, subject),
+            lambda: self._publisher.leader_get(stream, subject),
             f"read {subject}",
         )
         if msg is None:

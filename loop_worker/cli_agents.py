@@ -104,7 +104,7 @@ def describe(agent: AgentSpec) -> str:
 
 async def main(args: argparse.Namespace) -> int:
     config = config_from_args(AgentsConfig, args)
-    subjects = Subjects(config.nats.prefix)
+    subjects = config.nats.subjects
     nc = await connect(config.nats, name="loopmesh-agents")
     try:
         if args.apply:

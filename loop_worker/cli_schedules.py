@@ -29,7 +29,7 @@ from loopmesh.schedules import (
     run_ends,
 )
 from loopmesh.settings import SchedulerSettings
-from schemas import Subjects, encode
+from schemas import encode
 from schemas.schedules import Schedule, ScheduleState
 
 from .remote import client_config, token
@@ -83,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     config = client_config(args)
-    tenant, subjects = config.client.tenant, Subjects(config.nats.prefix)
+    tenant, subjects = config.client.tenant, config.nats.subjects
     limit = config_from_args(SchedulerConfig, args).scheduler.max_per_tenant
     nc = await connect(config.nats, name="loopmesh-schedules")
     publisher = Publisher(nc)

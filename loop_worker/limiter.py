@@ -110,7 +110,7 @@ class SharedLimiter:
         dies counts until twice the LLM's timeout has passed."""
         s = config.loop_worker
         return cls(
-            nc, Subjects(config.nats.prefix), config.llm.limits, name=s.name or worker_name(),
+            nc, config.nats.subjects, config.llm.limits, name=s.name or worker_name(),
             hold_s=max(60.0, 2 * config.llm.timeout_s), leader_ttl_s=s.limiter_ttl_s,
         )  # fmt: skip
 

@@ -50,7 +50,6 @@ from schemas import (
     KVDef,
     SessionSnapshot,
     StreamDef,
-    Subjects,
     ToolCallRequest,
     Turn,
     session_key,
@@ -123,7 +122,7 @@ class LoopWorker:
         self.config = config
         self.settings: ServiceSettings = config.loop_worker
         self.name = name or self.settings.name or worker_name()
-        self.subjects = Subjects(config.nats.prefix)
+        self.subjects = config.nats.subjects
         self.llm = llm
         self.limiter = limiter
         self.ready = asyncio.Event()

@@ -162,11 +162,14 @@ class JetStreamEvents:
         self._muted: set[str] = set()
 
     async def start(self) -> None:
-        """Look at the events stream: if it is replicated, every event is acked."""
-        js, stream = self._nc.jetstream(), self._subjects.events_stream
-        info = await retry(lambda: js.stream_info(stream), f"{stream} info")
-        if replicated(info):
-            self._barrier_every = 1
+        """Look at the events streams (one per partition): if one is replicated, every
+        event is acked (provisioning gives them all the same replicas)."""
+        js = self._nc.jetstream()
+        for stream in self._subjects.events_streams:
+            info = await retry(lambda at=stream: js.stream_info(at), f"{stream} info")  # type: ignore[misc]
+            if replicated(info):
+                self._barrier_every = 1
+                return
 
     @property
     def acks_each(self) -> bool:

@@ -75,9 +75,8 @@ async def unfinished(
     if not turns:
         return []
     subject = subjects.event(tenant, session, "loop_end")
-    last = await retry(
-        lambda: publisher.leader_get(subjects.events_stream, subject), f"last end of {subject}"
-    )
+    stream = subjects.events_stream_of(tenant, session)
+    last = await retry(lambda: publisher.leader_get(stream, subject), f"last end of {subject}")
     if last is None:
         return turns
     try:

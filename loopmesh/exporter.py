@@ -1,8 +1,9 @@
 """``loopmesh exporter``: the events stream as Prometheus metrics.
 
-The exporter reads every event through one DURABLE pull consumer on the events stream
-and turns it into counters and histograms (:class:`EventMetrics`). Because the consumer
-is durable, a restarted exporter resumes where it acked: no event is missed or counted
+The exporter reads every event through one DURABLE pull consumer on each events stream
+(one per partition, ``[nats] partitions``, all feeding the same metrics) and turns it
+into counters and histograms (:class:`EventMetrics`). Because the consumers are
+durable, a restarted exporter resumes where it acked: no event is missed or counted
 twice by one exporter, and events of processes that died before they were scraped are
 still counted. The counters restart from zero with the process, which Prometheus'
 ``rate()`` and ``increase()`` handle as a counter reset.
@@ -51,11 +52,11 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
-from schemas.subjects import Subjects
 
 from .aio import quietly
 from .kv import open_kv
 from .metrics import MetricsServer
+from .provision import check_partitions
 from .publisher import Publisher
 from .settings import NatsSettings, Price
 from .usage import Ledger
@@ -229,7 +230,7 @@ class Exporter:
         self.ledger: Ledger | None = None  # the usage ledger, once the bucket is open
         self._agents: OrderedDict[tuple[str, str, str], str] = OrderedDict()  # by turn
         self.js = nc.jetstream()
-        self.subjects = Subjects(prefix=nats.prefix)
+        self.subjects = nats.subjects
         self.settings = settings
         self.metrics = EventMetrics(registry)
         self.backlog = Gauge(
@@ -241,18 +242,35 @@ class Exporter:
         self.undecodable = 0
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Consume every partition's events stream and poll the backlog until ``stop``;
+        :class:`ProvisionError` first if the server's events streams are for another
+        partition count (its consumers would miss or double-count partitions)."""
+        await check_partitions(self.js, self.subjects)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._consume(stop))
             tg.create_task(self._poll_backlog(stop))
 
     async def _consume(self, stop: asyncio.Event) -> None:
+        """One durable consumer per events stream (``[nats] partitions``), all feeding
+        the same metrics and ledger."""
         publisher = Publisher(self.nc)
-        kv = await open_kv(self.js, publisher, self.subjects.usage_bucket)
-        self.ledger = ledger = Ledger(kv, self.prices)
+        try:
+            kv = await open_kv(self.js, publisher, self.subjects.usage_bucket)
+            self.ledger = ledger = Ledger(kv, self.prices)
+            counting = asyncio.Lock()  # a batch is counted, flushed and acked as one
+            async with asyncio.TaskGroup() as tg:
+                for k in range(self.subjects.partitions):
+                    tg.create_task(self._consume_partition(k, ledger, counting, stop))
+        finally:
+            await publisher.close()
+
+    async def _consume_partition(
+        self, partition: int, ledger: Ledger, counting: asyncio.Lock, stop: asyncio.Event
+    ) -> None:
         sub = await self.js.pull_subscribe(
-            self.subjects.all_events,
+            self.subjects.partition_events(partition),
             durable=self.settings.durable,
-            stream=self.subjects.events_stream,
+            stream=self.subjects.partition_stream(partition),
             config=ConsumerConfig(
                 ack_policy=AckPolicy.ALL,
                 deliver_policy=DeliverPolicy.ALL,
@@ -265,24 +283,26 @@ class Exporter:
                     msgs = await sub.fetch(self.settings.batch, timeout=1.0)
                 except (NatsTimeoutError, TimeoutError):  # nats-py raises either when idle
                     continue
-                for msg in msgs:
-                    try:
-                        event = _DECODER.decode(msg.data)
-                    except (msgspec.ValidationError, msgspec.DecodeError):
-                        self.undecodable += 1
-                        log.warning("undecodable event subject=%s", msg.subject)
-                        continue
-                    self.metrics.observe(event)
-                    self._count(msg.metadata.sequence.stream, event, ledger)
-                self.consumed += len(msgs)
-                if msgs:
-                    await ledger.flush()  # then the ack: a usage counted is never lost
-                    await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
-        finally:  # both subscriptions end here: a drain would wait for them
+                # Under the lock: another partition's flush must not write this batch's
+                # usage after this batch is acked (a crash between would lose it).
+                async with counting:
+                    for msg in msgs:
+                        try:
+                            event = _DECODER.decode(msg.data)
+                        except (msgspec.ValidationError, msgspec.DecodeError):
+                            self.undecodable += 1
+                            log.warning("undecodable event subject=%s", msg.subject)
+                            continue
+                        self.metrics.observe(event)
+                        self._count(partition, msg.metadata.sequence.stream, event, ledger)
+                    self.consumed += len(msgs)
+                    if msgs:
+                        await ledger.flush()  # then the ack: a usage counted is never lost
+                        await msgs[-1].ack()  # AckPolicy.ALL: acks the batch
+        finally:  # the subscriptions end here: a drain would wait for them
             await quietly(sub.unsubscribe())
-            await publisher.close()
 
-    def _count(self, seq: int, event: AnyEvent, ledger: Ledger) -> None:
+    def _count(self, partition: int, seq: int, event: AnyEvent, ledger: Ledger) -> None:
         """Feed the usage ledger: an LLM call's usage, under its turn's agent."""
         turn = (event.tenant, event.session, event.turn_id)
         match event:
@@ -291,7 +311,8 @@ class Exporter:
                 if len(self._agents) > _OPEN_REQUESTS:
                     self._agents.popitem(last=False)
             case LLMResponse():
-                ledger.count(seq, event, self._agents.get(turn, "default"))
+                agent = self._agents.get(turn, "default")
+                ledger.count(seq, event, agent, partition=partition)
             case _:
                 pass
 

@@ -283,7 +283,7 @@ class Scheduler:
         session = schedule.session or turn_id
         fire = ScheduleRun(
             tick=tick, at=now, outcome="fired", turn_id=turn_id, session=session,
-            events_seq=await self._events_seq(),
+            events_seq=await self._events_seq(schedule.tenant, session),
         )  # fmt: skip
         if schedule.policy == "allow":
             return fire
@@ -357,10 +357,12 @@ class Scheduler:
 
     # -- publishing -------------------------------------------------------------------------
 
-    async def _events_seq(self) -> int:
-        info = await retry(
-            lambda: self.js.stream_info(self.subjects.events_stream), "events stream info"
-        )
+    async def _events_seq(self, tenant: str, session: str) -> int:
+        """The last sequence of the stream that holds the session's events (its
+        partition's): the run's ``loop_end`` is looked for after it, in that stream
+        (:func:`loopmesh.schedules.run_ends`)."""
+        stream = self.subjects.events_stream_of(tenant, session)
+        info = await retry(lambda: self.js.stream_info(stream), f"{stream} info")
         return int(info.state.last_seq)
 
     async def _publish(self, schedule: Schedule, run: ScheduleRun) -> None:

@@ -337,8 +337,8 @@ async def run_ends(
     publisher: Publisher, subjects: Subjects, tenant: str, runs: tuple[ScheduleRun, ...]
 ) -> dict[str, str]:
     """The ``loop_end`` reason of each published run that has ended, by turn id: read
-    from the events stream, per session, from the oldest run's ``events_seq`` on (at
-    most :data:`MAX_ENDS_READ` events)."""
+    per session, from the stream of its partition, from the oldest run's ``events_seq``
+    on (at most :data:`MAX_ENDS_READ` events)."""
     wanted: dict[str, set[str]] = {}
     start: dict[str, int] = {}
     for run in runs:
@@ -349,10 +349,11 @@ async def run_ends(
     budget = MAX_ENDS_READ
     for session, turns in wanted.items():
         subject = subjects.event(tenant, session, "loop_end")
+        stream = subjects.events_stream_of(tenant, session)
         seq = start[session] + 1
         while turns and budget > 0:
             found = await retry(
-                lambda at=seq, on=subject: publisher.next_msg(subjects.events_stream, on, at),  # type: ignore[misc]
+                lambda at=seq, on=subject, of=stream: publisher.next_msg(of, on, at),  # type: ignore[misc]
                 f"loop ends of {tenant}.{session}",
             )
             if found is None:

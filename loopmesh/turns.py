@@ -46,6 +46,7 @@ class Follower:
     ) -> None:
         self._nc = nc
         self._subject = subjects.session_events(tenant, session)
+        self._stream = subjects.events_stream_of(tenant, session)  # its partition's
         self._start_seq = start_seq
         self._sub: JetStreamContext.PushSubscription | None = None
 
@@ -56,7 +57,7 @@ class Follower:
                 "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
                 "config": js_api.ConsumerConfig(opt_start_seq=self._start_seq),
             }
-        self._sub = await ordered_subscribe(self._nc, self._subject, **kwargs)
+        self._sub = await ordered_subscribe(self._nc, self._subject, stream=self._stream, **kwargs)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

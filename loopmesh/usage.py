@@ -42,8 +42,22 @@ class UsageLine(msgspec.Struct, kw_only=True):
 class UsageDay(msgspec.Struct, kw_only=True):
     tenant: str
     day: str  # YYYY-MM-DD, UTC
-    seq: int = 0  # the last events-stream sequence counted
+    seq: int = 0  # the last events-stream sequence counted (partition 0's)
     lines: list[UsageLine] = []
+    # With [nats] partitions > 1: the last sequence counted in partition k's stream, by
+    # str(k), for k > 0 (each stream numbers its events from 1).
+    partition_seqs: dict[str, int] = {}
+
+    def counted_to(self, partition: int) -> int:
+        """The last sequence of ``partition``'s events stream this day counted."""
+        return self.seq if partition == 0 else self.partition_seqs.get(str(partition), 0)
+
+    def count_to(self, partition: int, seq: int) -> None:
+        if partition == 0:
+            self.seq = max(self.seq, seq)
+        else:
+            key = str(partition)
+            self.partition_seqs[key] = max(self.partition_seqs.get(key, 0), seq)
 
     @property
     def tokens(self) -> int:
@@ -69,7 +83,8 @@ def day_key(tenant: str, day: str) -> str:
 class _Pending:
     """What was counted for one tenant's day since the last write, event by event."""
 
-    counted: list[tuple[int, LLMResponse, str]] = field(default_factory=list)  # seq, event, agent
+    # partition, seq, event, agent
+    counted: list[tuple[int, int, LLMResponse, str]] = field(default_factory=list)
 
 
 class Ledger:
@@ -81,12 +96,16 @@ class Ledger:
         self._prices = prices
         self._pending: dict[str, _Pending] = {}
 
-    def count(self, seq: int, event: LLMResponse, agent: str = "default") -> None:
-        """Count ``event`` (at stream sequence ``seq``) at its next :meth:`flush`."""
+    def count(
+        self, seq: int, event: LLMResponse, agent: str = "default", *, partition: int = 0
+    ) -> None:
+        """Count ``event`` (at sequence ``seq`` of ``partition``'s events stream) at its
+        next :meth:`flush`."""
         if event.usage is None:
             return
         key = day_key(event.tenant, day_of(event.ts))
-        self._pending.setdefault(key, _Pending()).counted.append((seq, event, agent))
+        counted = self._pending.setdefault(key, _Pending()).counted
+        counted.append((partition, seq, event, agent))
 
     async def flush(self) -> None:
         """Write what was counted; each day is read, added to and written with a
@@ -113,8 +132,8 @@ class Ledger:
 
     def _add(self, stored: UsageDay, pending: _Pending) -> None:
         lines = {(line.agent, line.model): line for line in stored.lines}
-        for seq, event, agent in pending.counted:
-            if seq <= stored.seq:
+        for partition, seq, event, agent in pending.counted:
+            if seq <= stored.counted_to(partition):
                 continue  # counted before a restart
             usage = event.usage
             assert usage is not None
@@ -129,7 +148,7 @@ class Ledger:
                 line.unpriced_calls += 1
             else:
                 line.cost += price.of(usage.prompt_tokens, usage.completion_tokens)
-            stored.seq = max(stored.seq, seq)
+            stored.count_to(partition, seq)
         stored.lines = sorted(lines.values(), key=lambda line: (line.agent, line.model))
 
 

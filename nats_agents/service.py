@@ -25,7 +25,8 @@ from loopmesh.agents import AgentsWatch
 from loopmesh.errors import ConfigError
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
-from schemas import DEFAULT_AGENT, AgentSpec, Subjects
+from loopmesh.provision import check_partitions
+from schemas import DEFAULT_AGENT, AgentSpec
 from schemas.agents import default_agent
 
 from .host import AgentHost, description_of
@@ -53,13 +54,17 @@ class NatsAgents:
     def __init__(self, nc: Client, config: NatsAgentsConfig) -> None:
         self.tenant = tenant_of(config)
         self.settings = config.nats_agents
-        self.subjects = Subjects(config.nats.prefix)
+        self.subjects = config.nats.subjects
         self.hosts: dict[str, AgentHost] = {}
         self.ready = asyncio.Event()  # set once every agent of the first load is registered
         self._nc = nc
         self._changed = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop``; :class:`ProvisionError` first if the server's events
+        streams are for another partition count (a prompt's events would be followed
+        in a stream that never gets them)."""
+        await check_partitions(self._nc.jetstream(), self.subjects)
         watch = AgentsWatch(
             self._nc, self.subjects.agents_bucket, on_change=lambda _: self._changed.set()
         )

@@ -19,7 +19,6 @@ from loopmesh.nats import connect
 from loopmesh.provision import provision_all
 from loopmesh.settings import replace
 from loopmesh.shutdown import shutdown_on_signals
-from schemas import Subjects
 
 from .builtins import builtin_tools
 from .config import ToolWorkerConfig, ToolWorkerSettings
@@ -117,7 +116,7 @@ def worker_of(
         nc,
         registry,
         pool=settings.pool,
-        subjects=Subjects(config.nats.prefix),
+        subjects=config.nats.subjects,
         concurrency=settings.concurrency,
         ack_wait_s=settings.ack_wait_s,
         pull_expires_s=settings.pull_expires_s,
@@ -211,7 +210,7 @@ async def provision_only(config: ToolWorkerConfig, *, provision: bool) -> list[s
         actions = await provision_all(nc, config.nats) if provision else []
         return actions + await provision_pool(
             nc,
-            Subjects(config.nats.prefix),
+            config.nats.subjects,
             registry,
             pool=settings.pool,
             pinned=settings.pinned,

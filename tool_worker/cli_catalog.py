@@ -9,7 +9,7 @@ import sys
 from loopmesh.cli import config_from_args
 from loopmesh.nats import connect
 from loopmesh.settings import NatsSettings
-from schemas import Subjects, ToolSpec, encode
+from schemas import ToolSpec, encode
 
 from .catalog import read_catalog
 from .config import ToolWorkerConfig
@@ -53,7 +53,7 @@ async def main(args: argparse.Namespace) -> int:
     nats: NatsSettings = config.nats
     nc = await connect(nats, name="loopmesh-tools")
     try:
-        specs = await read_catalog(nc.jetstream(), Subjects(nats.prefix))
+        specs = await read_catalog(nc.jetstream(), nats.subjects)
     finally:
         await nc.close()
     if args.pool:

@@ -17,7 +17,6 @@ from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings, replace
 from loopmesh.shutdown import shutdown_on_signals
 from loopmesh.webhook import WebhookSettings, new_secret
-from schemas import Subjects
 
 from .service import WebhookService
 
@@ -72,9 +71,7 @@ async def serve(
         if provision:
             for action in await provision_all(nc, config.nats):  # a change is never silent
                 log.info("%s", action)
-        service = WebhookService(
-            nc, Subjects(config.nats.prefix), settings, unsigned_level=unsigned_level
-        )
+        service = WebhookService(nc, config.nats.subjects, settings, unsigned_level=unsigned_level)
         async with contextlib.AsyncExitStack() as stack:
             if settings.metrics_port is not None:
                 server = await stack.enter_async_context(

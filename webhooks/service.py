@@ -54,6 +54,7 @@ from loopmesh.deadletter import record
 from loopmesh.egress import Resolver, resolve
 from loopmesh.jetstream import Publisher, acked, retry
 from loopmesh.kv import open_kv
+from loopmesh.provision import check_partitions
 from loopmesh.webhook import WebhookSettings
 from schemas import Subjects, Webhook, encode, turn_msg_id
 from schemas.codec import DecodeError
@@ -136,7 +137,7 @@ class WebhookService:
         self.stats = Stats()
         self._resolver = resolver
         self._transport = transport
-        self._held: dict[int, _Held] = {}
+        self._held: dict[tuple[str, int], _Held] = {}  # by stream and sequence
         self._room = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._receivers: dict[str, _Receiver] = {}
@@ -144,19 +145,27 @@ class WebhookService:
         self._targets: Targets | None = None
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Pull from the webhooks consumer of every events stream (one per partition,
+        ``[nats] partitions``) into one set of held deliveries."""
         js = self.nc.jetstream()
-        stream, durable = self.subjects.events_stream, self.subjects.webhooks_consumer
+        await check_partitions(js, self.subjects)  # else a partition would go unread
+        durable = self.subjects.webhooks_consumer
         self._targets = Targets(await open_kv(js, self.publisher, self.subjects.webhooks_bucket))
-        info = await retry(lambda: js.consumer_info(stream, durable), f"consumer {durable}")
-        ack_wait = info.config.ack_wait or WEBHOOKS_ACK_WAIT_S
-        sub = await js.pull_subscribe_bind(durable, stream)
-        if self.settings.secret is None and not self.settings.tenant_secrets:
-            log.log(
-                self.unsigned_level,
-                "no webhook secret is set ([webhooks] secret, LOOPMESH_WEBHOOKS__SECRET): "
-                "every delivery is refused and dead-lettered",
-            )
+        ack_wait, subs = 0.0, []
         try:
+            for stream in self.subjects.events_streams:
+                info = await retry(
+                    lambda at=stream: js.consumer_info(at, durable),  # type: ignore[misc]
+                    f"consumer {durable} of {stream}",
+                )
+                ack_wait = max(ack_wait, info.config.ack_wait or WEBHOOKS_ACK_WAIT_S)
+                subs.append(await js.pull_subscribe_bind(durable, stream))
+            if self.settings.secret is None and not self.settings.tenant_secrets:
+                log.log(
+                    self.unsigned_level,
+                    "no webhook secret is set ([webhooks] secret, LOOPMESH_WEBHOOKS__SECRET): "
+                    "every delivery is refused and dead-lettered",
+                )
             async with (
                 Deliverer(
                     self.settings, resolver=self._resolver, transport=self._transport
@@ -164,14 +173,18 @@ class WebhookService:
                 asyncio.TaskGroup() as tg,
             ):
                 keepalive = tg.create_task(self._keepalive(ack_wait))
-                log.info("webhooks ready: consumer %s of %s", durable, stream)
+                log.info(
+                    "webhooks ready: consumer %s of %s",
+                    durable, ", ".join(self.subjects.events_streams),
+                )  # fmt: skip
                 if ready is not None:
                     ready.set()
-                await self._pull(sub, tg, stop)
+                await asyncio.wait([tg.create_task(self._pull(sub, tg, stop)) for sub in subs])
                 await self._drain()
                 keepalive.cancel()
         finally:
-            await quietly(sub.unsubscribe())
+            for sub in subs:
+                await quietly(sub.unsubscribe())
 
     # -- pulling ------------------------------------------------------------------------
 
@@ -211,7 +224,7 @@ class WebhookService:
                 log.warning("webhook of turn %s not stored error=%r", event.turn_id, exc)
                 await quietly(msg.nak(delay=1.0))
                 return
-        held = self._held[msg.metadata.sequence.stream] = _Held(msg)
+        held = self._held[_key(msg)] = _Held(msg)
         held.task = tg.create_task(self._deliver(held, event))
 
     async def _keepalive(self, ack_wait: float) -> None:
@@ -259,7 +272,9 @@ class WebhookService:
                 held.trying = True
                 IN_FLIGHT.inc()
                 try:
-                    result = await self._deliverer.send(webhook, str(seq), msg.data, secret)
+                    result = await self._deliverer.send(
+                        webhook, self._delivery_id(msg), msg.data, secret
+                    )
                 finally:
                     IN_FLIGHT.dec()
             await self._settle(msg, event, webhook, attempt, result)
@@ -270,7 +285,7 @@ class WebhookService:
             log.exception("delivery of event %d not settled; handed back", seq)
             await quietly(msg.nak(delay=self.settings.backoff_s))
         finally:
-            self._held.pop(seq, None)
+            self._held.pop(_key(msg), None)
             self._room.set()
 
     async def _settle(
@@ -297,6 +312,15 @@ class WebhookService:
                     attempt, self.settings.max_attempts, result.reason, delay)  # fmt: skip
         await quietly(msg.nak(delay=delay))
 
+    def _delivery_id(self, msg: Msg) -> str:
+        """The delivery's ``webhook-id``, the same on every try: the event's sequence in
+        its events stream, ``<partition>-<sequence>`` with partitions (each stream
+        numbers its events from 1, so a bare sequence would name several events)."""
+        seq = msg.metadata.sequence.stream
+        if self.subjects.partitions == 1:
+            return str(seq)
+        return f"{self.subjects.events_streams.index(msg.metadata.stream)}-{seq}"
+
     def backoff(self, attempt: int) -> float:
         """The wait after try ``attempt`` failed: ``backoff_s`` doubled each try, up to
         ``backoff_max_s``, give or take a fifth (receivers that come back are not hit by
@@ -316,7 +340,7 @@ class WebhookService:
             f"given up after {tries}: {reason}"
         )
         await record(
-            self.publisher, self.subjects, stream=self.subjects.events_stream, seq=seq,
+            self.publisher, self.subjects, stream=msg.metadata.stream, seq=seq,
             subject=msg.subject, data=msg.data, deliveries=attempt, reason=message,
             headers={"Loopmesh-Webhook-Url": webhook.url},
         )  # fmt: skip
@@ -376,6 +400,11 @@ def _origin(url: str) -> str:
     parsed = httpx.URL(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     return f"{parsed.scheme}://{parsed.host.lower()}:{port}"
+
+
+def _key(msg: Msg) -> tuple[str, int]:
+    """A held event's key: sequences repeat across the events streams (partitions)."""
+    return msg.metadata.stream, msg.metadata.sequence.stream
 
 
 async def _first_of(*aws: object) -> None:

@@ -115,7 +115,7 @@ class Result:
     def summary(self) -> dict[str, Any]:
         """The figures of the table (and of ``--json``)."""
         over, stored = self.over_s, self.stored_per_turn()
-        events = stored.get(S.events_stream, (0.0, 0.0, 0.0))[0]
+        events = sum(stored.get(name, (0.0, 0.0, 0.0))[0] for name in S.events_streams)
         streaming = sum(self.model_s) / self.turns if self.turns else 0.0
         return {
             "servers": self.servers, "workers": self.workers, "load": self.load,

@@ -24,15 +24,16 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 from loopmesh.agents import read_agents
 from loopmesh.aio import quietly
 from loopmesh.controls import send_control
-from loopmesh.errors import NatsConnectError, NatsTlsError
+from loopmesh.errors import NatsConnectError, NatsTlsError, ProvisionError
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import DEFAULT_URL, connect, shown
+from loopmesh.provision import check_partitions
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn
 from schemas.agents import default_agent
 
-from .errors import NotSetUp, Unauthorized, Unavailable
+from .errors import ClientError, NotSetUp, Unauthorized, Unavailable
 from .transport import SessionEvent, Submitted
 
 T = TypeVar("T")
@@ -55,8 +56,9 @@ async def follow_session(
             "deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
             "config": js_api.ConsumerConfig(opt_start_seq=since + 1),
         }
+    stream = subjects.events_stream_of(tenant, session)  # its partition's
     return await ordered_subscribe(
-        nc, subjects.session_events(tenant, session), stream=subjects.events_stream, **kwargs
+        nc, subjects.session_events(tenant, session), stream=stream, **kwargs
     )
 
 
@@ -76,7 +78,7 @@ class NatsTransport:
     ) -> None:
         self.settings = settings
         self.tenant = tenant
-        self.subjects = Subjects(settings.prefix)
+        self.subjects = settings.subjects
         self.url = shown(settings.url or DEFAULT_URL)  # as errors show it
         self.where = f"NATS, tenant {tenant}"
         self._wait_s = wait_s
@@ -107,9 +109,8 @@ class NatsTransport:
 
     async def submit(self, turn: Turn) -> Submitted:
         js = self.nc.jetstream()
-        info = await self._call(
-            "read the events stream", js.stream_info(self.subjects.events_stream)
-        )
+        stream = self.subjects.events_stream_of(turn.tenant, turn.session)
+        info = await self._call("read the events stream", js.stream_info(stream))
         ack = await self._call("publish the turn", publish_turn(js, self.subjects, turn))
         since = 0 if ack.duplicate else info.state.last_seq  # published before: it may have run
         return Submitted(turn.id, turn.session, since)
@@ -169,14 +170,17 @@ class NatsTransport:
 
     async def _provisioned(self, nc: Client, deadline: float) -> None:
         """Return once the turns and events streams exist, else raise :class:`NotSetUp`
-        saying what is missing."""
+        saying what is missing; :class:`ClientError` if the server's events streams are
+        for another partition count than ``[nats] partitions`` (no use waiting)."""
         js = nc.jetstream()
-        for stream in (self.subjects.turns_stream, self.subjects.events_stream):
+        for stream in (self.subjects.turns_stream, *self.subjects.events_streams):
             while True:
                 try:
                     await js.stream_info(stream)
                     break
                 except NotFoundError:
+                    if stream != self.subjects.turns_stream:
+                        await self._same_partitions(js)
                     missing = stream
                     said = (
                         f"NATS at {self.url} has no stream {stream}: loopmesh is not set up "
@@ -189,6 +193,16 @@ class NatsTransport:
                 if time.monotonic() >= deadline:
                     raise NotSetUp(said, url=self.url, missing=missing)
                 await asyncio.sleep(RETRY_EVERY_S)
+        await self._same_partitions(js)
+
+    async def _same_partitions(self, js: JetStreamContext) -> None:
+        """Raise :class:`ClientError` (code ``partitions``) when the server keeps the
+        events in another number of streams: the client would read a session's events
+        where they are not."""
+        try:
+            await self._call("read the events streams", check_partitions(js, self.subjects))
+        except ProvisionError as exc:
+            raise ClientError(str(exc), code="partitions") from exc
 
     async def _call(self, what: str, request: Awaitable[T]) -> T:
         """``request``, within the timeout; NATS not answering is :class:`Unavailable`."""

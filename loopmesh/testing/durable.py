@@ -69,12 +69,13 @@ async def stream_events(
     js = nc.jetstream()
     out: list[tuple[Event, dict[str, str]]] = []
     subject = subjects.session_events(tenant, session)
+    stream = subjects.events_stream_of(tenant, session)  # its partition's
     seq = 0
     while True:
         try:
             msg = await retry(
                 lambda after=seq: js.get_msg(  # type: ignore[misc]
-                    subjects.events_stream, seq=after + 1, subject=subject, next=True
+                    stream, seq=after + 1, subject=subject, next=True
                 ),
                 f"read the events of {tenant}.{session}",
             )
@@ -205,11 +206,15 @@ class Proc:
             await self._reader
 
 
-def worker_env(nats_url: str, llm_url: str, *, replicas: int = 1, **service: Any) -> dict[str, str]:
-    """Settings of a loop-worker process, as environment variables."""
+def worker_env(
+    nats_url: str, llm_url: str, *, replicas: int = 1, partitions: int = 1, **service: Any
+) -> dict[str, str]:
+    """Settings of a loop-worker process, as environment variables (``partitions``:
+    ``[nats] partitions``, which every process of a mesh must share)."""
     env = {
         "LOOPMESH_NATS__URL": nats_url,
         "LOOPMESH_NATS__REPLICAS": str(replicas),
+        "LOOPMESH_NATS__PARTITIONS": str(partitions),
         "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
         "LOOPMESH_LLM__BASE_URL": llm_url,
         "LOOPMESH_LLM__API_KEY": "test",

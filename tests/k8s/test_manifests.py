@@ -23,7 +23,6 @@ from loopmesh.errors import ConfigError
 from loopmesh.settings import NatsSettings, load
 from nats_agents.host import CUT_S
 from nats_agents.service import tenant_of
-from schemas.subjects import Subjects
 
 from .cert_manager import SCHEMAS as CERT_MANAGER
 from .render import (
@@ -341,7 +340,7 @@ def test_deployments_are_hardened(target: str) -> None:
 def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tuple[str, str]:
     """The stream and durable consumer the Deployment's workers pull from, by the code."""
     config = container_config(docs, deployment, tmp_path)
-    subjects = Subjects(config.nats.prefix)
+    subjects = config.nats.subjects
     if service_of(deployment) == "loop-worker":
         return subjects.turns_stream, subjects.turns_consumer
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -179,12 +179,15 @@ class Mesh:
         nc: Client,
         *,
         replicas: int = 1,
+        partitions: int = 1,
         fake: FakeLLM | None = None,
     ) -> None:
         self.url = url
         self.llm_url = llm_url
         self.nc = nc
         self.replicas = replicas  # what the services provision with: 3 on a cluster
+        self.partitions = partitions  # [nats] partitions of every service
+        self.subjects = Subjects(partitions=partitions)
         self.fake = fake  # the fake LLM server at llm_url, when the test scripts it
         self.running: list[Running] = []
 
@@ -199,7 +202,10 @@ class Mesh:
         webhooks = service.pop("webhooks", None)
         llm = {"max_retries": 0, **service.pop("llm_settings", {})}
         config = LoopWorkerConfig(
-            nats=NatsSettings(url=self.url, reconnect_wait_s=0.05, replicas=self.replicas),
+            nats=NatsSettings(
+                url=self.url, reconnect_wait_s=0.05, replicas=self.replicas,
+                partitions=self.partitions,
+            ),
             llm=LLMSettings(
                 base_url=self.llm_url, api_key="test", model="fake-model",
                 backoff_initial_s=0.05, **llm,
@@ -241,8 +247,9 @@ class Mesh:
 
         client = await connect(NatsSettings(url=self.url, reconnect_wait_s=0.05), name="tools")
         worker = ToolWorker(
-            client, Registry(load_module("tests.loop_worker.tools")), pool=pool, ack_wait_s=2.0
-        )
+            client, Registry(load_module("tests.loop_worker.tools")), pool=pool, ack_wait_s=2.0,
+            subjects=self.subjects,
+        )  # fmt: skip
         stop = asyncio.Event()
         running = Running(worker, client, asyncio.create_task(worker.run(stop)))
         running.stop_event = stop
@@ -259,17 +266,24 @@ class Mesh:
 
 @contextlib.asynccontextmanager
 async def mesh_on(
-    url: str, *, replicas: int = 1, provisioned: bool = False, workers: bool = False
+    url: str,
+    *,
+    replicas: int = 1,
+    partitions: int = 1,
+    provisioned: bool = False,
+    workers: bool = False,
 ) -> AsyncIterator[Mesh]:
     """A :class:`Mesh` on the nats-server (or cluster) at ``url``, provisioned with short
     timeouts unless ``provisioned`` already, against a fake LLM answering by ``auto()``
-    (``mesh.fake``); with ``workers``, a tool worker and a loop worker already serve."""
+    (``mesh.fake``); with ``workers``, a tool worker and a loop worker already serve.
+    ``partitions``: ``[nats] partitions`` of the provisioning and of every service."""
     nc = await connect_fast(url)
     try:
         if not provisioned:
-            await provision_short(nc, replicas=replicas)
+            subjects = Subjects(partitions=partitions)
+            await provision_short(nc, replicas=replicas, subjects=subjects)
         async with FakeLLM(default=auto()) as llm:
-            mesh = Mesh(url, llm.base_url, nc, replicas=replicas, fake=llm)
+            mesh = Mesh(url, llm.base_url, nc, replicas=replicas, partitions=partitions, fake=llm)
             try:
                 if workers:
                     await mesh.tool_worker()
@@ -316,9 +330,17 @@ async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int
 class Watch:
     """Every event of one session from now on, in stream order; wait on them."""
 
-    def __init__(self, nc: Client, tenant: str = "acme", session: str = "s1") -> None:
+    def __init__(
+        self,
+        nc: Client,
+        tenant: str = "acme",
+        session: str = "s1",
+        *,
+        subjects: Subjects = SUBJECTS,
+    ) -> None:
         self.events: list[Event] = []
         self._nc, self._tenant, self._session = nc, tenant, session
+        self._subjects = subjects
         self._sub: Any = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -326,7 +348,7 @@ class Watch:
     async def __aenter__(self) -> Watch:
         from loopmesh.client.nats import follow_session
 
-        self._sub = await follow_session(self._nc, SUBJECTS, self._tenant, self._session)
+        self._sub = await follow_session(self._nc, self._subjects, self._tenant, self._session)
         self._task = asyncio.create_task(self._collect())
         return self
 
