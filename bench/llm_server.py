@@ -2,8 +2,8 @@
 to over HTTP, scripted per session, and as cheap per request as a Python server can be: a
 minimal HTTP/1.1 server (keep-alive, ``Content-Length`` bodies) on asyncio's protocols
 and uvloop, with msgspec for the JSON. loopmesh's test fake (``loopmesh.testing.fake_llm``,
-uvicorn + h11 + starlette), which the bench used before, spent about 1 ms of CPU per
-streamed request on an idle core; this one about 0.25 ms (``GET /bench/stats`` says how
+uvicorn + h11 + starlette) spends about 1 ms of CPU per streamed request on an idle core;
+this one about 0.25 ms (``GET /bench/stats`` says how
 much in each run).
 
 A turn's input ends in ``echo N``: the server answers with a call of the offered tool

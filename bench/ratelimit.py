@@ -1,5 +1,5 @@
-"""A fleet against a provider's tokens-per-minute limit, with and without ``[llm.limits]``
-(issue 25): how much of the limit the fleet uses, and how many of its calls are
+"""A fleet against a provider's tokens-per-minute limit, with and without ``[llm.limits]``:
+how much of the limit the fleet uses, and how many of its calls are
 answered 429. The figures in docs/PERFORMANCE.md ("Fleet-wide LLM rate limits").
 
     python -m bench.ratelimit [--tpm 40000] [--window-s 60] [--seconds 120]

@@ -27,9 +27,9 @@ The first two turns warm up and are not counted. Same clock for all (one machine
 the same run, but the SSE clients read from a bare uvicorn + Starlette process
 (``bench/sse_floor.py``) instead of the gateway: one core NATS subscription on the
 session, each event's frame encoded once and written to every client (``raw``), or
-each client's events sent through sse-starlette's ``EventSourceResponse`` (what the
-gateway used before). The floor of the HTTP side on this machine: what no gateway
-change below the HTTP server can beat.
+each client's events sent through sse-starlette's ``EventSourceResponse`` (the cost the
+gateway's pre-encoded frames avoid). The floor of the HTTP side on the machine it runs
+on: what no gateway change below the HTTP server can beat.
 
     python bench/sse.py --events 200 --event-rate 20 [--clients 500]
 

@@ -1,12 +1,13 @@
 """The floor of ``bench/sse.py --floor``: a bare uvicorn + Starlette SSE server, what no
-gateway change below the HTTP server can beat on this machine.
+gateway change below the HTTP server can beat on the machine it runs on.
 
     python bench/sse_floor.py raw|sse-starlette --nats-url nats://... --session watched
 
 serves ``GET /v1/sessions/{session}/events`` from one core NATS subscription on the
 session: each event's frame encoded once and written to every client (``raw``), or each
-client's events sent through sse-starlette's ``EventSourceResponse`` (what the gateway
-used before). It prints ``floor http://127.0.0.1:PORT`` once it listens.
+client's events sent through sse-starlette's ``EventSourceResponse`` (the cost the
+gateway's pre-encoded frames avoid). It prints ``floor http://127.0.0.1:PORT`` once it
+listens.
 """
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ async def kv_entries(
                     break  # the rest lapsed
                 except nats.js.errors.ServiceUnavailableError:
                     # a consumer just made on a replicated stream answers 503 until its
-                    # leader is elected (seen in CI at a loop worker's start on R3)
+                    # leader is elected (a loop worker's start on R3)
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.05)

@@ -6,11 +6,10 @@ when a consumer's leader changes while a call runs:
 
 - a consumer leader that was paused (or cut off) while another was elected delivers,
   when it resumes and before it hears of its successor, what the successor has
-  delivered too (the chaos suite saw one call applied by two workers within a
-  millisecond);
+  delivered too (one call started by two workers within a millisecond);
 - a new leader, elected when the old one was killed, delivers again at once a call the
   old one had just delivered, though its worker is running it (the in-progress acks
-  went to the dead leader): seen on nats-server 2.10, two workers 13 ms apart.
+  went to the dead leader): on nats-server 2.10, two workers some milliseconds apart.
 
 The effect record cannot tell them apart, since neither has finished. So on a
 replicated effects bucket, before a call runs, its delivery claims it: the key
