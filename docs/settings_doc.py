@@ -166,7 +166,7 @@ def sections() -> list[Section]:
             if section is None:
                 section = top[f.encode_name] = _section(header, struct, variable)
             elif struct is not section.struct:
-                section = _merge(section, struct)
+                _check_partial(section, struct)
             partial = None if struct is section.struct else _names(struct)
             for command in commands:
                 section.readers.setdefault(command, partial)
@@ -178,7 +178,7 @@ def _table_of(name: str, type_: Any) -> tuple[type[msgspec.Struct] | None, str, 
     info = _unwrap(mi.type_info(type_))
     match info:
         case mi.StructType(cls=cls):
-            return cls, f"[{name}]", env_var(name, "")[:-2]
+            return cls, f"[{name}]", env_var(name, "").removesuffix("__")
         case mi.DictType(value_type=mi.StructType(cls=cls)):
             return cls, f'[{name}."<{_singular(name)}>"]', None
         case mi.VarTupleType(item_type=mi.StructType(cls=cls)):
@@ -209,9 +209,9 @@ def _section(
     return section
 
 
-def _merge(section: Section, struct: type[msgspec.Struct]) -> Section:
-    """``section`` where another command reads ``struct`` for the same table: a partial
-    view (the gateway's ``[loop]``), whose fields must be the full table's."""
+def _check_partial(section: Section, struct: type[msgspec.Struct]) -> None:
+    """Another command reads ``struct`` for ``section``'s table: a partial view (the
+    gateway's ``[loop]``), whose fields must be the full table's, with its defaults."""
     full = {f.encode_name: f for f in fields_of(section.struct)}
     for f in fields_of(struct):
         if f.encode_name not in full or full[f.encode_name].default != f.default:
@@ -219,7 +219,6 @@ def _merge(section: Section, struct: type[msgspec.Struct]) -> Section:
                 f"{struct.__name__}.{f.encode_name} is not a field of {section.header} "
                 f"({section.struct.__name__}) with the same default"
             )
-    return section
 
 
 def _names(struct: type[msgspec.Struct]) -> tuple[str, ...]:
