@@ -226,13 +226,16 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     approval_timeout_s: Positive = 300.0
     #: The same error of the same tool this many times ends the turn, ``circuit_open``.
     circuit_breaker_threshold: Annotated[int, msgspec.Meta(ge=1)] = 3
-    #: An empty reply is asked again this often, then the model is asked for a summary.
+    #: An empty reply is asked for again this often; then the model is asked for its
+    #: final answer without tools (``loop_end`` reason ``forced_summary``).
     empty_response_retries: Count = 2
-    #: Replies that stop midway (they say what they will do next) are sent back this often.
+    #: A reply that looks unfinished is sent back with a nudge to go on, at most this often.
     max_continuation_nudges: Count = 3
-    #: Replies that deflect the task to the user are sent back this often.
+    #: A reply that says it cannot do the task is sent back with a nudge to try the
+    #: tools, at most this often.
     max_deflection_nudges: Count = 3
-    #: Replies without tool calls are sent back this often; then such a reply is the answer.
+    #: A reply without tool calls is sent back with a reminder to call one, at most this
+    #: often; then such a reply is the answer.
     max_no_tool_reminders: Count = 2
     #: Replies, thinking and messages are stored (and sent in events) cut to this.
     message_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 24_000
