@@ -123,7 +123,8 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     #: The endpoint's base URL, ``.../v1`` (unset: the openai client's default, or
     #: ``OPENAI_BASE_URL``).
     base_url: str | None = None
-    #: The endpoint's API key (unset: ``OPENAI_API_KEY``).
+    #: The endpoint's API key (unset: the placeholder ``not-needed`` is sent, for an
+    #: endpoint that takes none).
     api_key: str | None = None
     #: The model of a turn that names none (and whose agent names none).
     model: str = "gpt-4o-mini"
