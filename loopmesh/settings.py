@@ -141,8 +141,8 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     buffer_check_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
     #: A claimed run not yet said to be published is published again after this long.
     republish_after_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
-    #: ... for at most this long after its claim (under the turns stream's 120 s
-    #: duplicate window).
+    #: A claimed run is published again only within this long of its claim (under the
+    #: turns stream's 120 s duplicate window, which drops a second copy).
     republish_within_s: Annotated[float, msgspec.Meta(gt=0, le=110)] = 60.0
     #: The most schedules a tenant may have (0: no limit).
     max_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 100

@@ -57,8 +57,7 @@ class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     modules: tuple[str, ...] = ()
     #: Installed packages' ``loopmesh.tools`` entry points to serve, by name (``["*"]``: all).
     entry_points: tuple[str, ...] = ()
-    #: The built-in tools to serve, as ``local.<name>``: ``calculator``, ``current_time``,
-    #: ``http_fetch``.
+    #: The built-in tools to serve, by name (each is ``local.<name>``).
     builtins: tuple[str, ...] = BUILTINS
     #: Serve ``local.fs_list``, ``local.fs_read`` and ``local.fs_write`` confined to this
     #: directory (unset: no file tools).
