@@ -34,41 +34,71 @@ LOCAL_TENANT = "local"
 
 
 class ApiKey(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    sha256: Sha256Hex  # lowercase hex of the key's SHA-256; the key itself is never stored
+    """One API key the gateway accepts (``python -m gateway.keys`` makes one)."""
+
+    #: Lowercase hex of the key's SHA-256; the key itself is never stored.
+    sha256: Sha256Hex
+    #: The tenant whose requests the key makes.
     tenant: TenantId
-    name: str = ""  # for logs and metrics
+    #: The key's name, for logs and metrics.
+    name: str = ""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[gateway]``: the HTTP API (docs/GATEWAY.md), its keys and its limits."""
+
+    #: The address the gateway listens on.
     host: str = "127.0.0.1"
+    #: The port the gateway listens on (0: any free one).
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    #: The keys accepted, as ``{ sha256 = "...", tenant = "...", name = "..." }``.
     api_keys: tuple[ApiKey, ...] = ()
+    #: No keys: every request is tenant ``local`` (announced in the log); on a loopback
+    #: host only, unless ``no_auth_any_host``.
     no_auth: bool = False
+    #: Allow ``no_auth`` on a host that is not loopback (a second, explicit switch).
     no_auth_any_host: bool = False
+    #: A longer request body is refused (413).
     max_body_bytes: AtLeastOne = 256 * 1024
+    #: A turn's ``input`` (and an A2A message's text) of more characters is refused.
     max_input_chars: AtLeastOne = 100_000
+    #: A turn's ``instructions`` of more characters are refused.
     max_instructions_chars: AtLeastOne = 20_000
+    #: A cancel's, pause's or approval's ``reason`` of more characters is refused.
     max_reason_chars: AtLeastOne = 1_000
+    #: A turn's ``tools`` list of more names is refused.
     max_tools: AtLeastOne = 256
-    max_iterations: AtLeastOne = 200  # the most a turn may ask for
-    rate_per_s: Positive = 20.0  # requests per second per key, sustained
-    rate_burst: AtLeastOne = 40  # and in a burst
-    max_streams_per_key: AtLeastOne = 16  # open SSE streams per key
-    stream_buffer: AtLeastOne = 1_000  # events held for one SSE client before it is cut
-    keepalive_s: Positive = 15.0  # a comment on an idle SSE stream this often
-    send_timeout_s: Positive = 30.0  # a client that takes longer to read one event is cut
-    latest_max: AtLeastOne = 500  # /v1/events/latest?limit= at most
-    nats_timeout_s: Positive = 5.0  # for publish acks and KV reads
-    mcp_timeout_s: Positive = 900.0  # an MCP tool call waits this long for its turn's end
-    # A2A (docs/AGENTS.md): the base URL the agent cards advertise (default: the URL the
-    # card was asked at), webhook hosts that may be private (the format of
-    # [tool_worker] http_allowlist), how long a push may take, how long a cancel waits
-    # for the turn to end, and after how long a task whose gateway went away is
-    # written back from its turn's events (a read folds them in before that).
+    #: The most ``max_iterations`` a turn may ask for.
+    max_iterations: AtLeastOne = 200
+    #: Requests per second per key, sustained; past it, 429.
+    rate_per_s: Positive = 20.0
+    #: Requests per key in a burst.
+    rate_burst: AtLeastOne = 40
+    #: Open SSE streams per key.
+    max_streams_per_key: AtLeastOne = 16
+    #: Events held for one SSE client; a client that falls further behind is cut.
+    stream_buffer: AtLeastOne = 1_000
+    #: An idle SSE stream gets a comment this often.
+    keepalive_s: Positive = 15.0
+    #: A client that takes longer to read one event is cut.
+    send_timeout_s: Positive = 30.0
+    #: The most events ``GET /v1/events/latest?limit=`` returns.
+    latest_max: AtLeastOne = 500
+    #: The limit on a publish's acknowledgement and on a KV read.
+    nats_timeout_s: Positive = 5.0
+    #: An MCP tool call (``/mcp``) waits this long for its turn's end.
+    mcp_timeout_s: Positive = 900.0
+    #: The base URL A2A agent cards advertise (unset: the URL the card was asked at).
     public_url: PublicUrl | None = None
+    #: A2A push-notification hosts that may be private (the format of
+    #: ``[tool_worker] http_allowlist``).
     push_allowlist: tuple[str, ...] = ()
+    #: One A2A push notification's limit.
     push_timeout_s: Positive = 10.0
+    #: An A2A cancel waits this long for the turn to end.
     a2a_cancel_wait_s: Positive = 10.0
+    #: An A2A task whose gateway went away is written back from its turn's events
+    #: after this long (a read folds them in before that).
     a2a_repair_after_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
 
 
@@ -80,6 +110,7 @@ class LoopDefaults(msgspec.Struct, frozen=True, kw_only=True):
     workers read the rest): the default of a turn's ``on_busy``, so that a turn the
     workers would refuse for a busy session is answered 409 at once."""
 
+    #: As ``[loop] on_busy``: ``reject`` answers a turn for a busy session 409 at once.
     on_busy: OnBusy = "enqueue"
 
 

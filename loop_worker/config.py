@@ -32,27 +32,50 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    name: str = ""  # the worker's name in events and leases (default: host-pid)
+    """``[loop_worker]``: one loop worker process: its capacity, its timers, its metrics."""
+
+    #: The worker's name in events and leases (empty: ``host-pid``).
+    name: str = ""
+    #: Turns one process runs at once.
     max_active_turns: AtLeastOne = 256
-    max_waiting_turns: Count = 256  # held while an earlier turn of their session runs
+    #: Turns held besides, waiting while an earlier turn of their session runs.
+    max_waiting_turns: Count = 256
+    #: Turns of one tenant one process runs at once (0: no limit).
     tenant_max_active: Count = 0
+    #: The turns consumer's AckWait: a turn unacked this long goes to another worker; a
+    #: running turn is kept with in-progress acks every third of it.
     ack_wait_s: Positive = 30.0
+    #: A session's lease outlives its worker by this long: then another worker may take
+    #: the session of a worker that died.
     lease_ttl_s: Positive = 30.0
-    order_wait_s: Positive = 30.0  # a worker full of waiting turns hands back the oldest
-    max_deliveries: AtLeastOne = 10  # the consumer's max_deliver: then it is dead-lettered
+    #: A worker full of waiting turns hands back a turn that waited this long for an
+    #: earlier turn of its session running elsewhere.
+    order_wait_s: Positive = 30.0
+    #: Deliveries of a turn (the consumer's ``max_deliver``); then it is dead-lettered.
+    max_deliveries: AtLeastOne = 10
+    #: One pull for turns waits this long on the server before the next.
     fetch_timeout_s: Positive = 1.0
+    #: At SIGTERM, turns in flight get this long to finish; the rest are handed back.
     drain_timeout_s: Positive = 20.0
-    catalog_refresh_s: Positive = 5.0  # unused: the catalog is watched, not re-read
-    catalog_load_timeout_s: Positive = 10.0  # a turn waits this long for the first load
-    # a tenant's spend today is read from the usage ledger at most this often (the
-    # daily budgets, [loop.budget]); 0: before every LLM call
+    #: Unused: the catalog is watched, not re-read.
+    catalog_refresh_s: Positive = 5.0
+    #: A turn waits this long for the tool catalog's first load.
+    catalog_load_timeout_s: Positive = 10.0
+    #: A tenant's spend today is read from the usage ledger at most this often (the
+    #: daily budgets, ``[loop.budget]``; 0: before every LLM call).
     usage_read_every_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    #: Added to a tool's timeout while the worker waits for its reply (the tool
+    #: worker reports its own timeouts first).
     tool_grace_s: Positive = 5.0
-    # the rate-limit leader ([llm.limits]) is replaced after its key went this long
-    # without renewal; it renews every third of this, at most every second
+    #: The rate-limit leader (``[llm.limits]``) is replaced after its key went this long
+    #: without renewal; it renews every third of this, at most every second.
     limiter_ttl_s: Positive = 6.0
+    #: Where ``/metrics`` and ``/healthz`` listen (``0.0.0.0`` in a pod).
     metrics_host: str = "127.0.0.1"
+    #: The port of ``/metrics`` and ``/healthz`` (``--metrics-port``; unset: none).
     metrics_port: Port | None = None
+    #: Create missing streams, consumers and buckets at start, and write ``[[agents]]``
+    #: to the agents bucket (``--no-provision`` turns it off).
     provision: bool = True
 
 

@@ -32,8 +32,9 @@ log = logging.getLogger("loopmesh.agents")
 
 
 class AgentSettings(AgentSpec, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One ``[[agents]]`` table: an :class:`~schemas.agents.AgentSpec`, with a misspelt
-    field refused rather than ignored (its webhook's too)."""
+    """One ``[[agents]]`` table: a named agent (docs/AGENTS.md), the fields of
+    :class:`~schemas.agents.AgentSpec`, a misspelt one refused rather than ignored (its
+    webhook's too). A field left unset is the deployment's ``[loop]`` or ``[llm]`` one."""
 
     webhook: WebhookRequest | None = None
 

@@ -75,10 +75,17 @@ _DECODER = msgspec.json.Decoder(AnyEvent)
 
 
 class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[exporter]``: ``loopmesh exporter``, the events as Prometheus metrics."""
+
+    #: Where ``/metrics`` and ``/healthz`` listen (``0.0.0.0`` in a pod).
     metrics_host: str = "127.0.0.1"
+    #: The port of ``/metrics`` and ``/healthz`` (``--metrics-port``).
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 9466
+    #: The durable consumer it reads the events with, on each events stream.
     durable: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "metrics-exporter"
+    #: Events fetched (and acked) at once.
     batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
+    #: The tool pools' backlog is read this often.
     backlog_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 

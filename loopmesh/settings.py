@@ -45,28 +45,45 @@ Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]  # 0: any free port
 
 
 class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    url: str | None = None  # None: start an embedded server where a command supports it
+    """``[nats]``: the NATS server every service and client connects to, and the size of
+    what provisioning creates there."""
+
+    #: The server, or several of one cluster comma-separated (``nats://`` or ``tls://``;
+    #: unset: ``nats://127.0.0.1:4222``, and ``loopmesh up`` starts an embedded server).
+    url: str | None = None
+    #: The subjects, streams and buckets of this deployment live under it.
     prefix: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "loopmesh"
+    #: The connection's name as the server shows it, where a command does not name its own.
     name: str = "loopmesh"
+    #: One connection attempt's limit.
     connect_timeout_s: Positive = 5.0
+    #: The wait before reconnecting to a server, scaled by a random factor from 0.5 to 1.5.
     reconnect_wait_s: Positive = 0.5
+    #: A NATS credentials file (JWT and NKey seed) to connect with.
     creds_file: str | None = None
-    # TLS with a private CA, PEM files (docs/ARCHITECTURE.md, "NATS over TLS"): the CA
-    # that signed the server's certificate (unset: the system's CAs), and this client's
-    # certificate and key where the server verifies clients (mutual TLS), always both.
-    # Any of them, or a tls:// URL, means TLS or no connection: never plaintext.
+    #: TLS with a private CA, PEM files (docs/ARCHITECTURE.md, "NATS over TLS"): the CA
+    #: that signed the server's certificate (unset: the system's CAs). Any ``tls_*``
+    #: file, or a ``tls://`` URL, means TLS or no connection: never plaintext.
     tls_ca_file: str | None = None
+    #: This client's certificate, where the server verifies clients (mutual TLS);
+    #: with ``tls_key_file``, always both.
     tls_cert_file: str | None = None
+    #: The key of ``tls_cert_file``.
     tls_key_file: str | None = None
-    store_dir: str = ".loopmesh/nats"  # the embedded server's JetStream store
-    events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600  # 0: forever
+    #: The JetStream store of the server ``loopmesh up`` starts (``--store-dir``).
+    store_dir: str = ".loopmesh/nats"
+    #: Events older than this leave the events stream (0: kept until ``events_max_bytes``).
+    events_max_age_s: Annotated[float, msgspec.Meta(ge=0)] = 7 * 24 * 3600
+    #: Copies of each stream and bucket (3 on a 3-node cluster): provisioning creates
+    #: them so and waits for that many servers (docs/ARCHITECTURE.md, "Sizing").
     replicas: Annotated[int, msgspec.Meta(ge=1, le=5)] = 1
-    # Bounded storage (see docs/ARCHITECTURE.md, "Sizing"): past events_max_bytes the
-    # oldest events go; a session untouched for sessions_ttl_s loses its snapshot (0: never).
+    #: The bytes all events streams hold together (each partition a share): past it the
+    #: oldest events go.
     events_max_bytes: Annotated[int, msgspec.Meta(ge=2**20, le=2**40)] = 4 * 2**30
+    #: A session untouched this long loses its snapshot (0: never).
     sessions_ttl_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 24 * 3600)] = 30 * 24 * 3600
-    # The events streams to split the events over (docs/ARCHITECTURE.md, "Partitions"):
-    # every service of a deployment must say the same; they check it against the server.
+    #: The events streams the events are split over (docs/ARCHITECTURE.md, "Partitions"):
+    #: every service of a deployment must say the same; they check it against the server.
     partitions: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTITIONS)] = 1
 
     @property
@@ -93,7 +110,9 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """What a model's tokens cost per million, in the budgets' unit (``[prices."<model>"]``:
     ``input`` for prompt tokens, ``output`` for completion tokens)."""
 
+    #: The cost of a million prompt tokens.
     input: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    #: The cost of a million completion tokens.
     output: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
     def of(self, prompt_tokens: int, completion_tokens: int) -> float:
@@ -113,18 +132,28 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     schedules add`` alike, each reading it from its own configuration. Two creates at
     the same moment may both pass the count, so a tenant can end a few over."""
 
+    #: Run the scheduler in this process (off: this service fires no schedule).
     enabled: bool = True
+    #: Every schedule is read again this often, behind the changes pushed at once.
     reload_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    #: A schedule with a run held back (policy ``buffer_one``) checks this often whether
+    #: the run before it has ended.
     buffer_check_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
+    #: A claimed run not yet said to be published is published again after this long.
     republish_after_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    #: A claimed run is published again only within this long of its claim (under the
+    #: turns stream's 120 s duplicate window, which drops a second copy).
     republish_within_s: Annotated[float, msgspec.Meta(gt=0, le=110)] = 60.0
+    #: The most schedules a tenant may have (0: no limit).
     max_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 100
 
 
 class RuntimeSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How every command runs: ``[runtime]``, read before the command starts."""
 
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"  # uvloop where installed
+    #: The asyncio event loop: ``uvloop`` where installed (else the standard one), or
+    #: ``asyncio``, the standard one.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
 
 class RuntimeConfig(msgspec.Struct, frozen=True, kw_only=True):

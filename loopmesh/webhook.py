@@ -51,23 +51,28 @@ class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     #: The secret that signs every tenant's deliveries, unless ``tenant_secrets`` has
     #: the tenant's own (``whsec_...``; set it from the environment, not a file in git).
     secret: str | None = None
+    #: A tenant's own secret (``whsec_...``), by tenant, in place of ``secret``.
     tenant_secrets: dict[str, str] = {}
     #: Tries of one event's delivery before it is dead-lettered.
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
     #: Wait before the second try; it doubles each try, up to ``backoff_max_s``.
     backoff_s: Positive = 5.0
+    #: The longest wait between two tries.
     backoff_max_s: Positive = 3600.0
     #: One try's limit, from connecting to the receiver's status line.
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
-    #: Deliveries in flight at once, and to one receiver (scheme, host and port) at once.
+    #: Deliveries in flight at once.
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+    #: Deliveries in flight at once to one receiver (scheme, host and port).
     per_receiver: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 4
     #: Events held at once, waiting for their receiver or in flight (the consumer lets
     #: 20,000 be unacked); past it the service reads no more until some are settled.
     max_held: Annotated[int, msgspec.Meta(ge=1, le=20_000)] = 10_000
     #: At a stop, how long deliveries in flight get to finish.
     drain_timeout_s: Positive = 15.0
+    #: Where the webhooks service's ``/metrics`` and ``/healthz`` listen.
     metrics_host: str = "127.0.0.1"
+    #: The port of the webhooks service's ``/metrics`` and ``/healthz`` (unset: none).
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
 
     def __post_init__(self) -> None:
@@ -88,10 +93,12 @@ class WebhookSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class WebhookRequest(Webhook, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A webhook as a person writes one (a posted turn, an ``[[agents]]`` table): a
-    misspelt field is refused rather than ignored. :meth:`plain` is the wire's."""
+    """A webhook as a person writes one (a posted turn, an ``[[agents]]`` table's
+    ``webhook``): where the turn's events are POSTed, and which of them; a misspelt field
+    is refused rather than ignored."""
 
     def plain(self) -> Webhook:
+        """The webhook as the wire carries it."""
         return Webhook(url=self.url, events=self.events)
 
 

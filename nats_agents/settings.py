@@ -37,16 +37,25 @@ TenantId = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)]
 
 
 class NatsAgentsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[nats_agents]``: ``loopmesh nats-agents``, the agents on the NATS Agent Protocol
+    (docs/AGENTS.md)."""
+
     #: The tenant every protocol prompt's turn runs in (its sessions, budgets, usage);
     #: also the ``owner`` token of the agents' subjects. Unset: the host does not start.
     tenant: TenantId | None = None
+    #: Prompts one agent serves at once, in one process.
     max_concurrent_prompts: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+    #: A longer prompt is refused (400).
     max_input_chars: AtLeastOne = 100_000
+    #: A prompt whose turn has not ended by then gets an error (the turn goes on).
     turn_timeout_s: Positive = 600.0
+    #: The protocol's heartbeat of each agent, in seconds.
     heartbeat_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 30
+    #: At a stop, prompts in flight get this long to end.
     drain_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
-    #: ``/metrics`` and ``/healthz`` (``--metrics-port``); unset: none.
+    #: Where ``/metrics`` and ``/healthz`` listen (``0.0.0.0`` in a pod).
     metrics_host: str = "127.0.0.1"
+    #: The port of ``/metrics`` and ``/healthz`` (``--metrics-port``; unset: none).
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
 
 

@@ -48,6 +48,7 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     (what provisioning writes leaves it 0), and a turn's ``loop_start`` records it.
     """
 
+    #: The agent's name (``default`` is the deployment's ``[loop]`` unless defined here).
     name: Token
     #: What the agent does, for agent cards and tool lists.
     description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_CHARS)] = ""
@@ -65,18 +66,26 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     approval_tools: Annotated[tuple[ToolRef, ...], msgspec.Meta(max_length=MAX_NAMES)] = ()
     #: ``loop`` or ``orchestrator``, and the orchestrator's models (see ``[loop]``).
     mode: LoopMode | None = None
+    #: The orchestrator's planner, instead of ``[loop] planner_model``.
     planner_model: ModelName | None = None
+    #: The orchestrator's executor, instead of ``[loop] executor_model``.
     executor_model: ModelName | None = None
     #: Limits of its turns (see ``[loop]``); a turn's own limits win.
     max_iterations: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: Wall-clock seconds per turn, instead of ``[loop] deadline_s``.
     deadline_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    #: Tool calls per turn, instead of ``[loop] max_tool_calls``.
     max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: Calls of one iteration run at once, instead of ``[loop] max_parallel_tools``.
     max_parallel_tools: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: ``continue`` or ``fail``, instead of ``[loop] tool_failure``.
     tool_failure: ToolFailureMode | None = None
     #: The agents it may call (by name): each must be defined.
     agents: Annotated[tuple[Token, ...], msgspec.Meta(max_length=MAX_NAMES)] = ()
     #: Where its turns' events are POSTed when a turn names no webhook of its own.
     webhook: Webhook | None = None
+    #: The agents bucket's revision of the definition: set by the bucket, refused in
+    #: configuration.
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 

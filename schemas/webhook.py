@@ -50,6 +50,8 @@ class Webhook(msgspec.Struct, frozen=True, kw_only=True):
     """Where to POST a turn's events: ``url``, and the event ``events`` types to send.
     Unknown fields are ignored, as everywhere on the wire (a newer writer's)."""
 
+    #: Where the events are POSTed: ``https://``, or ``http://`` where ``[webhooks]
+    #: allow_http`` is set; a private host only where ``[webhooks] allowlist`` names it.
     url: Annotated[
         str,
         msgspec.Meta(
@@ -59,6 +61,7 @@ class Webhook(msgspec.Struct, frozen=True, kw_only=True):
             description="an https:// URL (http:// where [webhooks] allow_http is set)",
         ),
     ]
+    #: The types of the turn's events to send.
     events: Annotated[tuple[WebhookEvent, ...], msgspec.Meta(min_length=1, max_length=16)] = (
         "loop_end",
     )

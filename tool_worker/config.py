@@ -37,26 +37,57 @@ from .mcp import McpServerSettings
 
 
 class ToolWorkerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[tool_worker]``: the tools a deployment serves, and one worker's pool of them."""
+
+    #: The pool this worker serves: it runs the calls of the tools assigned to it.
     pool: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "default"
+    #: Tool calls one worker runs at once; the rest wait in the pool's stream.
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 64
-    pinned: bool = False  # catalog entries outlive the workers: the pool may scale to zero
-    ack_wait_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0  # in-progress acks every third
+    #: The catalog's entries of this pool never lapse, so loop workers keep offering its
+    #: tools while no worker runs (KEDA scales the pool to zero; a call wakes one).
+    pinned: bool = False
+    #: The pool consumer's AckWait: a call unacked this long goes to another worker; a
+    #: running call is kept with in-progress acks every third of it.
+    ack_wait_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0
+    #: How long one pull request for calls waits on the server before it is renewed.
     pull_expires_s: Annotated[float, msgspec.Meta(ge=0.1)] = 15.0
+    #: At a stop, calls in flight get this long to finish.
     drain_timeout_s: Positive = 20.0
+    #: Python modules whose tools to serve, by import path (``myproject.tools``).
     modules: tuple[str, ...] = ()
-    entry_points: tuple[str, ...] = ()  # "loopmesh.tools" entry points by name, or ["*"]
+    #: Installed packages' ``loopmesh.tools`` entry points to serve, by name (``["*"]``: all).
+    entry_points: tuple[str, ...] = ()
+    #: The built-in tools to serve, by name (each is ``local.<name>``).
     builtins: tuple[str, ...] = BUILTINS
+    #: Serve ``local.fs_list``, ``local.fs_read`` and ``local.fs_write`` confined to this
+    #: directory (unset: no file tools).
     fs_root: str | None = None
+    #: The most bytes ``local.fs_read`` returns of a file.
     fs_max_bytes: AtLeastOne = 1_000_000
+    #: Hosts, addresses or networks ``local.http_fetch`` may reach even when private
+    #: (``*.example.com`` allows public subdomains only); it reaches public ones anyway.
     http_allowlist: tuple[str, ...] = ()
+    #: The most bytes ``local.http_fetch`` reads of a response.
     http_max_bytes: AtLeastOne = 1_000_000
+    #: ``local.http_fetch``'s limit on one request.
     http_timeout_s: Positive = 10.0
+    #: The pool of local tools, by ``server.tool`` or ``server`` (unnamed: ``default``).
     assign: dict[str, str] = {}
+    #: The MCP servers whose tools this deployment serves (each run by its pool's workers).
     mcp_servers: tuple[McpServerSettings, ...] = ()
+    #: At start, the worker waits this long for its MCP servers, then serves without
+    #: those not ready.
     mcp_start_timeout_s: Positive = 30.0
+    #: A ``tool_result`` event this worker publishes holds at most this many characters
+    #: of the result (the result the loop gets is not cut by it).
     event_max_chars: Annotated[int, msgspec.Meta(ge=100)] = 32_768
+    #: Wait for JetStream's acknowledgement of each call event this worker publishes
+    #: (the loop worker publishes the same event, so by default it is not awaited).
     confirm_events: bool = False
-    metrics_host: str = "127.0.0.1"  # "0.0.0.0" in a pod, for probes and Prometheus
+    #: Where ``/metrics`` and ``/healthz`` listen (``0.0.0.0`` in a pod, for probes and
+    #: Prometheus).
+    metrics_host: str = "127.0.0.1"
+    #: The port of ``/metrics`` and ``/healthz`` (unset: none).
     metrics_port: Port | None = None
 
     def pool_of(self, server: str, tool: str) -> str:

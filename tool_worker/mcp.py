@@ -57,21 +57,39 @@ CLIENT_INFO = types.Implementation(name="loopmesh-tool-worker", version="0.1.0")
 class McpServerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One MCP server: ``command`` (stdio) or ``url`` (streamable HTTP)."""
 
+    #: The server's name: its tools are ``<name>.<tool>`` in the catalog and on subjects.
     name: str
+    #: The program to start, speaking MCP over stdio (give this or ``url``).
     command: str | None = None
+    #: The program's arguments.
     args: tuple[str, ...] = ()
+    #: Environment variables of the program (unset: the worker's own).
     env: dict[str, str] = {}
+    #: The program's working directory (unset: the worker's).
     cwd: str | None = None
+    #: A streamable HTTP MCP endpoint (give this or ``command``).
     url: str | None = None
+    #: HTTP headers of every request to ``url`` (an ``Authorization``, say).
     headers: dict[str, str] = {}
+    #: The tool pool whose workers run this server and serve its tools.
     pool: str = "default"
+    #: Each of its tools' timeout: a call still running after it ends ``tool_timeout``.
     timeout_s: Positive = 30.0
+    #: Every call of its tools waits for a person's approval first.
     needs_approval: bool = False
+    #: Starting (or connecting), initializing and listing its tools must take less;
+    #: else the session is restarted.
     start_timeout_s: Positive = 20.0
+    #: A ping this often; a ping that fails restarts the session.
     ping_interval_s: Positive = 10.0
+    #: Failures in a row of one tool that open its circuit breaker (calls then fail
+    #: fast with ``circuit_open``).
     failure_threshold: AtLeastOne = 5
+    #: An open breaker's wait before one trial call decides whether it closes.
     cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    #: The first wait before a session that died is started again; it doubles each time.
     backoff_initial_s: Positive = 0.25
+    #: The longest wait between restarts.
     backoff_max_s: Positive = 30.0
 
     def __post_init__(self) -> None:

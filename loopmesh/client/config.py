@@ -21,8 +21,13 @@ from schemas.ids import TOKEN_PATTERN
 
 
 class ClientSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[client]``: where the client and the commands people type send turns."""
+
+    #: The gateway's URL (unset: straight to NATS, ``[nats] url``).
     gateway: Annotated[str, msgspec.Meta(pattern=r"^https?://")] | None = None
+    #: The gateway's API key (better in ``LOOPMESH_CLIENT__API_KEY`` than in a file).
     api_key: str | None = None
+    #: The tenant, over NATS only: through a gateway the key decides.
     tenant: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN)] = "local"
 
 
