@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from nats.aio.msg import Msg
 
 from loopmesh.testing.durable import ROOT, START_S, connect_fast, stream_events, wait_for
 from loopmesh.testing.fake_llm import FakeLLM
@@ -93,7 +94,7 @@ class Typed:
         assert self.proc is not None and self.proc.stdout is not None
         async for raw in self.proc.stdout:
             async with self._changed:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self.lines.append(raw.decode(errors="replace").rstrip("\r\n"))
                 self._changed.notify_all()
         async with self._changed:
             self._changed.notify_all()
@@ -162,8 +163,11 @@ class Newcomer:
         self.posted = ""  # the turn POSTed over HTTP
         self.background: list[Typed] = []
 
+    def words(self, line: str) -> list[str]:
+        """A README command as typed here: its words, 8080 made the gateway's port."""
+        return [GATEWAY.sub(self.gateway, w) for w in words(line)]
+
     def typed(self, argv: list[str], *, cwd: Path | None = None) -> Typed:
-        argv = [GATEWAY.sub(self.gateway, w) if self.gateway else w for w in argv]
         # the examples are in the checkout; the rest is typed in the project folder
         where = cwd or (ROOT if argv[:2] and argv[1].startswith("examples/") else self.project)
         return Typed(argv, where, self.env)
@@ -216,7 +220,7 @@ async def test_a_newcomer_types_the_readme_tour_and_every_command_does_what_it_s
                         await the_python_client(me, text, nats_url)
                     continue
                 for line in commands(text):
-                    await tour_step(me, words(line), line, nats_url)
+                    await tour_step(me, me.words(line), line, nats_url)
             await pause_and_resume(me, nats_url)
             await every_command_of_the_table_exists(me)
         finally:
@@ -339,8 +343,12 @@ async def a_pool_of_its_own(
     nc = await connect_fast(nats_url)
     puts: list[ToolSpec] = []
     subject = f"$KV.{Subjects().catalog_bucket}.{catalog_key('local', 'word_count')}"
-    sub = await nc.subscribe(subject, cb=lambda msg: puts.append(decode(msg.data, ToolSpec)))
+
+    async def put(msg: Msg) -> None:
+        puts.append(decode(msg.data, ToolSpec))
+
     try:
+        sub = await nc.subscribe(subject, cb=put)
         await nc.flush()
         worker = await me.typed(argv).start()
         me.background.append(worker)
@@ -348,8 +356,8 @@ async def a_pool_of_its_own(
         served = next(x for x in worker.lines if f"serving pool={pool}" in x)
         assert "tools=0" not in served, f"{module} served no tools in pool {pool}:\n{served}"
         await wait_for(lambda: any(s.pool == pool for s in puts), what=f"{pool} in the catalog")
-    finally:
         await sub.unsubscribe()
+    finally:
         await nc.close()
 
 
