@@ -167,9 +167,9 @@ class Newcomer:
         """A README command as typed here: its words, 8080 made the gateway's port."""
         return [GATEWAY.sub(self.gateway, w) for w in words(line)]
 
-    def typed(self, argv: list[str], *, cwd: Path | None = None) -> Typed:
+    def typed(self, argv: list[str]) -> Typed:
         # the examples are in the checkout; the rest is typed in the project folder
-        where = cwd or (ROOT if argv[:2] and argv[1].startswith("examples/") else self.project)
+        where = ROOT if argv[1:2] and argv[1].startswith("examples/") else self.project
         return Typed(argv, where, self.env)
 
     async def run(self, argv: list[str]) -> tuple[int, str]:
