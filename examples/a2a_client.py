@@ -1,8 +1,8 @@
 """Talk to a loopmesh agent over A2A with the official ``a2a-sdk`` client: resolve its
 card, send a message, print the answer as it streams, and the task's end.
 
-    python examples/a2a_client.py --url http://127.0.0.1:8080/a2a/calc --key "$KEY" \
-        "What is 17 * 23?"
+    python examples/a2a_client.py --url http://127.0.0.1:8080/a2a/default "What is 17 * 23?"
+    python examples/a2a_client.py --url https://gw/a2a/calc --key "$KEY" "What is 17 * 23?"
 
 ``--url`` is the agent's A2A URL (its card is at ``<url>/.well-known/agent-card.json``;
 the gateway's root serves the ``default`` agent's); ``--key`` a gateway API key (left

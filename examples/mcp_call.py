@@ -1,8 +1,8 @@
 """Call a loopmesh agent as an MCP tool, with the ``mcp`` SDK's client (docs/AGENTS.md).
 
     .venv/bin/python examples/mcp_call.py                      # list the agents (tools)
-    .venv/bin/python examples/mcp_call.py calc "What is 17 * 23?"
-    .venv/bin/python examples/mcp_call.py calc "And halve it" --session <session printed>
+    .venv/bin/python examples/mcp_call.py default "What is 17 * 23?"
+    .venv/bin/python examples/mcp_call.py default "And halve it" --session <session printed>
     LOOPMESH_API_KEY=... .venv/bin/python examples/mcp_call.py --url https://gw/mcp calc "..."
 
 Each progress notification (the turn's iterations and tool calls) is printed as it

@@ -2,11 +2,13 @@
 client (``pip install synadia-ai-agents``; loopmesh's dev extra has it).
 
     .venv/bin/python examples/nats_agent.py                         # the agents
-    .venv/bin/python examples/nats_agent.py calc "What is 17 * 23?"
-    .venv/bin/python examples/nats_agent.py --session c1 calc "And 391 / 17?"
+    .venv/bin/python examples/nats_agent.py default "What is 17 * 23?"
+    .venv/bin/python examples/nats_agent.py --session c1 default "And 391 / 17?"
 
-Runs against ``loopmesh up`` (its agents are served in tenant ``local``) or any mesh
-where ``loopmesh nats-agents`` runs. The answer is printed as it streams; a turn that
+Runs against ``loopmesh up`` (its agents are served in tenant ``local``; ``default`` is
+always one, ``[[agents]]`` adds more) or any mesh where ``loopmesh nats-agents`` runs.
+``--url`` defaults to ``$LOOPMESH_NATS__URL``, as for ``loopmesh`` commands, else
+nats://127.0.0.1:4222. The answer is printed as it streams; a turn that
 fails is the protocol's error (exit 1). ``--session`` continues a conversation: prompts
 that name the same session are turns of one loopmesh session.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 import nats
@@ -30,6 +33,9 @@ async def main(url: str, name: str | None, text: str, session: str | None) -> in
             for agent in sorted(found.values(), key=lambda a: a.session_name):
                 print(f"{agent.session_name:16} {agent.owner:10} {agent.description}")
             return 0
+        if name not in found:
+            print(f"no agent {name!r}; the agents: {', '.join(sorted(found))}", file=sys.stderr)
+            return 1
         prompt = Envelope(prompt=text, session=session) if session else text
         try:
             async for chunk in found[name].prompt(prompt):
@@ -47,7 +53,9 @@ async def main(url: str, name: str | None, text: str, session: str | None) -> in
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="nats://127.0.0.1:4222")
+    parser.add_argument(
+        "--url", default=os.environ.get("LOOPMESH_NATS__URL", "nats://127.0.0.1:4222")
+    )
     parser.add_argument("--session", help="continue this conversation (a loopmesh session)")
     parser.add_argument("agent", nargs="?", help="the agent to prompt (none: list them)")
     parser.add_argument("text", nargs="?", default="", help="the prompt")
