@@ -295,6 +295,10 @@ def _overlay_env(data: dict[str, Any], tables: dict[str, Any], env: Mapping[str,
         table, _, field = var[len(ENV_PREFIX) :].lower().partition("__")
         if table not in tables:
             continue  # another service's table
+        if not isinstance(_unwrap(mi.type_info(tables[table])), mi.StructType):
+            # a table keyed by name ([prices."<model>"]) or an array of tables
+            # ([[agents]]): no variable names one of its entries
+            raise ConfigError(var, f"`[{table}]` is read from the config file only")
         fields = _struct_fields(tables[table])
         if field not in fields:
             if not _strict(tables[table]):

@@ -173,3 +173,14 @@ def test_a_client_certificate_without_its_key_or_a_key_without_its_certificate_i
     missing = {"tls_cert_file": "tls_key_file", "tls_key_file": "tls_cert_file"}[given]
     with pytest.raises(ConfigError, match=f"`{given}` is set without `{missing}`"):
         load(Config, env={env_var("nats", given): str(certs.client_cert)})
+
+
+@pytest.mark.parametrize("var", ["LOOPMESH_PRICES__GPT_4O", "LOOPMESH_AGENTS__CALC"])
+def test_a_variable_for_a_table_read_from_the_file_only_is_refused(var):
+    """``[prices."<model>"]`` and ``[[agents]]`` have no variables: one set is an error
+    naming it, not a setting silently dropped."""
+    from loop_worker.config import LoopWorkerConfig
+
+    with pytest.raises(ConfigError, match="read from the config file only") as info:
+        load(LoopWorkerConfig, env={var: '{"prompt": 1.0}'})
+    assert info.value.source == var
