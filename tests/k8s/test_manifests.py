@@ -29,6 +29,7 @@ from .render import (
     K8S,
     REFERENCE,
     ROOT,
+    SERVICES,
     TARGETS,
     Doc,
     container_config,
@@ -566,3 +567,22 @@ def test_with_the_tls_component_every_service_connects_over_mutual_tls(tmp_path:
         (volume,) = [v for v in pod["volumes"] if v["name"] == "nats-tls"]
         assert volume["secret"]["secretName"] == client["spec"]["secretName"], name
         assert volume["secret"]["defaultMode"] == 0o440, name
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_secret_reaches_a_setting_its_service_reads(target: str) -> None:
+    """A variable filled from a Secret names a field of the service's own settings
+    (``LOOPMESH_<TABLE>__<FIELD>``): a key passed under a name nothing reads (a library's
+    ``OPENAI_API_KEY``, which the loop worker does not look at) would leave it unset."""
+    for deployment in of_kind(render(target), "Deployment"):
+        settings = SERVICES[service_of(deployment)]
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            for var in container.get("env", []):
+                if "secretKeyRef" not in var.get("valueFrom", {}):
+                    continue
+                name = var["name"]
+                table, _, field = name.removeprefix("LOOPMESH_").lower().partition("__")
+                tables = {f.encode_name: f.type for f in msgspec.structs.fields(settings)}
+                assert name.startswith("LOOPMESH_") and table in tables, (target, name)
+                fields = {f.encode_name for f in msgspec.structs.fields(tables[table])}
+                assert field in fields, (target, name)
