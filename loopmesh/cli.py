@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -156,6 +157,16 @@ def metrics_changes(args: argparse.Namespace) -> dict[str, object]:
     if getattr(args, "metrics_host", None):
         changes["metrics_host"] = args.metrics_host
     return changes
+
+
+def modules_from_cwd() -> None:
+    """Let an option that names a module (``--module``, ``--tools-module``) name one of the
+    current folder, as uvicorn and celery do: the folder goes first on ``sys.path``. (The
+    ``loopmesh`` script has its own folder there instead; ``python -m`` has the current one.)
+    A process started from here in the same folder finds it the same way."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def config_from_args(type_: type[T], args: argparse.Namespace) -> T:
