@@ -1,8 +1,10 @@
 """The ``loopmesh`` command.
 
-Commands are a registry of name → module. A command's module is imported only to build
-its parser or run it, so a service that is not installed (or not written yet) costs
-nothing and says so plainly. Each module exposes::
+Commands are a registry of name → module: the commands people type live in
+:mod:`loopmesh.commands`, beside the client they use; each service keeps only the command
+that starts it (``loop_worker.cli``, ``tool_worker.cli``, ...). A command's module is
+imported only to build its parser or run it, so a service that is not installed (or not
+written yet) costs nothing and says so plainly. Each module exposes::
 
     HELP: str
     def configure(parser: argparse.ArgumentParser) -> None: ...
