@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from loopmesh.agents import AgentsWatch
+from loopmesh.agents import AgentsWatch, unmatched
 from schemas import DEFAULT_AGENT, AgentSpec, ToolSpec
 from schemas.agents import default_agent
 
-from .engine.approvals import Approvals
 from .errors import AgentsNotLoadedError
 
 log = logging.getLogger("loopmesh.loop_worker.agents")
@@ -66,29 +65,3 @@ class Report:
             log.info("every name the agents use matches a tool or an agent now")
         self._last = problems
         return problems
-
-
-def unmatched(agents: Sequence[AgentSpec], specs: Sequence[ToolSpec]) -> dict[str, str]:
-    """What the agents name that matches nothing: tools and approval names not in the
-    catalog ``specs``, callees not among ``agents``."""
-    defined = {a.name for a in agents} | {DEFAULT_AGENT}
-    out: dict[str, str] = {}
-    for agent in agents:
-        lists = {"tools": agent.tools or (), "approval_tools": agent.approval_tools}
-        for field, names in lists.items():
-            missing = Approvals(names).unmatched(specs)
-            for i, name in enumerate(names):
-                if name in missing:
-                    closest = ", ".join(missing[name]) or "none close"
-                    effect = (
-                        "it allows nothing"
-                        if field == "tools"
-                        else "until it does, every tool call of its turns needs a person's approval"
-                    )
-                    out[f"{agent.name}.{field}[{i}]"] = (
-                        f"{name!r} matches no tool in the catalog (closest: {closest}); {effect}"
-                    )
-        for i, callee in enumerate(agent.agents):
-            if callee not in defined:
-                out[f"{agent.name}.agents[{i}]"] = f"{callee!r} is not a defined agent"
-    return out

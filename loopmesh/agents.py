@@ -21,9 +21,10 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from schemas import DecodeError, Subjects, decode, encode
+from schemas import DecodeError, Subjects, ToolSpec, decode, encode
 from schemas.agents import DEFAULT_AGENT, AgentSpec, default_agent
 
+from . import toolnames
 from .kv import kv_entries
 from .watch import BucketWatch
 from .webhook import WebhookRequest
@@ -159,3 +160,29 @@ async def apply_agents(
             continue
         actions.append(f"deleted agent {name} (no longer configured)")
     return actions
+
+
+def unmatched(agents: Sequence[AgentSpec], specs: Sequence[ToolSpec]) -> dict[str, str]:
+    """What the agents name that matches nothing: tools and approval names not in the
+    catalog ``specs``, callees not among ``agents``."""
+    defined = {a.name for a in agents} | {DEFAULT_AGENT}
+    out: dict[str, str] = {}
+    for agent in agents:
+        lists = {"tools": agent.tools or (), "approval_tools": agent.approval_tools}
+        for field, names in lists.items():
+            missing = toolnames.unmatched(names, specs)
+            for i, name in enumerate(names):
+                if name in missing:
+                    closest = ", ".join(missing[name]) or "none close"
+                    effect = (
+                        "it allows nothing"
+                        if field == "tools"
+                        else "until it does, every tool call of its turns needs a person's approval"
+                    )
+                    out[f"{agent.name}.{field}[{i}]"] = (
+                        f"{name!r} matches no tool in the catalog (closest: {closest}); {effect}"
+                    )
+        for i, callee in enumerate(agent.agents):
+            if callee not in defined:
+                out[f"{agent.name}.agents[{i}]"] = f"{callee!r} is not a defined agent"
+    return out

@@ -1,8 +1,10 @@
 """The ``loopmesh`` command.
 
-Commands are a registry of name → module. A command's module is imported only to build
-its parser or run it, so a service that is not installed (or not written yet) costs
-nothing and says so plainly. Each module exposes::
+Commands are a registry of name → module: the commands people type live in
+:mod:`loopmesh.commands`, beside the client they use; each service keeps only the command
+that starts it (``loop_worker.cli``, ``tool_worker.cli``, ...). A command's module is
+imported only to build its parser or run it, so a service that is not installed (or not
+written yet) costs nothing and says so plainly. Each module exposes::
 
     HELP: str
     def configure(parser: argparse.ArgumentParser) -> None: ...
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -40,14 +43,16 @@ COMMANDS: dict[str, str] = {
     "loop-worker": "loop_worker.cli",
     "tool-worker": "tool_worker.cli",
     "gateway": "gateway.cli",
-    "run": "loop_worker.client",
-    "events": "loop_worker.cli_events",
-    "approve": "loop_worker.cli_approval",
-    "deny": "loop_worker.cli_approval",
-    "cancel": "loop_worker.cli_cancel",
-    "tools": "tool_worker.cli_catalog",
-    "agents": "loop_worker.cli_agents",
-    "schedules": "loop_worker.cli_schedules",
+    "run": "loopmesh.commands.run",
+    "events": "loopmesh.commands.events",
+    "approve": "loopmesh.commands.approval",
+    "deny": "loopmesh.commands.approval",
+    "cancel": "loopmesh.commands.cancel",
+    "pause": "loopmesh.commands.pause",
+    "resume": "loopmesh.commands.pause",
+    "tools": "loopmesh.commands.tools",
+    "agents": "loopmesh.commands.agents",
+    "schedules": "loopmesh.commands.schedules",
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
     "nats-agents": "nats_agents.cli",
@@ -154,6 +159,16 @@ def metrics_changes(args: argparse.Namespace) -> dict[str, object]:
     if getattr(args, "metrics_host", None):
         changes["metrics_host"] = args.metrics_host
     return changes
+
+
+def modules_from_cwd() -> None:
+    """Let an option that names a module (``--module``, ``--tools-module``) name one of the
+    current folder, as uvicorn and celery do: the folder goes first on ``sys.path``. (The
+    ``loopmesh`` script has its own folder there instead; ``python -m`` has the current one.)
+    A process started from here in the same folder finds it the same way."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def config_from_args(type_: type[T], args: argparse.Namespace) -> T:

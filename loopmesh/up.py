@@ -85,12 +85,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--fs-root", metavar="DIR",
-        help="also serve the file tools fs.fs_list, fs.fs_read, fs.fs_write under DIR "
-        "([tool_worker] fs_root); to ask before each write set [loop] approval_tools",
+        help="also serve the file tools local.fs_list, local.fs_read, local.fs_write under "
+        'DIR ([tool_worker] fs_root); to ask before each write set [loop] approval_tools = '
+        '["local.fs_write"]',
     )  # fmt: skip
     parser.add_argument(
         "--tools-module", dest="module", action="append", default=[], metavar="PKG.MODULE",
-        help="also serve the tools of this Python module (repeatable; [tool_worker] modules)",
+        help="also serve the tools of this Python module, found from the current folder too "
+        "(repeatable; [tool_worker] modules)",
     )  # fmt: skip
     parser.add_argument(
         "--monitor-port", type=int, default=8222,

@@ -18,8 +18,8 @@ from .settings import NatsAgentsConfig
 HELP = """Serve every named agent on the NATS Agent Protocol (Synadia, version 0.3).
 
 Each agent of the agents bucket is registered as a protocol agent, so any NATS client
-finds it with `Agents(nc).discover()` (synadia-ai-agents) and prompts it: a prompt runs
-a turn of the agent in the configured tenant ([nats_agents] tenant, required) and
+finds it with `Agents(nc=nc).discover()` (synadia-ai-agents) and prompts it: a prompt
+runs a turn of the agent in the configured tenant ([nats_agents] tenant, required) and
 streams its reply. Run one or many per mesh (prompts are shared out between them).
 SIGTERM stops it after prompts in flight end ([nats_agents] drain_s)."""
 
@@ -79,7 +79,7 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
         )
         print(
             f"agents    on the NATS Agent Protocol, tenant {settings.tenant} "
-            "(Agents(nc).discover() in synadia-ai-agents)",
+            "(Agents(nc=nc).discover() in synadia-ai-agents)",
             flush=True,
         )
         await serve(config, stop)

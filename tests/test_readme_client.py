@@ -13,7 +13,7 @@ import pytest
 from loopmesh.testing.durable import Proc
 from tests.gateway.conftest import ACME_KEY, KEYS
 from tests.loop_worker.durable import Mesh, gateway_on
-from tests.loop_worker.test_cli_commands import TRANSPORTS, mesh
+from tests.loopmesh.commands.test_commands import TRANSPORTS, mesh
 
 __all__ = ["mesh"]  # the fixture, shared
 

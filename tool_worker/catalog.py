@@ -3,7 +3,8 @@
 
 Each worker puts its tools' specs when it starts, again whenever its tools change (an
 MCP server re-listed), and every third of the bucket's TTL; specs of tools that no live
-worker serves expire with the TTL. ``loopmesh tools`` reads it with :func:`read_catalog`.
+worker serves expire with the TTL. ``loopmesh tools`` reads it
+with :func:`loopmesh.catalog.read_catalog`.
 
 A pool that may run no worker at all (KEDA scales it to zero) is *pinned*
 (``[tool_worker] pinned``): its specs are put with ``Nats-TTL: never``, which outlives the
@@ -24,9 +25,8 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
-from loopmesh.jetstream import kv_values
 from loopmesh.provision import PIN_HEADERS
-from schemas import DecodeError, Subjects, ToolSpec, catalog_key, decode, encode
+from schemas import Subjects, catalog_key, encode
 
 from .errors import PoolProvisionError
 from .registry import Registry
@@ -135,14 +135,3 @@ class Catalog:
                     await self._changed.wait()
             except TimeoutError:
                 pass
-
-
-async def read_catalog(js: JetStreamContext, subjects: Subjects) -> list[ToolSpec]:
-    """Every spec in the catalog, sorted by pool, server and name."""
-    specs = []
-    for key, value in (await kv_values(js, subjects.catalog_bucket)).items():
-        try:
-            specs.append(decode(value, ToolSpec))
-        except DecodeError as exc:
-            log.warning("skipping unreadable catalog entry %s: %s", key, exc)
-    return sorted(specs, key=lambda s: (s.pool, s.server, s.name))

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.client import Client
 
-from loopmesh.cli import config_from_args
+from loopmesh.cli import config_from_args, modules_from_cwd
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
 from loopmesh.provision import provision_all
@@ -28,7 +28,7 @@ from .files import fs_tools
 from .local import load_module
 from .mcp import McpServer
 from .pool import provision_pool
-from .registry import Registry
+from .registry import Registry, Tool
 from .service import ToolWorker
 
 log = logging.getLogger("tool_worker")
@@ -41,11 +41,15 @@ requester. SIGTERM stops it gracefully."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pool", help="the pool to serve (default: [tool_worker] pool)")
+    parser.add_argument(
+        "--pool", help="the pool to serve (default: [tool_worker] pool); the tools of "
+        "--module join it, as [tool_worker] assign would put them there",
+    )  # fmt: skip
     parser.add_argument("--concurrency", type=int, help="calls run at once (default 64)")
     parser.add_argument(
         "--module", action="append", default=[], metavar="PKG.MODULE",
-        help="import tools from this module (repeatable; adds to [tool_worker] modules)",
+        help="import tools from this module, found from the current folder too (repeatable; "
+        "adds to [tool_worker] modules); with --pool P they are served in pool P",
     )  # fmt: skip
     parser.add_argument(
         "--entry-point", action="append", default=[], metavar="NAME",
@@ -68,16 +72,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def config_of(args: argparse.Namespace) -> ToolWorkerConfig:
     """The configuration from ``--config``, the environment and the command line (an
     option ``args`` lacks, as under ``loopmesh up``, leaves its setting alone). Command-line
-    values are validated like the file's."""
+    values are validated like the file's. ``--pool P --module M`` assigns M's tools to P
+    (an ``assign`` entry of the configuration that names one of them still wins); raises
+    :class:`~tool_worker.errors.ToolModuleError` for a module that cannot be imported."""
     config = config_from_args(ToolWorkerConfig, args)
     s = config.tool_worker
     changes: dict[str, object] = {}
-    if getattr(args, "pool", None) is not None:
-        changes["pool"] = args.pool
+    pool = getattr(args, "pool", None)
+    if pool is not None:
+        changes["pool"] = pool
     if getattr(args, "concurrency", None) is not None:
         changes["concurrency"] = args.concurrency
-    if getattr(args, "module", None):
-        changes["modules"] = (*s.modules, *args.module)
+    if modules := getattr(args, "module", None):
+        modules_from_cwd()
+        changes["modules"] = (*s.modules, *modules)
+        if pool is not None:
+            changes["assign"] = {**assigned(modules, pool), **s.assign}
     if getattr(args, "entry_point", None):
         changes["entry_points"] = (*s.entry_points, *args.entry_point)
     if getattr(args, "fs_root", None):
@@ -86,6 +96,11 @@ def config_of(args: argparse.Namespace) -> ToolWorkerConfig:
         changes["metrics_port"] = args.metrics_port
     settings = replace(s, "the command line", **changes)
     return msgspec.structs.replace(config, tool_worker=settings)
+
+
+def assigned(modules: list[str], pool: str) -> dict[str, str]:
+    """``assign`` entries that put every tool of ``modules`` in ``pool``."""
+    return {f"{t.server}.{t.name}": pool for module in modules for t in load_module(module)}
 
 
 def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
@@ -104,7 +119,23 @@ def build(settings: ToolWorkerSettings) -> tuple[Registry, list[McpServer]]:
     local += load_entry_points(settings.entry_points)
     registry = Registry(t for t in local if settings.pool_of(t.server, t.name) == settings.pool)
     servers = [McpServer(m, registry) for m in settings.mcp_servers if m.pool == settings.pool]
+    if not registry and not servers:
+        _say_no_tools(settings, local)
     return registry, servers
+
+
+def _say_no_tools(settings: ToolWorkerSettings, local: list[Tool]) -> None:
+    """A WARNING for a worker that serves nothing: a tool joins a pool other than
+    ``default`` only through ``assign`` (or ``--pool P --module M``)."""
+    elsewhere = sorted({settings.pool_of(t.server, t.name) for t in local})
+    loaded = f"the tools loaded are in pool {', '.join(elsewhere)}" if local else "none loaded"
+    example = f"{local[0].server}.{local[0].name}" if local else "local.my_tool"
+    log.warning(
+        "pool %s serves no tools (%s) and runs no MCP server: serve a module's tools in "
+        "it with `loopmesh tool-worker --pool %s --module PKG.MODULE`, or assign tools to "
+        "it in [tool_worker] assign, e.g. assign = { \"%s\" = \"%s\" }",
+        settings.pool, loaded, settings.pool, example, settings.pool,
+    )  # fmt: skip
 
 
 def worker_of(
@@ -223,8 +254,8 @@ async def provision_only(config: ToolWorkerConfig, *, provision: bool) -> list[s
 
 
 async def main(args: argparse.Namespace) -> int:
-    config = config_of(args)
     try:
+        config = config_of(args)
         if args.provision_only:
             for action in await provision_only(config, provision=not args.no_provision):
                 print(action, flush=True)

@@ -48,25 +48,35 @@ async def provision_pool(
     js = nc.jetstream()
     actions = [await ensure_consumer(js, pool_consumer(subjects, pool, ack_wait_s=ack_wait_s))]
     servers = mcp or []
-    async with asyncio.TaskGroup() as tg:
-        tasks = [tg.create_task(s.run(), name=f"mcp-{s.name}") for s in servers]
-        try:
-            for server in servers:
-                if not await server.wait_ready(mcp_start_timeout_s):
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(s.run(), name=f"mcp-{s.name}") for s in servers]
+            try:
+                for server in servers:
+                    if not await server.wait_ready(mcp_start_timeout_s):
+                        raise PoolProvisionError(
+                            pool,
+                            f"MCP server {server.name} did not list its tools within "
+                            f"{mcp_start_timeout_s:g}s",
+                        )
+                if not len(registry):
                     raise PoolProvisionError(
                         pool,
-                        f"MCP server {server.name} did not list its tools within "
-                        f"{mcp_start_timeout_s:g}s",
+                        "it has no tools: assign tools to it in [tool_worker] assign, or "
+                        f"serve a module's tools in it with --pool {pool} --module PKG.MODULE",
                     )
-            if not len(registry):
-                raise PoolProvisionError(pool, "it has no tools (check its settings)")
-            catalog = await Catalog.open(js, subjects, registry, pool, pinned=pinned)
-            count = await catalog.publish()
-        finally:
-            for server in servers:
-                server.close()
-            if tasks:
-                await asyncio.wait(tasks, timeout=10.0)
+                catalog = await Catalog.open(js, subjects, registry, pool, pinned=pinned)
+                count = await catalog.publish()
+            finally:
+                for server in servers:
+                    server.close()
+                if tasks:
+                    await asyncio.wait(tasks, timeout=10.0)
+    except ExceptionGroup as group:  # the refusal of the body, said as itself
+        refusal = next((e for e in group.exceptions if isinstance(e, PoolProvisionError)), None)
+        if refusal is None:
+            raise
+        raise refusal from None
     kind = "pinned" if pinned else "unpinned (they lapse with the catalog's TTL)"
     actions.append(f"put {count} catalog entries of pool {pool}, {kind}")
     return [a for a in actions if a]

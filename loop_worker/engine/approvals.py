@@ -2,7 +2,7 @@
 
 A name in ``approval_tools`` guards a tool when it is the tool's ``server.tool`` key
 (``local.fs_write``) or the function name the model sees (``local__fs_write``, see
-:func:`~loop_worker.parser.function_name`). Tools whose spec says ``needs_approval`` are
+:func:`~loopmesh.toolnames.function_name`). Tools whose spec says ``needs_approval`` are
 guarded whatever the list says.
 
 A name that matches no tool fails closed: while any name in the list matches no tool
@@ -16,20 +16,14 @@ known tools, when the catalog first loads and whenever it changes
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Iterable, Sequence
 
+from loopmesh import toolnames
+from loopmesh.toolnames import aliases
 from schemas import ToolSpec
 
-from .parser import function_name
-
 log = logging.getLogger("loopmesh.loop_worker.approvals")
-
-
-def aliases(spec: ToolSpec) -> tuple[str, str]:
-    """The names a user may write for ``spec``: ``server.tool`` and its function name."""
-    return f"{spec.server}.{spec.name}", function_name(spec.server, spec.name)
 
 
 class Approvals:
@@ -45,17 +39,7 @@ class Approvals:
     def unmatched(self, specs: Sequence[ToolSpec]) -> dict[str, tuple[str, ...]]:
         """Each name that matches none of ``specs``, with the closest ``server.tool``
         keys (best first; empty when nothing is close)."""
-        known = {alias: spec for spec in specs for alias in aliases(spec)}
-        keys = sorted({aliases(spec)[0] for spec in specs})
-        out: dict[str, tuple[str, ...]] = {}
-        for name in self.names:
-            if name in known:
-                continue
-            tool = name.rpartition(".")[2].rpartition("__")[2]
-            same_tool = [k for k in keys if k.rpartition(".")[2] == tool]
-            close = difflib.get_close_matches(name, keys, n=3, cutoff=0.5)
-            out[name] = tuple(dict.fromkeys([*same_tool, *close]))[:3]
-        return out
+        return toolnames.unmatched(self.names, specs)
 
     def reason(self, spec: ToolSpec, specs: Sequence[ToolSpec], *called: str) -> str | None:
         """Why a call of ``spec`` (the model wrote it as one of ``called``) waits for a

@@ -15,19 +15,17 @@ Two things live here:
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
+from loopmesh.toolnames import FUNCTION_NAME, function_name
 from schemas import ToolSpec
 
 from .errors import ToolFieldError, ToolFormatError, ToolParseError
 
-FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 _TOOL_BLOCK = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*|\s*```$")
 
@@ -101,15 +99,6 @@ def parse_arguments(raw: str) -> dict[str, Any]:
 
 
 # -- function names ----------------------------------------------------------------------
-
-
-def function_name(server: str, tool: str) -> str:
-    """The OpenAI function name of ``server.tool``: ``server__tool``, always valid."""
-    name = f"{server}__{tool}" if server else tool
-    if FUNCTION_NAME.fullmatch(name):
-        return name
-    digest = hashlib.blake2s(name.encode(), digest_size=4).hexdigest()
-    return f"{_UNSAFE.sub('_', name)[: 64 - 9]}_{digest}"
 
 
 class ToolNames:

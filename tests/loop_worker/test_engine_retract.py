@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from loop_worker.client import Printer
+from loopmesh.commands.printer import Printer
 from loopmesh.testing.fake_llm import FakeLLM, cut, text, tool_calls
 from schemas import encode
 from schemas.events import ContentDelta, Event, Retract, decode_event

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import io
 
-from loop_worker.client import NO_TOOL_RAN, Printer
 from loop_worker.engine.nudges import echoes_loop
 from loop_worker.engine.prompt import load_prompts
 from loop_worker.engine.run import NOT_AN_ANSWER
+from loopmesh.commands.printer import NO_TOOL_RAN, Printer
 from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
 from schemas.events import Error, Event, LoopEnd, Message, ToolCallEvent
 from tests.loop_worker.scripted import Rig

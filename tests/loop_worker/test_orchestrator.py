@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from loop_worker.client import Printer
+from loopmesh.commands.printer import Printer
 from loopmesh.testing.fake_llm import FakeLLM, empty, error, text, tool_calls
 from schemas import DecodeError, ToolSpec, Turn, decode, encode
 from schemas.events import (

@@ -35,6 +35,18 @@ def test_help_lists_the_commands_and_how_settings_are_read():
     assert "LOOPMESH_<TABLE>__<FIELD>" in result.stdout
     for option in ("--config", "--nats-url", "--log-level"):
         assert option in result.stdout
+    for name in cli.COMMANDS:
+        assert re.search(rf"^\s+{name}\s", result.stdout, re.M), name
+
+
+def test_the_commands_people_type_live_beside_the_client_and_are_quiet():
+    typed = {n for n, m in cli.COMMANDS.items() if m.startswith("loopmesh.commands.")}
+    assert typed == {
+        "run", "events", "approve", "deny", "cancel", "pause", "resume", "agents",
+        "schedules", "tools",
+    }  # fmt: skip
+    for name in typed:
+        assert getattr(cli.load_command(name), "LOG_LEVEL", "INFO") == "WARNING", name
 
 
 def test_a_command_whose_module_is_missing_says_it_is_not_installed(monkeypatch, capsys):

@@ -42,7 +42,7 @@ from schemas.events import (
 from tests.gateway.conftest import ACME_KEY, KEYS
 from tests.gateway.proxy import Proxy
 from tests.loop_worker.durable import Mesh, count_task, gateway_on
-from tests.loop_worker.test_cli_commands import TRANSPORTS, mesh
+from tests.loopmesh.commands.test_commands import TRANSPORTS, mesh
 
 __all__ = ["mesh"]  # the fixture, shared
 

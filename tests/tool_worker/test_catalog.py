@@ -9,12 +9,12 @@ import sys
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from loopmesh.catalog import read_catalog
+from loopmesh.commands.tools import render
 from loopmesh.server import NatsServer
 from schemas import ToolSpec
 from tool_worker import Registry, load_module, to_tool, tool
 from tool_worker.builtins import builtin_tools
-from tool_worker.catalog import read_catalog
-from tool_worker.cli_catalog import render
 
 from .harness import ROOT, SUBJECTS, running
 

@@ -11,12 +11,13 @@ import pytest
 
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
-from loop_worker.client import webhook_of
+from loopmesh.commands.run import webhook_of
+from loopmesh.errors import LoopmeshError
 from loopmesh.settings import NatsSettings
 from loopmesh.webhook import WebhookSettings
 from schemas import Webhook
 from tests.loop_worker.durable import mesh_on
-from tests.loop_worker.test_cli_commands import loopmesh
+from tests.loopmesh.commands.test_commands import loopmesh
 
 from .conftest import SECRET, delivering, documented_verify, settings
 from .receiver import receiving
@@ -32,9 +33,9 @@ def test_the_webhook_options_make_the_turns_webhook() -> None:
     assert webhook_of(args(webhook="https://h.example/x")) == Webhook(url="https://h.example/x")
     both = webhook_of(args(webhook="https://h/x", webhook_events=["error", "loop_end", "error"]))
     assert both == Webhook(url="https://h/x", events=("error", "loop_end"))
-    with pytest.raises(SystemExit, match="--webhook-event needs --webhook URL"):
+    with pytest.raises(LoopmeshError, match="--webhook-event needs --webhook URL"):
         webhook_of(args(webhook_events=["loop_end"]))
-    with pytest.raises(SystemExit, match=r"--webhook: .* at `\$.url`"):
+    with pytest.raises(LoopmeshError, match=r"--webhook: .* at `\$.url`"):
         webhook_of(args(webhook="ftp://h/x"))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -11,17 +10,24 @@ from collections.abc import Sequence
 import msgspec
 from nats.js import JetStreamContext
 
-from loopmesh.agents import Agents, agent_specs, apply_agents, check_agents, read_agents
+from loopmesh.agents import (
+    Agents,
+    agent_specs,
+    apply_agents,
+    check_agents,
+    read_agents,
+    unmatched,
+)
+from loopmesh.catalog import read_catalog
 from loopmesh.cli import config_from_args
-from loopmesh.jetstream import kv_values
+from loopmesh.errors import LoopmeshError
 from loopmesh.nats import connect
 from loopmesh.provision import ensure_bucket, has_msg_ttl
 from loopmesh.settings import NatsSettings
-from schemas import AgentSpec, DecodeError, Subjects, ToolSpec, decode, encode
+from schemas import AgentSpec, Subjects, encode
 from schemas.streams import agents_bucket
 
-from .agents import unmatched
-from .remote import token
+from .options import token
 
 #: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -123,9 +129,7 @@ async def main(args: argparse.Namespace) -> int:
     agents = list(found.values())
     if args.name is not None:
         if args.name not in found:
-            known = ", ".join(found)
-            print(f"loopmesh agents: no agent {args.name!r} (defined: {known})", file=sys.stderr)
-            return 1
+            raise LoopmeshError(f"no agent {args.name!r} (defined: {', '.join(found)})")
         agents = [found[args.name]]
     if args.json:
         for agent in agents:
@@ -143,8 +147,5 @@ async def _unmatched(
     """What the agents name that matches nothing, against the catalog as it is now (the
     loop workers say the same, loudly, while it stays so); nothing while the catalog is
     empty (no tool worker has started: nothing to tell yet)."""
-    specs = []
-    for value in (await kv_values(js, subjects.catalog_bucket)).values():
-        with contextlib.suppress(DecodeError):
-            specs.append(decode(value, ToolSpec))
+    specs = await read_catalog(js, subjects)
     return unmatched(agent_specs(agents), specs) if specs else {}

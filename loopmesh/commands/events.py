@@ -8,8 +8,8 @@ import sys
 
 from loopmesh.client import SessionEvent
 
-from .client import Printer
-from .remote import add_remote_options, open_client, token
+from .options import add_remote_options, open_client, token
+from .printer import Printer
 
 #: Quiet at a terminal: only the events, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"

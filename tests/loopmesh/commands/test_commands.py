@@ -1,6 +1,7 @@
-"""``loopmesh run``, ``events``, ``approve``, ``deny`` and ``cancel`` as a person types
-them: real processes against a real nats-server, a real loop worker and tool worker
-(the fake OpenAI server as the model), and the real gateway for ``--gateway``."""
+"""``loopmesh run``, ``events``, ``approve``, ``deny``, ``cancel``, ``pause`` and ``resume``
+as a person types them: real processes against a real nats-server, a real loop worker
+and tool worker (the fake OpenAI server as the model), and the real gateway for
+``--gateway``."""
 
 from __future__ import annotations
 
@@ -80,6 +81,16 @@ async def test_run_prints_the_turn_and_its_answer_once_with_no_log_lines(
     assert not [line for line in lines if "level=" in line], lines  # quiet by default
     where = "gateway http://" if transport == "gateway" else "NATS, tenant local"
     assert where in lines[0]
+    assert not [line for line in lines if "continue this session" in line]  # it was given
+
+
+async def test_run_without_a_session_says_how_to_continue_the_new_one(mesh: Mesh, tmp_path: Path):
+    code, lines = await loopmesh("run", "--nats-url", mesh.url, count_task(tmp_path / "n"))
+    assert code == 0, lines
+    session = lines[0].split(" · ")[1].removeprefix("session ")
+    assert lines[-1] == f"continue this session with --session {session}"
+    code, lines = await loopmesh("events", "--nats-url", mesh.url, "--session", session)
+    assert code == 0 and lines[-1] == "✔ task_completion after 2 iteration(s)", lines
 
 
 async def test_run_shows_logs_on_request(mesh: Mesh, tmp_path: Path):
@@ -234,6 +245,37 @@ async def test_cancel_stops_a_running_turn(
     assert "✘ cancelled after 1 iteration(s) (enough)" in run.lines
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_pause_holds_a_running_turn_and_resume_lets_it_go_on(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    target = tmp_path / "g"
+    remote = via(transport, mesh, gateway)
+    async with Watch(mesh.nc, tenant="local", session="s1") as watch:
+        run = await Proc(
+            "-m", "loopmesh", "run", "--nats-url", mesh.url, "--session", "s1",
+            guarded_task(target),
+        ).start()  # fmt: skip
+        try:
+            required = await watch.wait("approval_required", timeout=30)  # iteration 1 waits
+            code, lines = await loopmesh("pause", *remote, "--session", "s1")
+            assert (code, lines) == (0, ["pause sent to session s1"])
+            call_id = required.call_id  # type: ignore[attr-defined]
+            code, lines = await loopmesh("approve", *remote, "--session", "s1", call_id)
+            assert code == 0, lines
+            await watch.wait("paused", timeout=30)  # held before iteration 2
+            assert target.read_text() == "ok\n" and not watch.of("loop_end")
+            code, lines = await loopmesh("resume", *remote, "--session", "s1")
+            assert (code, lines) == (0, ["resume sent to session s1"])
+            await watch.wait("resumed", timeout=30)
+            end = await watch.wait("loop_end", timeout=30)
+            assert end.reason == "task_completion"  # type: ignore[attr-defined]
+            assert await asyncio.wait_for(run.proc.wait(), 30) == 0  # type: ignore[union-attr]
+        finally:
+            await run.close()
+    assert "  ⏸ paused" in run.lines and "  ▶ resumed" in run.lines
+
+
 async def test_bad_ids_and_a_refusing_gateway_are_clear_errors(mesh: Mesh, gateway: GatewayServer):
     code, lines = await loopmesh("approve", "--nats-url", mesh.url, "--session", "s.1", "c1")
     assert code == 2
@@ -246,6 +288,10 @@ async def test_bad_ids_and_a_refusing_gateway_are_clear_errors(mesh: Mesh, gatew
     code, lines = await loopmesh("cancel", "--gateway", "http://127.0.0.1:9", "--session", "s1")
     assert code == 1
     assert "cannot reach the gateway at http://127.0.0.1:9" in lines[-1]
+    for command in ("pause", "resume"):  # every command says a client error the same way
+        code, lines = await loopmesh(command, "--gateway", gateway.url, "--session", "nobody")
+        said = f"loopmesh {command}: error: the gateway answered 404 not_found: no session 'nobody'"
+        assert (code, lines) == (1, [said])
 
 
 async def test_run_through_a_gateway_with_keys_takes_the_key_from_the_environment(

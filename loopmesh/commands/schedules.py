@@ -32,7 +32,7 @@ from loopmesh.settings import SchedulerSettings
 from schemas import encode
 from schemas.schedules import Schedule, ScheduleState
 
-from .remote import client_config, token
+from .options import client_config, token
 
 #: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .remote import add_remote_options, open_client, token
+from .options import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only its own line, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
 
-HELP = """Approve (`loopmesh approve`) or deny (`loopmesh deny`) a tool call that waits for a
-person's decision, by its call id (shown by `loopmesh run` and `loopmesh events` in the
+HELP = """Approve (`loopmesh approve`) or deny (`loopmesh deny`) a tool call waiting for a person.
+
+The call is named by its call id (shown by `loopmesh run` and `loopmesh events` in the
 approval_required event). The decision is recorded, so a turn that resumes on another
 worker still sees it. A denied call returns an error to the model instead of running."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .remote import add_remote_options, open_client, token
+from .options import add_remote_options, open_client, token
 
 #: Quiet at a terminal: only its own line, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"

@@ -15,7 +15,7 @@ from loopmesh.agents import apply_agents
 from loopmesh.testing.durable import SUBJECTS
 from schemas import AgentSpec
 from tests.loop_worker.durable import Mesh, mesh_on
-from tests.loop_worker.test_cli_commands import TRANSPORTS, count_task, gateway, loopmesh, via
+from tests.loopmesh.commands.test_commands import TRANSPORTS, count_task, gateway, loopmesh, via
 
 pytestmark = pytest.mark.slow
 

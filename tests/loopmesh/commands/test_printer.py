@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from loop_worker.client import NO_TOOL_RAN, Printer
+from loopmesh.commands.printer import NO_TOOL_RAN, Printer
 from schemas.events import (
     ApprovalRequired,
     ContentDelta,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from loopmesh.testing.durable import connect_fast, provision_short
-from tests.loop_worker.test_cli_commands import loopmesh
+from tests.loopmesh.commands.test_commands import loopmesh
 
 pytestmark = pytest.mark.slow
 

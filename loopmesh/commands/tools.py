@@ -6,13 +6,11 @@ import argparse
 import json
 import sys
 
-from loopmesh.cli import config_from_args
+from loopmesh.catalog import read_catalog
 from loopmesh.nats import connect
-from loopmesh.settings import NatsSettings
 from schemas import ToolSpec, encode
 
-from .catalog import read_catalog
-from .config import ToolWorkerConfig
+from .options import client_config
 
 #: Quiet at a terminal: only its own lines, unless -v or --log-level asks for logs.
 LOG_LEVEL = "WARNING"
@@ -49,8 +47,7 @@ def render(specs: list[ToolSpec]) -> str:
 
 
 async def main(args: argparse.Namespace) -> int:
-    config = config_from_args(ToolWorkerConfig, args)
-    nats: NatsSettings = config.nats
+    nats = client_config(args).nats
     nc = await connect(nats, name="loopmesh-tools")
     try:
         specs = await read_catalog(nc.jetstream(), nats.subjects)
