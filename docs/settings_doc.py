@@ -33,10 +33,10 @@ import msgspec
 import msgspec.inspect as mi
 
 from gateway.settings import GatewayConfig
-from loop_worker.cli_agents import AgentsConfig
-from loop_worker.cli_schedules import SchedulerConfig
 from loop_worker.config import LoopWorkerConfig
 from loopmesh.client.config import ClientConfig
+from loopmesh.commands.agents import AgentsConfig
+from loopmesh.commands.schedules import SchedulerConfig
 from loopmesh.exporter import ExporterConfig
 from loopmesh.settings import RuntimeConfig, env_var
 from loopmesh.up import UpConfig
