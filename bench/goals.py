@@ -1,4 +1,4 @@
-"""The goals of the issue's measures table, each with this run's figure and a verdict
+"""loopmesh's performance goals, each with this run's figure and a verdict
 (``met``, ``missed``, or ``not measured`` when its figures are missing)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""loopmesh under the load its users put on it (issue 23).
+"""loopmesh under the load its users put on it.
 
     python -m bench.load [--workers 1,2] [--servers r1,r3] [--loads back-to-back,think]
                          [--sessions 8] [--turns 100] [--turns-per-session 4]

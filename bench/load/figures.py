@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from bench.harness import CpuMeter, S
 
-STALL_S = 1.0  # a turn this much over the model's time is a stall (issue 23)
+STALL_S = 1.0  # a turn this much over the model's time is a stall
 #: The processes that are loopmesh (by the start of their names in the CPU meter).
 LOOPMESH = ("loop worker", "nats-server", "tool worker", "gateway")
 
