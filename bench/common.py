@@ -4,13 +4,14 @@ over the bench's whole process tree, and the load driver."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import shutil
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +41,20 @@ def need_binary(name: str, hint: str, *extra_dirs: str) -> str:
 
 class Missing(Exception):
     """A server or package a system needs is not installed (the message says how)."""
+
+
+@contextlib.contextmanager
+def peer_imports(*modules: str) -> Iterator[None]:
+    """Around a peer's imports of its third-party ``modules`` (the ``bench`` extra's):
+    one of them missing is ``Missing``, and the peer's row says it is not installed. Any
+    other import error, a project module's or one inside the peer's package, goes on as
+    the failure it is, and the row says what broke."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        if e.name not in modules:
+            raise
+        raise Missing(f"{e.name} not installed: make bench (the bench extra)") from e
 
 
 # -- CPU of the process tree -----------------------------------------------------------

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Missing, free_port, need_binary
+from bench.common import ROOT, Missing, need_binary, peer_imports
+from loopmesh.ports import free_port
 from loopmesh.process import terminate
 
 FS_SUBJECT = "bench.faststream.echo"
@@ -69,12 +70,19 @@ async def _child(
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     assert proc.stdout is not None
-    async with asyncio.timeout(60):
-        async for line in proc.stdout:
-            if ready.encode() in line:
-                break
-    asyncio.get_running_loop().create_task(_drain(proc))
-    return proc
+    seen: list[bytes] = []
+    try:
+        async with asyncio.timeout(60):
+            async for line in proc.stdout:
+                if ready.encode() in line:
+                    asyncio.get_running_loop().create_task(_drain(proc))
+                    return proc
+                seen = [*seen[-19:], line]
+    except TimeoutError:
+        pass
+    await terminate(proc, 10)
+    said = b"".join(seen).decode(errors="replace").strip()
+    raise RuntimeError(f"{' '.join(args[:4])} did not say {ready!r}: {said or 'no output'}")
 
 
 async def _drain(proc: asyncio.subprocess.Process) -> None:
@@ -179,10 +187,8 @@ class Dispatch:
 
 
 async def _faststream(url: str, calls: int) -> dict[int, dict[str, float]]:
-    try:
+    with peer_imports("faststream"):
         from faststream.nats import NatsBroker
-    except ImportError as e:
-        raise Missing("faststream not installed: make bench (the bench extra)") from e
     proc = await _child(sys.executable, "-m", "bench.dispatch", "faststream", url, ready="ready")
     try:
         broker = NatsBroker(url)
@@ -209,16 +215,18 @@ async def _serve_faststream(url: str) -> None:
         return data
 
     await broker.start()
+    # One call through nats-server before "ready": the subscription is registered there
+    # (a connection's SUB is processed before its PUB), so the caller's first request
+    # finds a responder.
+    await broker.request({"text": "up"}, FS_SUBJECT, timeout=30)
     print("ready", flush=True)
     await asyncio.Event().wait()
 
 
 async def _celery(tmp: Path, calls: int) -> dict[int, dict[str, float]]:
     redis = need_binary("redis-server", "apt-get install redis-server")
-    try:
+    with peer_imports("celery"):
         import celery  # noqa: F401
-    except ImportError as e:
-        raise Missing("celery not installed: make bench (the bench extra)") from e
     port = free_port()
     server = await _child(
         redis, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp),

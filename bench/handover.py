@@ -7,8 +7,8 @@ An embedded nats-server, ``--workers`` loop-worker processes with the zero-laten
 ``--clients`` clients each run sessions of 4 turns, publishing a session's next turn the
 moment the last one's ``loop_end`` arrives (as a pipeline, or a person answering, does),
 for ``--seconds``. It prints, per run, the turns, their latency p50 and max, and the
-turns that took over a second (a hand-over left to AckWait takes 30 s, the stall this
-bench looks for).
+turns that took over a second (a hand-over left to AckWait takes 30 s, so a lost
+hand-over shows as a turn of about 30 s).
 """
 
 from __future__ import annotations

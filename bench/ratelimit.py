@@ -1,6 +1,6 @@
 """A fleet against a provider's tokens-per-minute limit, with and without ``[llm.limits]``:
-how much of the limit the fleet uses, and how many of its calls are
-answered 429. The figures in docs/PERFORMANCE.md ("Fleet-wide LLM rate limits").
+how much of the limit the fleet uses, and how many of its calls are answered 429. The
+figures in docs/PERFORMANCE.md ("Fleet-wide LLM rate limits").
 
     python -m bench.ratelimit [--tpm 40000] [--window-s 60] [--seconds 120]
                               [--warm-up-s 30] [--sessions 64] [--tenants 4]
@@ -154,9 +154,14 @@ async def fleet(args: argparse.Namespace, name: str, tree: Path | None) -> Outco
 def exported(rev: str):  # type: ignore[no-untyped-def]
     """The tree of ``rev`` in a temporary directory (``git archive``)."""
     with tempfile.TemporaryDirectory(prefix="loopmesh-today-") as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True
-        ).stdout
+        got = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True)
+        if got.returncode:
+            raise SystemExit(
+                f"the today run needs commit {rev} (git archive: "
+                f"{got.stderr.decode().strip()}): a clone with its history "
+                "(git fetch --unshallow), or --runs pauses,limited"
+            )
+        archive = got.stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         yield Path(tmp)
 

@@ -44,6 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Missing
+from bench.harness import Ends, Mesh, publish, turn
+from bench.peers.langgraph import Postgres
+from bench.peers.temporal import AGENT_QUEUE, Temporal
+from loopmesh.testing.durable import Proc
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import auto
 
 
 @dataclass(frozen=True)
@@ -117,10 +123,6 @@ def _kill_and_release(kill: Callable[[], object], release: Path) -> float:
 
 
 async def loopmesh(store: Path, runs: int) -> Recovery:
-    from bench.harness import Ends, Mesh, publish, turn
-    from loopmesh.testing.fake_llm import FakeLLM
-    from loopmesh.testing.fake_replies import auto
-
     how = (
         "JetStream redelivers the unacked turn after AckWait (2 s) to the standby loop "
         "worker; it takes the session's lease once its TTL (2 s) lapses, resumes from the "
@@ -175,10 +177,6 @@ async def temporal(
     if task_timeout_s is not None:
         extra["task_timeout"] = timedelta(seconds=task_timeout_s)
         sticky = ["--sticky-s", str(task_timeout_s)]
-    try:
-        from bench.peers.temporal import AGENT_QUEUE, Temporal
-    except ImportError as e:
-        raise Missing("temporalio not installed: make bench (the bench extra)") from e
     system = Temporal(llm_url, store, local=True)
     await system.start_server()
     mark = store / "mark"
@@ -214,9 +212,6 @@ async def langgraph(llm_url: str, store: Path, runs: int) -> Recovery:
         "checkpoint, so the tools node runs again whole"
     )
     out = Recovery("LangGraph + Postgres (resumed at once)", how, "LangGraph, ideal supervisor")
-    from bench.peers.langgraph import Postgres
-    from loopmesh.testing.durable import Proc
-
     mark = store / "mark"
     async with Postgres(store) as pg:
         for r in range(runs):

