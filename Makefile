@@ -106,9 +106,7 @@ bench-load: $(STAMP)
 
 # The fleet-wide LLM rate limits: 4 loop workers against a provider's tokens-per-minute
 # limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what sharing the limit
-# costs at 1,000 calls/s (docs/ARCHITECTURE.md). Its "today" run exports an older commit
-# with git archive, so it needs the clone's history (not a shallow clone): otherwise
-# BENCH_RATELIMIT_ARGS="--runs pauses,limited".
+# costs at 1,000 calls/s (docs/ARCHITECTURE.md).
 BENCH_RATELIMIT_ARGS ?=
 BENCH_RATELIMIT_COST_ARGS ?=
 

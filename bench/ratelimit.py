@@ -4,7 +4,7 @@ figures in docs/PERFORMANCE.md ("Fleet-wide LLM rate limits").
 
     python -m bench.ratelimit [--tpm 40000] [--window-s 60] [--seconds 120]
                               [--warm-up-s 30] [--sessions 64] [--tenants 4]
-                              [--workers 4] [--runs today,pauses,limited] [--today REV]
+                              [--workers 4] [--runs pauses,limited] [--today REV]
 
 Everything is a real process: nats-server; ``--workers`` loop workers
 (``python -m loop_worker``, the real ``OpenAILLM`` over HTTP); the fake provider
@@ -17,8 +17,9 @@ last ended, so the fleet always wants more than the limit allows.
 
 The runs, each on a fresh server and provider:
 
-- ``today``: the loop workers of ``--today`` (a commit before the limiter, exported
-  with ``git archive``): each worker retries a 429 after its ``Retry-After`` by itself;
+- ``today`` (only when asked for, with ``--today REV``): the loop workers of another
+  commit, exported with ``git archive`` (one before the limiter: each worker retries a 429
+  after its ``Retry-After`` by itself);
 - ``pauses``: this tree, no ``[llm.limits]``: a 429 pauses the model for every worker;
 - ``limited``: this tree, ``[llm.limits]`` set to the provider's limit.
 
@@ -49,8 +50,6 @@ from bench.llm_stream import Pace
 from loopmesh.aio import run
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The last commit before the limiter: its loop workers are "today's" fleet.
-TODAY = "5d22848"
 MAX_TOKENS = 64  # [llm] max_tokens: the reply's ceiling in every run
 
 
@@ -217,11 +216,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--ttft-ms", type=float, default=150.0, help="the model's first token")
     parser.add_argument("--tokens", type=int, default=10, help="content tokens per reply")
-    parser.add_argument(
-        "--runs", type=lambda s: s.split(","), default=["today", "pauses", "limited"]
-    )
-    parser.add_argument("--today", default=TODAY, help="the commit whose workers are today's")
-    return parser.parse_args()
+    parser.add_argument("--runs", type=lambda s: s.split(","), default=["pauses", "limited"])
+    parser.add_argument("--today", metavar="REV", help="the commit of the `today` run")
+    args = parser.parse_args()
+    if "today" in args.runs and args.today is None:
+        parser.error("the `today` run needs --today REV (the commit whose workers it runs)")
+    return args
 
 
 if __name__ == "__main__":
