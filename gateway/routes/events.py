@@ -16,7 +16,10 @@ from ..stream import EventStream
 
 _LATEST_SCAN_FACTOR = 50  # /v1/events/latest: up to limit x this many messages per stream
 
-SINCE = Param("since", "query", "stream events after this sequence (history)", INT)
+SINCE = Param(
+    "since", "query", "stream events after this sequence (history); without it (and "
+    "Last-Event-ID), from the start of the session's current turn", INT,
+)  # fmt: skip
 TURN = Param("turn", "query", "only this turn's events", TOKEN)
 LAST_EVENT_ID = Param("Last-Event-ID", "header", "resume after this sequence", INT_TEXT)
 LIMIT = Param("limit", "query", "how many events (default 100)", INT)
@@ -38,6 +41,8 @@ class Events:
         if resume is not None:
             after = resume  # a reconnect continues after what it last got
         await g.existing(who, session)
+        if after is None:  # from the start of the session's current turn, if it has one
+            after = await g.backend.current_turn_start(who.tenant, session)
         g.slots.acquire(who.key)
         stream = EventStream(
             g.fanout, who.tenant, session, after=after, turn=turn,
