@@ -123,6 +123,28 @@ async def test_cancel_over_http_ends_the_running_turn(
     assert end.json()["reason"] == "cancelled"
 
 
+async def test_pause_over_http_holds_the_turn_at_its_next_iteration_until_resumed(
+    mesh: Mesh, client: httpx.AsyncClient, tmp_path: Path
+):
+    task = count_task(tmp_path / "n", seconds=1.0)
+    posted = (await client.post("/v1/sessions/s1/turns", json={"input": task})).json()
+    got: list[Message] = []
+    async with client.stream("GET", posted["events_url"]) as s:
+        reader = messages(s)
+        await until(reader, "tool_call", got)
+        r = await client.post("/v1/sessions/s1/pause", json={})
+        assert r.status_code == 202 and r.json() == {"type": "pause", "session": "s1"}
+        await until(reader, "paused", got)
+        assert [e for e, _ in await stored(mesh, "s1", posted["turn_id"])][-1] == "paused"
+        r = await client.post("/v1/sessions/s1/resume", json={})
+        assert r.status_code == 202 and r.json()["type"] == "resume"
+        await until(reader, "resumed", got)
+        end = await until(reader, "loop_end", got)
+    assert end.json()["reason"] == "task_completion"
+    types = [m.event for m in got]
+    assert types.index("tool_result") < types.index("paused")  # the tool ran to its end
+
+
 async def read_without_since(client: httpx.AsyncClient, session: str) -> list[Message]:
     """``GET .../events`` with neither ``since`` nor ``Last-Event-ID``, up to a
     ``loop_end``."""
