@@ -287,6 +287,36 @@ class Backend:
         info = await self._call("events stream info", self.js.stream_info(stream))
         return info.state.first_seq, info.state.last_seq
 
+    async def current_turn_start(self, tenant: str, session: str) -> int | None:
+        """The sequence after which the session's current turn's events come, where a
+        stream opened without ``since`` starts: while a turn has not ended (running, or
+        waiting like one just posted), after the session's last ``loop_end``; once all
+        have ended, before the latest turn's ``turn_accepted``. ``None``: the session
+        has no turn yet (the stream starts at new events)."""
+        return await self._call(
+            "find the session's current turn", self._current_turn_start(tenant, session)
+        )
+
+    async def _current_turn_start(self, tenant: str, session: str) -> int | None:
+        publisher, subjects = self.publisher(), self.subjects
+        stream = subjects.events_stream_of(tenant, session)
+        # read before the backlog: a turn that ends in between is then found as ended
+        end = await publisher.leader_get(stream, subjects.event(tenant, session, "loop_end"))
+        if await unfinished(publisher, subjects, tenant, session):
+            if end is not None:
+                return _sequence(end)
+            first, _ = await self.events_bounds(tenant, session)
+            return first - 1  # the session's first turn: all of its events
+        accepted = await publisher.leader_get(
+            stream, subjects.event(tenant, session, "turn_accepted")
+        )
+        if accepted is not None:
+            return _sequence(accepted) - 1
+        if end is not None:  # only turns refused before they started
+            first, _ = await self.events_bounds(tenant, session)
+            return first - 1
+        return None
+
     async def latest_events(self, tenant: str, limit: int, scan: int) -> list[tuple[int, bytes]]:
         """The tenant's latest ``limit`` events among each events stream's last ``scan``
         messages, oldest first, as (sequence, JSON).
@@ -390,3 +420,8 @@ def _ts_of(data: bytes) -> float:
         return _stamp.decode(data).ts
     except msgspec.DecodeError:
         return 0.0
+
+
+def _sequence(msg: Msg) -> int:
+    """The stream sequence of a message read by :meth:`Publisher.leader_get`."""
+    return int((msg.headers or {})["Nats-Sequence"])

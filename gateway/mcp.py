@@ -54,7 +54,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas import BUILTIN_SERVER, DEFAULT_AGENT, AgentSpec, Cancel, Turn, is_token, new_id
 from schemas.events import (
@@ -68,15 +68,25 @@ from schemas.events import (
 from schemas.ids import TOKEN_PATTERN
 
 from . import api
-from .app import Gateway
 from .auth import Principal
 from .checks import check_id, field_of
+from .core import Gateway
 from .errors import GatewayError, Unavailable, Unprocessable
 from .fanout import Item
+from .openapi import Operation, Param
 
 log = logging.getLogger("loopmesh.gateway.mcp")
 
 ROUTE = "/mcp"
+MCP_ACCEPT = Param(
+    "Accept", "header", "what the answer may be: both are needed",
+    {"type": "string", "enum": ["application/json, text/event-stream"]}, True,
+)  # fmt: skip
+MCP_VERSION = Param(
+    "MCP-Protocol-Version", "header",
+    "the protocol revision: 2026-07-28 (stateless requests), or, after an `initialize` "
+    "handshake, the one it agreed", {"type": "string"},
+)  # fmt: skip
 #: Where the ASGI scope carries the caller, for the SDK's handlers.
 PRINCIPAL = "loopmesh.principal"
 _FOLLOWED = frozenset({"loop_iteration", "tool_call", "loop_end"})
@@ -442,3 +452,14 @@ def _security(no_auth: bool, any_host: bool) -> TransportSecuritySettings | None
         allowed_hosts=[f"{host}:*" for host in loopback],
         allowed_origins=[f"http://{host}:*" for host in loopback],
     )
+
+
+def operation(app: ASGIApp) -> tuple[Operation, ASGIApp]:
+    """``/mcp`` served by ``app`` (an :class:`McpEndpoint`), with its OpenAPI entry."""
+    return (
+        Operation("POST", ROUTE, "MCP over streamable HTTP: the agents as tools "
+                  "(docs/AGENTS.md)", 200, api.JsonRpcAnswer, api.JsonRpcMessage,
+                  (MCP_ACCEPT, MCP_VERSION), (400, 401, 403, 404, 406, 413, 421, 429),
+                  tags=("agents",), error_body=api.JsonRpcAnswer, streams=True),
+        app,
+    )  # fmt: skip

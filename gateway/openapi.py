@@ -70,6 +70,11 @@ CALL_ID = Param(
 )
 AGENT = Param("agent", "path", "agent name", {"type": "string", "pattern": PATH_ID_PATTERN}, True)
 
+#: Schemas of parameters: a count or sequence, one as header text, an id.
+INT = {"type": "integer", "minimum": 0}
+INT_TEXT = {"type": "string", "pattern": r"^[0-9]{1,19}$"}
+TOKEN = {"type": "string", "pattern": PATH_ID_PATTERN}
+
 
 def document(operations: list[Operation], *, title: str, version: str) -> dict[str, Any]:
     types: list[Any] = [ErrorBody, AnyEvent]

@@ -28,8 +28,9 @@ from loopmesh.nats import connect
 from loopmesh.provision import check_partitions
 from loopmesh.scheduler import Scheduler
 
-from .app import Gateway, create_app
+from .app import create_app
 from .backend import Backend
+from .core import Gateway
 from .mcp import McpEndpoint
 from .settings import GatewayConfig, GatewaySettings
 

@@ -22,7 +22,7 @@ task not found, ...), or an SSE stream of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -35,10 +35,12 @@ from starlette.types import Message
 
 from schemas import DEFAULT_AGENT, AgentSpec
 
+from .. import api
 from ..auth import Principal, StreamSlots
 from ..backend import Backend
 from ..checks import check_id, read_body
 from ..errors import NotFound
+from ..openapi import AGENT, Operation
 from ..settings import GatewaySettings
 from ..sse import Guarded
 from .caller import SCOPE_KEY, Caller, ContextBuilder
@@ -121,6 +123,20 @@ class A2A:
             self.slots.release(who.key)
 
         return Guarded(response, release)  # type: ignore[return-value]
+
+    def operations(self) -> list[tuple[Operation, Callable[[Request], Awaitable[Response]]]]:
+        """The A2A routes with their OpenAPI entries (public: the cards)."""
+        return [
+            (Operation("GET", "/.well-known/agent-card.json", "the default agent's A2A card",
+                       200, api.A2AAgentCard, errors=(503,), public=True, tags=("a2a",)),
+             self.card),
+            (Operation("GET", "/a2a/{agent}/.well-known/agent-card.json", "an agent's A2A card",
+                       200, api.A2AAgentCard, params=(AGENT,), errors=(404, 422, 503),
+                       public=True, tags=("a2a",)), self.card),
+            (Operation("POST", "/a2a/{agent}", "A2A JSON-RPC: send, stream, tasks, push configs",
+                       200, api.JsonRpcResponse, api.JsonRpcRequest, params=(AGENT,),
+                       errors=(401, 404, 413, 422, 429, 503), tags=("a2a",)), self.rpc),
+        ]  # fmt: skip
 
 
 def _streaming(body: bytes) -> bool:

@@ -206,6 +206,8 @@ class View {
     this.turns = new Map(); // turn_id -> {node, body, head, parts: Map}
     this.calls = new Map(); // call_id -> card parts
     this.running = null; // turn id of the running turn
+    this.paused = false; // the running turn said it is paused (and not yet resumed)
+    this.pausing = false; // a pause was sent; the turn pauses at its next iteration
     this.scrollPending = false;
     this.pendingQuestion = null;
     this.abort = new AbortController();
@@ -431,6 +433,7 @@ class View {
         break;
       case "loop_start":
         this.running = e.turn_id;
+        this.paused = false;
         turn.max = e.max_iterations;
         turn.node.dataset.state = "running";
         turn.node.dataset.agent = e.agent || "default";
@@ -565,9 +568,14 @@ class View {
         break;
       }
       case "paused":
+        this.paused = true;
+        this.pausing = false;
+        turn.node.dataset.state = "paused";
         this.line(turn, "note", "Paused");
         break;
       case "resumed":
+        this.paused = false;
+        turn.node.dataset.state = "running";
         this.line(turn, "note", "Resumed");
         break;
       case "error":
@@ -582,6 +590,8 @@ class View {
     if (!this.nested && (e.type === "loop_start" || e.type === "loop_end")) {
       this.showRunning();
       refreshSessions(); // the list shows each session's status
+    } else if (!this.nested && (e.type === "paused" || e.type === "resumed")) {
+      this.showRunning();
     }
   }
 
@@ -611,7 +621,10 @@ class View {
   }
 
   end(turn, e) {
-    if (this.running === e.turn_id) this.running = null;
+    if (this.running === e.turn_id) {
+      this.running = null;
+      this.paused = this.pausing = false;
+    }
     turn.node.dataset.state = "ended";
     const box = el("div", `final ${e.reason}`);
     box.append(el("div", "final-title", END_TITLES[e.reason] || e.reason));
@@ -631,13 +644,19 @@ class View {
     badge.hidden = false;
   }
 
+  // The head's badge and buttons: idle, running, pausing (asked, not yet at the next
+  // iteration) or paused, as the events say.
   showRunning() {
     const running = this.running !== null;
+    const held = running && (this.paused || this.pausing);
     $("cancel").disabled = !running;
+    $("pause").disabled = !running || held;
+    $("resume").disabled = !held;
+    const state = !running ? "idle" : this.paused ? "paused" : this.pausing ? "pausing" : "running";
     const status = $("session-status");
     status.hidden = false;
-    status.textContent = running ? "running" : "idle";
-    status.dataset.status = running ? "running" : "idle";
+    status.textContent = state === "pausing" ? "pausing…" : state;
+    status.dataset.status = state === "pausing" ? "paused" : state;
     const question = $("question");
     question.hidden = !this.pendingQuestion;
     question.textContent = this.pendingQuestion ? `The model asks: ${this.pendingQuestion}` : "";
@@ -671,7 +690,7 @@ function open(session) {
   const agent = app.sessionAgents.get(session);
   if (agent) view.showAgent(agent);
   $("input").disabled = $("send").disabled = false;
-  $("cancel").disabled = true;
+  $("cancel").disabled = $("pause").disabled = $("resume").disabled = true;
   $("question").hidden = true;
   history.replaceState(null, "", `#${encodeURIComponent(session)}`);
   for (const item of document.querySelectorAll("#session-list li")) {
@@ -851,6 +870,22 @@ async function cancel() {
   }
 }
 
+// Pause or resume the session's running turn. A pause takes hold at the turn's next
+// iteration, which says so with a `paused` event; `resumed` says it runs again.
+async function pauseOrResume(kind) {
+  const view = app.session;
+  if (!view) return;
+  $("pause").disabled = $("resume").disabled = true;
+  try {
+    await api("POST", `${sessionPath(view.session)}/${kind}`, {});
+    if (app.session !== view) return;
+    view.pausing = kind === "pause" && !view.paused;
+  } catch (error) {
+    notice(`Could not ${kind}: ${error.message}`);
+  }
+  if (app.session === view) view.showRunning();
+}
+
 function start() {
   $("key-form").addEventListener("submit", (ev) => { ev.preventDefault(); useKey($("key").value); });
   $("key-forget").addEventListener("click", () => useKey(""));
@@ -862,6 +897,8 @@ function start() {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) send(ev);
   });
   $("cancel").addEventListener("click", cancel);
+  $("pause").addEventListener("click", () => pauseOrResume("pause"));
+  $("resume").addEventListener("click", () => pauseOrResume("resume"));
   showKeyState();
   refreshAgents();
   refreshSessions();

@@ -1,11 +1,12 @@
-"""One turn's run of the agent loop (:class:`TurnRun`), made by :class:`~.engine.Engine`:
-its iterations, the orchestrated mode's hand-over, tool calls and their results,
-the loop-breaking tools, and the checkpoints. ``engine.py`` describes the loop.
+"""One turn's run of the agent loop (:class:`TurnRun`), made by :class:`~.engine.Engine`
+on what its turns share (:class:`~.kit.TurnKit`): its iterations, the orchestrated mode's
+hand-over, tool calls and their results, the loop-breaking tools, and the checkpoints.
+``engine.py`` describes the loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import msgspec
 
@@ -39,6 +40,7 @@ from .agents import Agent
 from .budget import BudgetExceeded, Meter
 from .context import bound, passage_text
 from .inference import Conversation, Inference
+from .kit import TurnKit
 from .limits import Limits
 from .nudges import echoes_loop
 from .orchestrator import Orchestrator
@@ -47,9 +49,6 @@ from .prompt import BUILTIN_SERVER, builtin_specs, loop_message
 from .scope import End, TurnCancelled, TurnDeadline, TurnInterrupted, TurnScope
 from .tokens import TokenCounter
 from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 #: Loop-breaking tools: name -> (end reason, the argument carrying the text).
 LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
@@ -80,9 +79,9 @@ class TurnRun:
     """One turn's state between iterations."""
 
     def __init__(
-        self, engine: Engine, scope: TurnScope, snapshot: SessionSnapshot, agent: Agent
+        self, kit: TurnKit, scope: TurnScope, snapshot: SessionSnapshot, agent: Agent
     ) -> None:
-        self.e = engine
+        self.e = kit
         self.scope = scope
         self.turn = scope.turn
         self.agent = agent
@@ -111,7 +110,7 @@ class TurnRun:
             )
         self.limits = Limits.of(self.turn, self.settings, agent.tools)
         scope.meter = self.meter = Meter(
-            engine.settings.budget, engine.prices, self.turn.tenant, engine.usage,
+            kit.settings.budget, kit.prices, self.turn.tenant, kit.usage,
             tokens=self.snapshot.turn_tokens if self.resumed else 0,
             cost=self.snapshot.turn_cost if self.resumed else 0.0,
         )  # fmt: skip

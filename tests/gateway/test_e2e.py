@@ -121,3 +121,66 @@ async def test_cancel_over_http_ends_the_running_turn(
         assert r.status_code == 202
         end = await until(reader, "loop_end", got)
     assert end.json()["reason"] == "cancelled"
+
+
+async def test_pause_over_http_holds_the_turn_at_its_next_iteration_until_resumed(
+    mesh: Mesh, client: httpx.AsyncClient, tmp_path: Path
+):
+    task = count_task(tmp_path / "n", seconds=1.0)
+    posted = (await client.post("/v1/sessions/s1/turns", json={"input": task})).json()
+    got: list[Message] = []
+    async with client.stream("GET", posted["events_url"]) as s:
+        reader = messages(s)
+        await until(reader, "tool_call", got)
+        r = await client.post("/v1/sessions/s1/pause", json={})
+        assert r.status_code == 202 and r.json() == {"type": "pause", "session": "s1"}
+        await until(reader, "paused", got)
+        assert [e for e, _ in await stored(mesh, "s1", posted["turn_id"])][-1] == "paused"
+        r = await client.post("/v1/sessions/s1/resume", json={})
+        assert r.status_code == 202 and r.json()["type"] == "resume"
+        await until(reader, "resumed", got)
+        end = await until(reader, "loop_end", got)
+    assert end.json()["reason"] == "task_completion"
+    types = [m.event for m in got]
+    assert types.index("tool_result") < types.index("paused")  # the tool ran to its end
+
+
+async def read_without_since(client: httpx.AsyncClient, session: str) -> list[Message]:
+    """``GET .../events`` with neither ``since`` nor ``Last-Event-ID``, up to a
+    ``loop_end``."""
+    got: list[Message] = []
+    async with client.stream("GET", f"/v1/sessions/{session}/events") as s:
+        await until(messages(s), "loop_end", got)
+    return got
+
+
+async def test_events_without_since_right_after_a_post_show_that_turn_to_its_end(
+    mesh: Mesh, client: httpx.AsyncClient, tmp_path: Path
+):
+    first = (await client.post("/v1/sessions/s1/turns", json={"input": "hello"})).json()
+    async with client.stream("GET", first["events_url"]) as s:
+        await until(messages(s), "loop_end", [])
+    task = count_task(tmp_path / "n")
+    posted = (await client.post("/v1/sessions/s1/turns", json={"input": task})).json()
+    got = await read_without_since(client, "s1")
+    assert got[0].event == "turn_accepted"  # from its start, none of the turn before
+    assert got[-1].json()["reason"] == "task_completion"
+    assert [(m.event, m.json()["turn_id"]) for m in got] == await stored(
+        mesh, "s1", posted["turn_id"]
+    )
+
+
+async def test_events_without_since_opened_mid_turn_start_at_that_turns_beginning(
+    mesh: Mesh, client: httpx.AsyncClient, tmp_path: Path
+):
+    task = count_task(tmp_path / "n", seconds=1.0)
+    posted = (await client.post("/v1/sessions/s1/turns", json={"input": task})).json()
+    async with client.stream("GET", posted["events_url"]) as s:
+        await until(messages(s), "tool_call", [])  # the turn is under way
+    got = await read_without_since(client, "s1")
+    assert [(m.event, m.json()["turn_id"]) for m in got] == await stored(
+        mesh, "s1", posted["turn_id"]
+    )
+    # once it has ended, the same request shows it again: the session's latest turn
+    again = await read_without_since(client, "s1")
+    assert [m.id for m in again] == [m.id for m in got]

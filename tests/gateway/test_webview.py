@@ -3,7 +3,8 @@ real nats-server, the gateway on a real port, a loop worker and a tool worker, w
 fake OpenAI server scripted to plan, call a tool that needs approval, and finish.
 
 A screenshot of the finished turn is saved to ``$LOOPMESH_ARTIFACTS/webview.png``
-(default ``tests/artifacts/``, git-ignored); ``docs/webview.png`` is a copy of one.
+(default ``tests/artifacts/``, git-ignored); ``docs/webview.png`` is a copy of one. One
+of a paused turn goes to ``webview-paused.png`` beside it.
 """
 
 from __future__ import annotations
@@ -257,6 +258,61 @@ async def test_deny_a_call_answer_the_question_in_the_box_then_cancel_the_next_t
         assert await page.locator("#cancel").is_disabled()
         assert await page.locator(".turn").count() == 2
     assert not (tmp_path / "no").exists()
+
+
+async def test_a_turn_paused_from_the_page_shows_paused_then_running_once_resumed(
+    mesh: Mesh, llm: FakeLLM, gateway_at: GatewayFactory, page: Any, tmp_path: Path
+):
+    llm.script(
+        tool_calls(
+            ("local__count", {"path": str(tmp_path / "n"), "label": "one", "seconds": 1.0}),
+            content="Counting once.",
+        ),
+        tool_calls(
+            ("local__count", {"path": str(tmp_path / "n"), "label": "two", "seconds": 2.0}),
+            content="Counting again.",
+        ),
+        tool_calls(("task_completion", {"result": "counted twice"})),
+    )
+    async with gateway_at(no_auth=True) as gw:
+        await page.goto(gw.url)
+        await page.locator("#new-session").click()
+        session = await _selected_session(page)
+        status = page.locator("#session-status")
+        await page.locator("#input").fill("Count twice.")
+        await page.locator("#send").click()
+        await page.locator(".call", has_text="local.count").first.wait_for()
+        assert await page.locator("#resume").is_disabled()
+
+        # the pause takes hold at the next iteration, once the first count has run
+        await page.locator("#pause:enabled").click()
+        turn = page.locator(".turn[data-state=paused]")
+        await turn.wait_for()
+        await page.locator("#session-status[data-status=paused]").wait_for()
+        assert await status.text_content() == "paused"
+        assert await page.locator("#pause").is_disabled()
+        assert await page.locator("#cancel").is_enabled()
+        stored = [e.type for e, _ in await stream_events(mesh.nc, "local", session)]
+        assert stored[-1] == "paused" and stored.count("tool_call") == 1  # it waits
+        assert (tmp_path / "n").read_text() == "one\n"
+        await asyncio.to_thread(ARTIFACTS.mkdir, parents=True, exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "webview-paused.png"))
+
+        await page.locator("#resume:enabled").click()
+        await page.locator(".turn[data-state=running]").wait_for()
+        await page.locator(".call", has_text="local.count").nth(1).wait_for()
+        assert await status.text_content() == "running"
+        assert await page.locator("#pause").is_enabled()
+        assert await page.locator("#resume").is_disabled()
+        assert await texts(page, ".turn .note") == ["Paused", "Resumed"]
+
+        final = page.locator(".final.task_completion")
+        await final.wait_for()
+        assert await final.locator(".final-text").text_content() == "counted twice"
+        await page.locator("#session-status[data-status=idle]").wait_for()
+        assert await page.locator("#pause").is_disabled()
+        assert await page.locator("#resume").is_disabled()
+    assert (tmp_path / "n").read_text() == "one\ntwo\n"
 
 
 async def test_model_output_is_shown_as_text_never_as_markup(

@@ -5,8 +5,6 @@ handlers only read and write the schedules bucket."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import msgspec
 from starlette.requests import Request
@@ -15,20 +13,16 @@ from starlette.responses import Response
 from loopmesh.schedules import Exists, ScheduleError, TooMany, explain, new_schedule, next_tick
 from schemas.schedules import Schedule, ScheduleRun, ScheduleState
 
-from . import api
-from .api import json_response as _json
-from .checks import check_id
-from .errors import Conflict, NotFound, QuotaExceeded, Unprocessable
-from .openapi import Operation, Param
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from .. import api
+from ..api import json_response as _json
+from ..checks import check_id
+from ..core import Gateway, Handler
+from ..errors import Conflict, NotFound, QuotaExceeded, Unprocessable
+from ..openapi import Operation, Param
 
 SCHEDULE = Param(
     "schedule", "path", "schedule id", {"type": "string", "pattern": api.PATH_ID_PATTERN}, True
 )
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Schedules:
