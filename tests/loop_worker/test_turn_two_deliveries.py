@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from loop_worker.lease import Leases
 from loop_worker.store import KVSessionStore
-from loopmesh.testing.durable import SUBJECTS, wait_for
+from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, wait_for
 from schemas import SessionSnapshot, decode
 from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn
 
@@ -86,3 +86,50 @@ async def test_a_late_release_of_a_turns_first_delivery_leaves_the_second_its_le
         snapshot = decode((await kv.get("acme.s1")).value or b"", SessionSnapshot)
         assert (snapshot.turn_id, snapshot.status, snapshot.turns) == ("t2", "idle", 2)
         assert [m.content for m in snapshot.messages if m.role == "user"] == ["say t1", "say t2"]
+
+
+async def test_a_redelivery_whose_take_waited_for_the_first_deliverys_hand_over_is_not_run(
+    nats_server, monkeypatch
+):
+    """The second delivery reads the turn still in the stream, then its take waits for
+    the worker's own hand-over of the session: the first delivery's ack, then release.
+    Once it has the lease, the turn has left the stream: it is not run again."""
+    from loop_worker import turn as turn_module
+
+    reads: list[int | None] = []
+    first_turn = turn_module.first_turn
+
+    async def recorded(*args):
+        first = await first_turn(*args)
+        reads.append(first)
+        return first
+
+    monkeypatch.setattr(turn_module, "first_turn", recorded)
+    async with mesh_on(nats_server.url) as mesh:
+        nc, js = mesh.nc, mesh.nc.jetstream()
+        seq = await send_turn(nc, turn("t1", "say t1"))
+        sub = await js.pull_subscribe_bind(SUBJECTS.turns_consumer, SUBJECTS.turns_stream)
+        [delivered] = await sub.fetch(1, timeout=10)  # the first delivery, held here
+        held = asyncio.create_task(_in_progress(delivered))
+        worker = await mesh.loop_worker("w1")
+        # the first delivery on w1 ends: its lease taken, its hand-over on its way
+        lease = await worker.service.leases.try_acquire("acme", "s1", "t1")
+        assert lease is not None
+        acked = asyncio.Event()
+        hand_over = asyncio.create_task(lease.release(after=acked.wait(), continuable=True))
+        held.cancel()
+        await delivered.nak()  # the turn delivered again, to w1
+        await wait_for(lambda: seq in reads, timeout=30, what="the second delivery's read")
+        await js.delete_msg(SUBJECTS.turns_stream, seq)  # the first delivery's ack
+        acked.set()
+        await hand_over
+        await wait_for(lambda: not worker.service._held, timeout=30, what="the delivery to end")
+        assert await stream_events(nc, "acme", "s1") == []  # it did not run
+        assert await kv_read(nc, SUBJECTS.sessions_bucket, "acme.s1") is None
+        await sub.unsubscribe()
+
+
+async def _in_progress(msg) -> None:
+    while True:
+        await msg.in_progress()
+        await asyncio.sleep(0.5)  # within AckWait (2 s): the turn stays with this delivery
