@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
 
@@ -100,12 +101,15 @@ class Handover:
 
 
 class LeaseRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What a lease key holds: who, for which turn, and a renewal count."""
+    """What a lease key holds: who, for which turn, which take, and a renewal count."""
 
     owner: str
     turn_id: str
     renewals: int = 0
     at: float = 0.0
+    #: This take of the lease, among the worker's takes for the same turn (two
+    #: deliveries of one turn can reach one worker): a release frees its own take only.
+    take: str = ""
 
 
 class Leases:
@@ -150,7 +154,9 @@ class Leases:
         releasing = self._releasing.get(key)
         if releasing is not None:  # a turn of the session is handing it over here
             await releasing.wait()  # then its marker is known: one write takes the key
-        record = LeaseRecord(owner=self.owner, turn_id=turn_id, at=time.time())
+        record = LeaseRecord(
+            owner=self.owner, turn_id=turn_id, at=time.time(), take=secrets.token_hex(6)
+        )
         data = msgspec.json.encode(record)
         attempts = 0
         started = time.monotonic()
@@ -336,7 +342,8 @@ class Lease:
             record = msgspec.json.decode(value, type=LeaseRecord)
         except msgspec.DecodeError:
             return False
-        return record.owner == self.record.owner and record.turn_id == self.record.turn_id
+        mine = self.record
+        return (record.owner, record.turn_id, record.take) == (mine.owner, mine.turn_id, mine.take)
 
     def unlapsed(self) -> bool:
         """Taken or renewed less than 80% of a TTL ago by both the monotonic and the wall

@@ -281,7 +281,7 @@ class TurnRun:
         """Order, tenant room and lease, then the engine; a finished turn is acked, then
         its lease released."""
         w = self._w
-        early = await self._order_and_lease(turn)  # 2. order, 3. lease
+        early = await self._order_and_lease(turn, delivery)  # 2. order, 3. lease
         # with no tenant limit there is no room to wait for (and no call to make)
         tenant_limited = bool(w.settings.tenant_max_active)
         room = w._tenant_slot(turn.tenant) if tenant_limited else contextlib.nullcontext()
@@ -316,7 +316,7 @@ class TurnRun:
                 else:
                     await lease.release()
 
-    async def _order_and_lease(self, turn: Turn) -> Lease | None:
+    async def _order_and_lease(self, turn: Turn, delivery: int) -> Lease | None:
         """Wait for the turn's order; with no tenant limit to wait for, the first order
         check and a first try for the lease go out together (the lease is given back
         if an earlier turn is still in the stream). The lease, if it was taken."""
@@ -329,9 +329,11 @@ class TurnRun:
             first_turn(w.publisher, w.subjects, turn),
             w.leases.try_acquire(turn.tenant, turn.session, turn.id),
         )
-        if lease is not None and not gone(first, self.seq) and (first or self.seq) < self.seq:
+        earlier = (first or self.seq) < self.seq
+        if lease is not None and not gone(first, self.seq) and (earlier or delivery > 1):
             # the take may have waited for this worker's own hand-over of the turn
-            # before (acked, then released): look again before giving the lease back
+            # before, or of another delivery of this one (acked, then released): look
+            # again before giving the lease back, or running a turn done meanwhile
             first = await first_turn(w.publisher, w.subjects, turn)
         if gone(first, self.seq):
             if lease is not None:

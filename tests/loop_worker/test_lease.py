@@ -212,3 +212,19 @@ async def test_leases_held_and_conflicts_are_counted(leases):
     await lease.release()
     await lease.release()  # idempotent: counted once
     assert sample("loopmesh_leases_held") == held
+
+
+async def test_a_late_release_leaves_a_second_take_of_the_same_turn_by_its_worker_alone(leases):
+    """A turn delivered again to the worker still running it (its first delivery's
+    in-progress acks lost, say): the second delivery takes the session's lease once
+    the first delivery's lapsed. The first delivery's release, late, must not free
+    the second's: same worker, same turn, but another take."""
+    a, b = await leases("a"), await leases("b")
+    first = await a.try_acquire("acme", "s1", "t1")
+    assert first is not None
+    await wait_for(lambda: _free(a), timeout=30, what="the first take to lapse")
+    second = await a.try_acquire("acme", "s1", "t1")
+    assert second is not None
+    await first.release(continuable=True)
+    assert await b.try_acquire("acme", "s1", "t2") is None  # still held by the second
+    await second.renew()
