@@ -6,9 +6,12 @@ import pytest
 
 from loop_worker.cli import needs_embedded_llm
 from loop_worker.config import LoopWorkerConfig
+from loop_worker.engine.llm import OpenAILLM
+from loop_worker.engine.settings import LLMSettings
 from loopmesh.settings import load
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
+from schemas import ChatMessage
 from tests.e2e.test_up_run import stop_and_check_nothing_left, up
 
 OPENAI_ENV = {"OPENAI_API_KEY": "sk-from-the-shell", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
@@ -30,6 +33,24 @@ def test_only_loopmesh_settings_choose_an_llm_over_the_demo_model(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert needs_embedded_llm(load(LoopWorkerConfig, None)) is embedded
+
+
+async def test_a_configured_llm_without_a_key_of_its_own_sends_openai_api_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the Kubernetes manifests rely on: the Secret's key as OPENAI_API_KEY."""
+    async with FakeLLM(default=auto()) as llm:
+        settings = LLMSettings(base_url=llm.base_url, model="fake-model")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-from-the-secret")
+        async with OpenAILLM(settings) as client:
+            await client.complete([ChatMessage(role="user", content="hi")])
+        monkeypatch.delenv("OPENAI_API_KEY")
+        async with OpenAILLM(settings) as client:
+            await client.complete([ChatMessage(role="user", content="hi")])
+    assert llm.keys == [
+        "Bearer sk-from-the-secret",
+        "Bearer not-needed",
+    ]
 
 
 @pytest.mark.slow
