@@ -46,8 +46,10 @@ Run loopmesh on this machine until Ctrl-C.
 
 Starts nats-server with JetStream in the store directory (unless --nats-url or
 [nats] url names a server, such as tls://HOST:4222 with the [nats] tls_* files),
-provisions every stream, consumer and KV bucket, and
-prints the URLs to connect to."""
+provisions every stream, consumer and KV bucket, and prints the URLs to connect to.
+A process it started that dies (nats-server, the llama.cpp server) is reported and
+started again, up to 3 times in a row; after that, or when a service fails, everything
+stops and up exits 1, saying why."""
 
 #: A service ``up`` runs: it works until ``stop`` is set, then returns.
 Service = Callable[[asyncio.Event, str], Coroutine[Any, Any, None]]
