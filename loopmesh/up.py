@@ -165,10 +165,17 @@ async def _part(
     name: str, work: Coroutine[Any, Any, None], stop: asyncio.Event, failed: list[str]
 ) -> None:
     """Run one part of ``up`` (a service, a child's watch). One that fails, or ends before
-    ``stop`` is set, is reported and stops everything: ``up`` never runs on without it."""
+    ``stop`` is set, is reported and stops everything: ``up`` never runs on without it.
+    What fails once stopping has begun (the server gone with a part given up on, say) is
+    a consequence: logged, not reported as the reason."""
     try:
         await work
     except Exception as exc:
+        while isinstance(exc, ExceptionGroup):  # a task group's: its first error says why
+            exc = exc.exceptions[0]
+        if stop.is_set():
+            log.warning("%s failed while stopping: %r", name, exc)
+            return
         failed.append(f"{name}: {exc}")
     else:
         if stop.is_set():
