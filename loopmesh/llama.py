@@ -38,7 +38,10 @@ SEED = 1234
 #: (``11:16:40.174394`` came back as ``11:17:45.989999``). The choice of a tool keeps
 #: the server's penalty, under which it picks the tools a request asks for.
 COPY_REPEAT_PENALTY = 1.0
-INSTALL_HINT = "pip install 'loopmesh[local]' (builds llama.cpp: about five minutes)"
+INSTALL_HINT = (
+    "CMAKE_ARGS=-DGGML_NATIVE=OFF pip install --no-cache-dir 'loopmesh[local]' "
+    "(compiles llama.cpp, portable: 7-8 minutes on 2 cores), or `make run`"
+)
 
 
 class LlamaServerError(LoopmeshError):
@@ -93,8 +96,14 @@ class LlamaServer:
         return self._proc.pid if self._proc else None
 
     async def start(self) -> None:
-        if self._proc is not None:
+        """Start the server and wait until it answers; again, on the same port, after it
+        exited."""
+        if self._proc is not None and self._proc.returncode is None:
             return
+        if self._reader is not None:  # the last run's: its output ended with it
+            await self._reader
+            self._reader = None
+        self._log.clear()
         if importlib.util.find_spec("llama_cpp") is None or self.model_path is None:
             raise LlamaServerError(f"the embedded LLM is not installed: {INSTALL_HINT}")
         if not self.port:
@@ -151,6 +160,18 @@ class LlamaServer:
                         f"llama.cpp server not ready after {self.start_timeout}s"
                     )
                 await asyncio.sleep(0.1)  # polling a port: there is no event to wait on
+
+    async def wait(self) -> int:
+        """Until the server (started) exits, however it does; its exit code."""
+        assert self._proc is not None
+        code = await self._proc.wait()
+        if self._reader is not None:
+            await self._reader  # its last lines, for log_tail
+        return code
+
+    def log_tail(self, lines: int = 10) -> str:
+        """The last ``lines`` lines it printed."""
+        return b"".join(self._log[-lines:]).decode(errors="replace").rstrip()
 
     async def stop(self, timeout: float = 3.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` (it waits for a reply in progress

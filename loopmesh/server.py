@@ -179,6 +179,19 @@ class NatsServer:
             f"{why.decode(errors='replace').strip()}"
         )
 
+    async def wait(self) -> int:
+        """Until the server (started) exits, however it does; its exit code."""
+        assert self._proc is not None
+        return await self._proc.wait()
+
+    def log_tail(self, lines: int = 10) -> str:
+        """The last ``lines`` lines of its log."""
+        try:
+            log = self.log_file.read_bytes()
+        except OSError:
+            return ""
+        return b"\n".join(log.splitlines()[-lines:]).decode(errors="replace")
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""
         proc, self._proc = self._proc, None

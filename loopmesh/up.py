@@ -4,6 +4,13 @@ Starts an embedded nats-server with JetStream (unless a NATS URL is configured),
 provisions every stream, consumer and bucket, then runs the services of
 :func:`services` as tasks of one task group. SIGINT or SIGTERM stops the services,
 then closes the connection and stops the server, leaving no process behind.
+
+Nothing runs on unseen: a child process that dies (the nats-server here, the
+llama.cpp server under the loop worker) is reported with its exit status and the end
+of its log, then started again on the same port (:func:`loopmesh.process.keep_running`:
+after 1, 2 and 4 seconds; the fourth death in a row is given up on). A service that
+fails or ends on its own, or a child given up on, is reported, everything else stops,
+and ``up`` exits 1.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .agents import Agents, check_agents
 from .cli import config_from_args
 from .errors import ConfigError
 from .nats import connect
+from .process import keep_running
 from .provision import provision_all
 from .server import NatsServer
 from .settings import NatsSettings
@@ -38,8 +46,10 @@ Run loopmesh on this machine until Ctrl-C.
 
 Starts nats-server with JetStream in the store directory (unless --nats-url or
 [nats] url names a server, such as tls://HOST:4222 with the [nats] tls_* files),
-provisions every stream, consumer and KV bucket, and
-prints the URLs to connect to."""
+provisions every stream, consumer and KV bucket, and prints the URLs to connect to.
+A process it started that dies (nats-server, the llama.cpp server) is reported and
+started again, up to 3 times in a row; after that, or when a service fails, everything
+stops and up exits 1, saying why."""
 
 #: A service ``up`` runs: it works until ``stop`` is set, then returns.
 Service = Callable[[asyncio.Event, str], Coroutine[Any, Any, None]]
@@ -103,7 +113,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def main(args: argparse.Namespace) -> int:
     config = config_from_args(UpConfig, args)
     settings = config.nats
+    failed: list[str] = []
     async with shutdown_on_signals() as stop, AsyncExitStack() as stack:
+        server: NatsServer | None = None
         if settings.url:
             url, where = settings.url, "external"
             monitor = None
@@ -134,14 +146,45 @@ async def main(args: argparse.Namespace) -> int:
         _say(f"ready; set LOOPMESH_NATS__URL={url} for other commands. Ctrl-C stops.")
 
         async with asyncio.TaskGroup() as tg:
+            if server is not None:
+                watch = keep_running("nats-server", server, stop, _say)
+                tg.create_task(_part("nats-server", watch, stop, failed))
             for name, service in running:
-                task = tg.create_task(service(stop, url), name=name)
+                part = _part(name, service(stop, url), stop, failed)
+                task = tg.create_task(part, name=name)
                 ready: asyncio.Event | None = getattr(service, "ready", None)
                 if ready is not None:  # the next services need this one (the tool catalog)
                     await _until_ready(ready, task, stop)
             await stop.wait()
         _say("stopping")
+    if failed:
+        _say(f"stopped: {'; '.join(failed)}")
+        return 1
     return 0
+
+
+async def _part(
+    name: str, work: Coroutine[Any, Any, None], stop: asyncio.Event, failed: list[str]
+) -> None:
+    """Run one part of ``up`` (a service, a child's watch). One that fails, or ends before
+    ``stop`` is set, is reported and stops everything: ``up`` never runs on without it.
+    What fails once stopping has begun (the server gone with a part given up on, say) is
+    a consequence: logged, not reported as the reason."""
+    try:
+        await work
+    except Exception as exc:
+        while isinstance(exc, ExceptionGroup):  # a task group's: its first error says why
+            exc = exc.exceptions[0]
+        if stop.is_set():
+            log.warning("%s failed while stopping: %r", name, exc)
+            return
+        failed.append(f"{name}: {exc}")
+    else:
+        if stop.is_set():
+            return
+        failed.append(f"{name} ended on its own")
+    _say(f"error     {failed[-1]}; stopping everything")
+    stop.set()
 
 
 async def _until_ready(ready: asyncio.Event, task: asyncio.Task[None], stop: asyncio.Event) -> None:

@@ -44,6 +44,7 @@ import openai
 from openai.types.chat import ChatCompletion
 from prometheus_client import Counter
 
+from loopmesh.settings import environ
 from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
 
@@ -170,7 +171,9 @@ class OpenAILLM:
         self._owns_client = client is None
         self._client = client or openai.AsyncOpenAI(
             base_url=settings.base_url,
-            api_key=settings.api_key or "not-needed",
+            # unset: OPENAI_API_KEY, as the openai client reads it (the Kubernetes
+            # manifests' Secret); an endpoint that takes none gets a placeholder
+            api_key=settings.api_key or environ("OPENAI_API_KEY") or "not-needed",
             max_retries=0,
             timeout=settings.timeout_s,
         )

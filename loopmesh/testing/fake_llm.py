@@ -131,6 +131,7 @@ class FakeLLM:
         self.models = models
         self.requests: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # when each request arrived (time.time()), in order
+        self.keys: list[str | None] = []  # each request's Authorization header, in order
         self.disconnects = 0  # requests whose client went away before the reply ended
         self._script: list[Reply] = list(replies)
         self._by_model: dict[str, list[Reply]] = {}
@@ -220,6 +221,7 @@ class FakeLLM:
         async with self._changed:
             self.requests.append(body)
             self.arrivals.append(arrived)
+            self.keys.append(request.headers.get("authorization"))
             self._changed.notify_all()
         own = self._by_model.get(str(body.get("model")))
         if own:
