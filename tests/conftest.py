@@ -52,6 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )  # fmt: skip
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``serial`` (kills, handovers, chaos, load: each wants the machine's
+    attention) form one xdist group: under ``-n N --dist loadgroup`` a single worker runs
+    them one after another while the other workers run the rest."""
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
     """A fresh nats-server with JetStream on free ports and a temporary store."""

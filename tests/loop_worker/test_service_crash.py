@@ -24,7 +24,11 @@ from schemas import ApprovalDecision, Turn
 from tests.conftest import BOTH
 from tests.loop_worker.durable import Watch, send_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("durable", BOTH, indirect=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.parametrize("durable", BOTH, indirect=True),
+]
 
 READY = "loop worker ready"
 
