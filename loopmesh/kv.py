@@ -25,7 +25,6 @@ import time
 from collections.abc import AsyncIterator
 
 import msgspec
-import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -247,8 +246,8 @@ async def kv_entries(
             while pending > 0:
                 try:
                     msgs = await sub.fetch(min(pending, 256), timeout=timeout)
-                except nats.errors.TimeoutError:
-                    break  # the rest lapsed
+                except TimeoutError:  # nats-py raises its own, or a plain one: the rest lapsed
+                    break
                 except nats.js.errors.ServiceUnavailableError:
                     # a consumer just made on a replicated stream answers 503 until its
                     # leader is elected (a loop worker's start on R3)

@@ -3,6 +3,7 @@ a fake LLM per test."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from nats.aio.client import Client
 
 from loopmesh.cluster import NatsCluster
-from loopmesh.ports import free_ports
+from loopmesh.ports import free_ports, share_range
 from loopmesh.server import NatsServer
 from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
@@ -50,6 +51,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--chaos", action="store_true",
         help="also run seeds 2 and 3 of the chaos run (tests/chaos; seed 1 always runs)",
     )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker picks the ports of its servers from a slice of its
+    own: two workers never hand out the same port before its server binds it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1...
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count:
+        share_range(int(worker.removeprefix("gw")), int(count))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``serial`` (kills, handovers, chaos, load: each wants the machine's
+    attention) form one xdist group: under ``-n N --dist loadgroup`` a single worker runs
+    them one after another while the other workers run the rest."""
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ def bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it measures: a load beside it skews its figures
 def test_the_smallest_configuration_runs_end_to_end_with_sane_figures(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
     run = bench(*SMALLEST, "--json", str(out), timeout=300)

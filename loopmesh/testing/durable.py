@@ -108,10 +108,16 @@ async def kv_read(nc: Client, bucket: str, key: str) -> bytes | None:
 
 
 async def wait_for(
-    predicate: Callable[[], Awaitable[bool] | bool], *, timeout: float = 10.0, what: str = ""
+    predicate: Callable[[], Awaitable[bool] | bool],
+    *,
+    timeout: float = 10.0,
+    what: str = "",
+    every: float = 0.02,
 ) -> None:
-    """Poll ``predicate`` until true, failing after ``timeout`` (state in NATS has no
-    event to wait on from a test)."""
+    """Poll ``predicate`` every ``every`` seconds until true, failing after ``timeout``
+    (state in NATS has no event to wait on from a test). A predicate that asks the
+    gateway polls no faster than the key's rate limit allows, or the polling itself is
+    answered 429."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
@@ -121,7 +127,7 @@ async def wait_for(
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(every)
 
 
 # -- services as real processes -------------------------------------------------------

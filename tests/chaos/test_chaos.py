@@ -6,7 +6,7 @@ import pytest
 
 from .run import run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 SEED = 1  # the CI seed
 MORE = (2, 3)  # with --chaos

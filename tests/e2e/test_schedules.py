@@ -29,7 +29,7 @@ from schemas import decode
 from schemas.events import AnyEvent
 from schemas.schedules import ScheduleState, state_key
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 KEY = "schedules-key"
 _URL = re.compile(r"gateway\s+(http://\S+)")

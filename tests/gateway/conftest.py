@@ -30,6 +30,11 @@ KEYS = (
 )
 
 
+#: How often a test may poll the gateway with one key (``wait_for(..., every=API_POLL_S)``):
+#: at half the default rate limit, so that the polling alone never earns a 429.
+API_POLL_S = 2 / GatewaySettings().rate_per_s
+
+
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 

@@ -17,7 +17,7 @@ from loopmesh.settings import NatsSettings, SchedulerSettings
 from loopmesh.testing.durable import SUBJECTS, wait_for
 from schemas import AgentSpec, encode
 from schemas.events import LoopEnd
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
+from tests.gateway.conftest import ACME_KEY, API_POLL_S, GLOBEX_KEY, KEYS, auth
 from tests.gateway.test_api import turns_in_stream
 
 EVERY_SECOND = "* * * * * *"
@@ -135,12 +135,14 @@ async def test_runs_are_listed_with_what_became_of_them(
     assert r.status_code == 201
 
     async def runs() -> list[dict]:
-        return (await client.get("/v1/schedules/often")).json()["runs"]
+        r = await client.get("/v1/schedules/often")
+        assert r.status_code == 200, r.text
+        return r.json()["runs"]
 
     async def fired() -> bool:
         return any(r["outcome"] == "fired" and r["published"] for r in await runs())
 
-    await wait_for(fired, timeout=15, what="a run")
+    await wait_for(fired, timeout=15, what="a run", every=API_POLL_S)
     first = next(r for r in await runs() if r["outcome"] == "fired")
     assert first["end"] is None and first["session"] == "s1"
     assert [t.id for t, _ in await turns_in_stream(nats_url)] == [first["turn_id"]]
@@ -148,14 +150,14 @@ async def test_runs_are_listed_with_what_became_of_them(
     async def skipped() -> bool:  # policy skip: the run has not ended
         return any(r["outcome"] == "skipped" for r in await runs())
 
-    await wait_for(skipped, timeout=15, what="a skipped tick")
+    await wait_for(skipped, timeout=15, what="a skipped tick", every=API_POLL_S)
     end = LoopEnd(tenant="acme", session="s1", turn_id=first["turn_id"], reason="task_completion")
     await nc.jetstream().publish(SUBJECTS.event("acme", "s1", "loop_end"), encode(end))
 
     async def ended() -> bool:
         return any(r["end"] == "task_completion" for r in await runs())
 
-    await wait_for(ended, timeout=15, what="the run's end")
+    await wait_for(ended, timeout=15, what="the run's end", every=API_POLL_S)
     assert (await client.post("/v1/schedules/often/pause")).status_code == 200
     listed = (await client.get("/v1/schedules")).json()["schedules"]
     assert len(listed[0]["runs"]) == 1 and listed[0]["runs"][0]["end"] is None

@@ -93,6 +93,7 @@ async def child_call(watch: Watch) -> ToolCallEvent:
     return call
 
 
+@pytest.mark.serial
 async def test_killing_the_parents_and_the_childs_workers_leaves_one_child_and_one_run(
     mesh, tmp_path
 ):

@@ -12,7 +12,7 @@ from loopmesh.testing.fake_llm import FakeLLM, text, tool_calls
 from schemas import Turn
 from tests.loop_worker.durable import Watch, send_turn
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ORCHESTRATOR = {
     "LOOPMESH_LOOP__MODE": "orchestrator",

@@ -24,7 +24,11 @@ from schemas import ApprovalDecision, Turn
 from tests.conftest import BOTH
 from tests.loop_worker.durable import Watch, send_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.parametrize("durable", BOTH, indirect=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.parametrize("durable", BOTH, indirect=True),
+]
 
 READY = "loop worker ready"
 
@@ -144,7 +148,10 @@ async def test_sigterm_to_both_workers_mid_call_hands_the_turn_over_and_runs_the
     recorded result instead of running the tool again."""
     counter = tmp_path / "count"
     tools = await procs.tool_worker(LOOPMESH_TOOL_WORKER__DRAIN_TIMEOUT_S="30")
-    first = await procs.loop_worker("w1", drain_timeout_s=0.2)
+    # Its turn must not come back to it while it runs: with the fixture's 2 s ack wait a
+    # busy machine can delay the keepalive past it, and JetStream redelivers the turn to
+    # this same worker (then holding two). The handover below is SIGTERM's, not a timeout.
+    first = await procs.loop_worker("w1", drain_timeout_s=0.2, ack_wait_s=10, lease_ttl_s=10)
     async with Watch(procs.nc) as watch, Watch(procs.nc, session="s2") as watch2:
         await send_turn(procs.nc, turn("t1", call("count", path=str(counter), seconds=2.0)))
         await watch.wait("tool_call", "t1")

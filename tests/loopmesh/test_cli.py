@@ -175,7 +175,7 @@ async def test_up_with_a_nats_url_provisions_that_server_and_stops_on_sigterm(na
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert proc.returncode == 0
+    assert proc.returncode == 0, (await proc.stderr.read()).decode() if proc.stderr else ""
     assert nats_server.running
 
 

@@ -3,7 +3,10 @@
 import socket
 from pathlib import Path
 
-from loopmesh.ports import free_port, free_ports
+import pytest
+
+from loopmesh import ports
+from loopmesh.ports import free_port, free_ports, share_range
 
 
 def test_picked_ports_are_free_different_and_below_the_ephemeral_range():
@@ -26,3 +29,15 @@ def test_a_port_in_use_is_not_picked(monkeypatch):
         draws = iter([busy, busy, free])
         monkeypatch.setattr("loopmesh.ports.random.randrange", lambda a, b: next(draws))
         assert free_port() == free
+
+
+def test_processes_sharing_the_range_pick_from_slices_that_do_not_overlap(monkeypatch):
+    monkeypatch.setattr(ports, "_share", ports._share)  # put back after the test
+    picked = []
+    for index in range(3):
+        share_range(index, 3)
+        picked.append(set(free_ports(200)))
+    low = min(min(p) for p in picked)
+    assert low >= 10_000 and max(picked[0]) < min(picked[1]) and max(picked[1]) < min(picked[2])
+    with pytest.raises(ValueError):
+        share_range(3, 3)

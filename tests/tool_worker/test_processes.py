@@ -16,7 +16,7 @@ from loopmesh.shutdown import REPEAT_S
 
 from .harness import SUBJECTS, Requester, WorkerProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ENV = {"LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_TOOL_WORKER__BUILTINS": "calculator"}
 
