@@ -9,6 +9,8 @@ Refuses to start without API keys unless no-auth is on, and refuses no-auth on a
 non-loopback host unless ``no_auth_any_host`` says so too (fail closed). Refuses, too,
 a ``[nats] partitions`` other than the one the server's events streams were made for:
 it would look for each session's events in another stream (:class:`ProvisionError`).
+An address it cannot listen on (a port in use) is a :class:`ConfigError` too, raised from
+``__aenter__`` like the others, never uvicorn's exit of the whole process.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 
 import uvicorn
 from nats.aio.client import Client
@@ -72,10 +75,24 @@ def is_loopback(host: str) -> bool:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handlers: the caller's stop event rules."""
+    """uvicorn without its own signal handlers: the caller's stop event rules; and without
+    its ``sys.exit(3)`` when it cannot listen (a port in use, an address not of this
+    machine): in a task, ``SystemExit`` would escape the event loop and end the whole
+    process with code 3, past every service's drain. It raises :class:`ConfigError`."""
 
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        except SystemExit as exc:
+            why = exc.__context__  # the OSError that uvicorn logged before it exited
+            raise ConfigError(
+                "[gateway] host and port",
+                f"the gateway cannot listen on {self.config.host}:{self.config.port} ({why}): "
+                "stop what holds that port, or set another one (0: any free port)",
+            ) from why
 
 
 class GatewayServer:
@@ -160,7 +177,7 @@ class GatewayServer:
             await self.gateway.a2a.close()  # its streams end; the turns go on
         if server is not None and task is not None:
             server.should_exit = True
-            with contextlib.suppress(Exception, SystemExit):  # uvicorn exits on a bind error
+            with contextlib.suppress(Exception):  # its failure to start was raised already
                 await task
         if mcp is not None:
             await mcp.close()

@@ -2,6 +2,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ LOOPMESH = [sys.executable, "-m", "loopmesh"]
 
 def clean_env() -> dict[str, str]:
     """The environment without LOOPMESH_ settings, with an LLM endpoint configured so
-    that ``up`` does not start the embedded model (these tests are about NATS)."""
+    that ``up`` does not start the embedded model (these tests are about NATS), and the
+    gateway on a free port (two ``up`` at once would both want 8080)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPMESH_")}
     env["LOOPMESH_LLM__BASE_URL"] = "http://127.0.0.1:9/v1"
+    env["LOOPMESH_GATEWAY__PORT"] = "0"
     return env
 
 
@@ -99,10 +102,13 @@ def test_the_runtime_table_is_read_before_the_command_starts(tmp_path):
     assert "nats " not in result.stdout  # refused before anything started
 
 
-async def start_up(*args: str) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
-    """Start `loopmesh up`; return it and the lines it printed before "ready", by key."""
+async def start_up(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, dict[str, str]]:
+    """Start `loopmesh up` (with ``env`` added to :func:`clean_env`); return it and the
+    lines it printed before "ready", by key."""
     proc = await asyncio.create_subprocess_exec(
-        *LOOPMESH, "up", *args, cwd=ROOT, env=clean_env(),
+        *LOOPMESH, "up", *args, cwd=ROOT, env={**clean_env(), **(env or {})},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -177,6 +183,25 @@ async def test_up_with_a_nats_url_provisions_that_server_and_stops_on_sigterm(na
             await proc.wait()
     assert proc.returncode == 0, (await proc.stderr.read()).decode() if proc.stderr else ""
     assert nats_server.running
+
+
+async def test_up_whose_gateway_port_is_taken_says_so_and_exits_1(nats_server):
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # listening: the port is in use
+        port = taken.getsockname()[1]
+        proc, _ = await start_up(
+            "--nats-url", nats_server.url, env={"LOOPMESH_GATEWAY__PORT": str(port)}
+        )
+        try:
+            async with asyncio.timeout(60):  # it stops on its own: no signal
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert proc.returncode == 1, err.decode()  # not 3, uvicorn's exit when it cannot listen
+    said = out.decode()
+    assert "error     gateway: invalid configuration in [gateway] host and port" in said, said
+    assert f"cannot listen on 127.0.0.1:{port} (" in said and "address already in use" in said
 
 
 async def test_the_embedded_nats_server_dies_with_up_even_when_up_is_killed(tmp_path):

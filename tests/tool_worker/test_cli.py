@@ -59,6 +59,7 @@ def env() -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith("LOOPMESH_")}
     out["PYTHONPATH"] = str(ROOT)
     out["LOOPMESH_LLM__BASE_URL"] = "http://127.0.0.1:9/v1"
+    out["LOOPMESH_GATEWAY__PORT"] = "0"  # not 8080: another test's `up` may hold it
     return out
 
 
