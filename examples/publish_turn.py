@@ -50,12 +50,13 @@ async def run(
             "created_at": time.time()}  # fmt: skip
     if agent is not None:  # a named agent (docs/AGENTS.md); unset: the session's
         turn["agent"] = agent
-    ack = await nc.jetstream().publish(
+    # (said before the publish: its first events may come before the stream's ack)
+    print(f"publishing turn {turn_id}", flush=True)
+    await nc.jetstream().publish(
         f"loopmesh.turns.{tenant}.{session}",
         json.dumps(turn).encode(),
         headers={"Nats-Msg-Id": f"{tenant}.{session}.{turn_id}"},
     )
-    print(f"published turn {turn_id} (stream {ack.stream}, seq {ack.seq})", flush=True)
     try:
         end = await asyncio.wait_for(ended, timeout)
     except TimeoutError:

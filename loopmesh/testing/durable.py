@@ -130,6 +130,16 @@ async def wait_for(
         await asyncio.sleep(every)
 
 
+async def drained(nc: Client, stream: str, *, timeout: float = 10.0) -> None:
+    """Wait until the work-queue ``stream`` holds no message: a turn is acked just after
+    its ``loop_end`` goes out, so a test that saw the ``loop_end`` may be a moment early."""
+
+    async def empty() -> bool:
+        return (await nc.jetstream().stream_info(stream)).state.messages == 0
+
+    await wait_for(empty, timeout=timeout, what=f"{stream} to hold no message")
+
+
 # -- services as real processes -------------------------------------------------------
 
 #: How long a process gets to print a line it prints on its way up: starting Python and

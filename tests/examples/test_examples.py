@@ -36,7 +36,7 @@ async def test_the_nats_py_example_publishes_a_turn_and_prints_its_events_to_the
     assert await asyncio.wait_for(proc.proc.wait(), 90) == 0, proc.output()
     await proc.close()
     types = [line.split()[0] for line in proc.lines[1:-1]]
-    assert proc.lines[0].startswith("published turn ")
+    assert proc.lines[0].startswith("publishing turn ")
     assert types[:2] == ["turn_accepted", "loop_start"] and types[-1] == "loop_end", types
     assert "tool_call" in types and "tool_result" in types
     end = json.loads(proc.lines[-2].split(" ", 1)[1])
