@@ -135,14 +135,27 @@ class Tenants:
 
     async def turn(self, tenant: str, session: str) -> None:
         """Publish one turn and wait for its loop_end."""
-        await settled_turn(self, await self.publish(tenant, session))
+        await self.ended(await self.publish(tenant, session))
 
     async def publish(self, tenant: str, session: str) -> Published:
+        """Publish a turn of ``tenant`` in ``session`` (its ack awaited)."""
         self.ids += 1
         turn_id = f"{self.tag}n{self.ids}"
         t = turn(turn_id, f"{self.tag}{session}", f"bench-turn={turn_id}\necho 0", tenant)
         started = time.perf_counter()
         return Published(tenant, turn_id, started, await self.ends.publish(t))
+
+    async def ended(self, p: Published) -> None:
+        """Wait for the loop_end of ``p`` and note the turn."""
+        timeout = self.args.turn_timeout_s
+        try:
+            end = await settled(p.end, timeout)
+        except TimeoutError:
+            why = f"turn {p.turn_id} had no loop_end within {timeout:g} s"
+            raise RuntimeError(why) from None
+        self.run.turns.append(
+            Turned(p.tenant, p.turn_id, p.started, time.perf_counter(), end.reason)
+        )
 
     async def flood(self, n: int, tenants: Sequence[str], published: asyncio.Event) -> None:
         """``n`` turns round the ``tenants``, published at once (``published`` is set
@@ -159,9 +172,9 @@ class Tenants:
         until = time.perf_counter() + self.args.flood_s
 
         async def keep(p: Published) -> None:
-            await settled_turn(self, p)
+            await self.ended(p)
             while time.perf_counter() < until:
-                await settled_turn(self, await self.publish(*session()))
+                await self.ended(await self.publish(*session()))
 
         await asyncio.gather(*(keep(p) for p in sent))
 
@@ -189,20 +202,12 @@ class Tenants:
 
 @dataclass(frozen=True)
 class Published:
+    """A turn published, waiting for its loop_end."""
+
     tenant: str
     turn_id: str
     started: float
     end: asyncio.Future[LoopEnd]
-
-
-async def settled_turn(tenants: Tenants, p: Published) -> None:
-    timeout = tenants.args.turn_timeout_s
-    try:
-        end = await settled(p.end, timeout)
-    except TimeoutError:
-        raise RuntimeError(f"turn {p.turn_id} had no loop_end within {timeout:g} s") from None
-    tenants.run.turns.append(Turned(p.tenant, p.turn_id, p.started, time.perf_counter(),
-                                    end.reason))  # fmt: skip
 
 
 @dataclass
@@ -318,8 +323,8 @@ def report(r: Result, args: argparse.Namespace) -> str:
         f"(max_active_turns {a.max_active} each, tenant_max_active {limit}) ==",
         f"A floods {flood_turns(a, r.config)} turns at once, each that ends replaced for "
         f"{a.flood_s:g} s; B and C each: a turn every {a.every_s:g} s and "
-        f"{a.back_to_back} sessions of back-to-back turns; the model "
-        f"{a.pace.nominal_s * 1000:.0f} ms a reply",
+        f"{a.back_to_back} session{'s' * (a.back_to_back != 1)} of back-to-back turns; "
+        f"the model {a.pace.nominal_s * 1000:.0f} ms a reply",
         "| tenant | turns alone / under the flood | latency alone p50 / p99 / max ms "
         f"| under the flood p50 / p99 / max ms | p50 x | p99 x | turns > {STALL_S:g} s over "
         "the model's time, alone / under the flood |",
