@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benches import run_bench
+
 SMALLEST = [
     "--configs", "r1x1", "--max-active", "2", "--tenant-max-active", "1",
     "--flood-s", "1", "--alone-s", "1.5", "--back-to-back", "1",
@@ -27,10 +26,7 @@ GOALS = [
 
 
 def bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.fairness", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return run_bench("bench.fairness", *args, timeout=timeout)
 
 
 @pytest.mark.slow
