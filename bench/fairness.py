@@ -3,8 +3,8 @@
     python -m bench.fairness [--configs r1x1,r1x2,r1x4,r3x1,r3x2,r3x4] [--quick]
                              [--max-active 16] [--flood-x 10] [--flood-s 15]
                              [--tenant-max-active N] [--alone-s 10] [--every-s 0.5]
-                             [--back-to-back 2]
-                             [--ttft-ms 150] [--tokens 6] [--tokens-per-s 50]
+                             [--back-to-back 2] [--ttft-ms 150] [--tokens 6]
+                             [--tokens-per-s 50] [--turn-timeout-s 300]
 
 Everything is a real process on this machine: nats-server (R1), or a cluster of three
 with every stream and bucket on three replicas (R3); 1, 2 or 4 loop workers (``python -m
@@ -29,7 +29,7 @@ assumes an order.
 
 Four runs per configuration: B and C alone for ``--alone-s``; A's flood alone; the same
 flood spread over 8 tenants (the fleet's throughput, whoever floods); A's flood again,
-with B and C running from the moment its turns are all published until its last
+with B and C running from the moment its first turns are all published until its last
 ``loop_end``. Then a table per configuration, the goals and a verdict on each:
 
 - under the flood, B's and C's p50 latency is at most 1.5 times their p50 alone, and
@@ -40,8 +40,8 @@ with B and C running from the moment its turns are all published until its last
   to stream its reply), alone or under the flood.
 
 A's own turns wait by design (its flood is many times the slots): its latency is shown,
-not judged. ``--quick`` runs R1 with 2 loop workers and shorter runs (about two minutes
-on 2 cores). A run that fails says why and exits 1; goals not met are verdicts, not a
+not judged. ``--quick`` runs R1 with 2 loop workers and shorter runs (about a minute on
+2 cores). A run that fails says why and exits 1; goals not met are verdicts, not a
 failure.
 """
 
@@ -408,15 +408,25 @@ def parser() -> argparse.ArgumentParser:
             out.append(Config(servers, int(workers)))
         return out
 
+    def slots(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"a whole number above 0, not {text!r}")
+        return int(text)
+
+    def pace(text: str) -> float:
+        if float(text) <= 0:
+            raise argparse.ArgumentTypeError(f"seconds above 0, not {text!r}")
+        return float(text)
+
     p.add_argument("--configs", type=configs, help="default r1x1,r1x2,r1x4,r3x1,r3x2,r3x4; "
                    "with --quick r1x2")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="R1 x 2 loop workers, short runs")
-    p.add_argument("--max-active", type=int, default=16, help="each loop worker's turn slots")
-    p.add_argument("--flood-x", type=int, default=10, help="A's flood: this times the slots")
+    p.add_argument("--max-active", type=slots, default=16, help="each loop worker's turn slots")
+    p.add_argument("--flood-x", type=slots, default=10, help="A's flood: this times the slots")
     p.add_argument("--flood-s", type=float, help="A keeps it up this long (default 15; quick 8)")
     p.add_argument("--tenant-max-active", type=int, help="the loop workers' tenant_max_active")
     p.add_argument("--alone-s", type=float, help="B and C alone this long (default 10; quick 6)")
-    p.add_argument("--every-s", type=float, default=0.5, help="B's and C's interactive pace")
+    p.add_argument("--every-s", type=pace, default=0.5, help="B's and C's interactive pace")
     p.add_argument("--back-to-back", type=int, default=2, help="sessions each of B and C")
     p.add_argument("--ttft-ms", type=float, default=150.0, help="time to first token")
     p.add_argument("--tokens-per-s", type=float, default=50.0)
