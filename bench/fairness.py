@@ -317,7 +317,7 @@ class Bench:
 
 def flood_turns(args: argparse.Namespace, config: Config) -> int:
     """``--flood-x`` times the fleet's turn slots."""
-    return int(args.flood_x * args.max_active * config.workers)
+    return args.flood_x * args.max_active * config.workers  # type: ignore[no-any-return]
 
 
 # -- what is printed ------------------------------------------------------------------
@@ -327,9 +327,9 @@ def ms(values: Sequence[float]) -> str:
     return " / ".join(f"{pct(values, q) * 1000:.0f}" for q in (0.5, 0.99, 1.0))
 
 
-def report(r: Result, args: argparse.Namespace) -> str:
-    """The block of one configuration: its table, A's throughput, the goals."""
-    a = args
+def report(r: Result, a: argparse.Namespace) -> str:
+    """The block of one configuration (``a``: the bench's arguments): its table, A's
+    throughput, the goals."""
     limit = "unset" if a.tenant_max_active is None else a.tenant_max_active
     lines = [
         f"\n== {r.config.label}: {a.max_active * r.config.workers} turn slots "
@@ -343,14 +343,14 @@ def report(r: Result, args: argparse.Namespace) -> str:
         "the model's time, alone / under the flood |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for tenant, alone in [(t, r.alone) for t in OTHERS] + [(FLOODER, r.flood)]:
+    for tenant, run in [(t, r.alone) for t in OTHERS] + [(FLOODER, r.flood)]:
         name = f"{tenant} (floods)" if tenant == FLOODER else tenant
-        before, under = alone.latency(tenant), r.shared.latency(tenant)
+        before, under = run.latency(tenant), r.shared.latency(tenant)
         lines.append(
             f"| {name} | {len(before)} / {len(under)} | {ms(before)} | {ms(under)} | "
             f"{pct(under, 0.5) / pct(before, 0.5):.1f} | "
             f"{pct(under, 0.99) / pct(before, 0.99):.1f} | "
-            f"{alone.stalls(tenant)} / {r.shared.stalls(tenant)} |"
+            f"{run.stalls(tenant)} / {r.shared.stalls(tenant)} |"
         )
     alone, shared = r.flood.throughput(FLOODER), r.shared.throughput(FLOODER)
     lines.append(
