@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-floor run lint bench bench-load bench-ratelimit
+.PHONY: install test test-floor run lint bench bench-load bench-ratelimit bench-fairness
 
 install: $(STAMP)
 
@@ -141,3 +141,11 @@ BENCH_RATELIMIT_COST_ARGS ?=
 bench-ratelimit: $(STAMP)
 	$(BIN)/python -m bench.ratelimit $(BENCH_RATELIMIT_ARGS)
 	$(BIN)/python -m bench.ratelimit_cost $(BENCH_RATELIMIT_COST_ARGS)
+
+# Fair share across tenants (python -m bench.fairness): one tenant floods the fleet with ten
+# times its turn slots; the others' latency beside it and the flooder's throughput, against
+# the goals (docs/PERFORMANCE.md). BENCH_FAIRNESS_ARGS: its flags (--quick: R1, 2 workers).
+BENCH_FAIRNESS_ARGS ?=
+
+bench-fairness: $(STAMP)
+	$(BIN)/python -m bench.fairness $(BENCH_FAIRNESS_ARGS)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import platform
 import shutil
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import msgspec
@@ -25,6 +26,7 @@ from bench.llm_stream import Pace, Streamed
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 def need_binary(name: str, hint: str, *extra_dirs: str) -> str:
@@ -99,6 +101,32 @@ def machine() -> str:
     )  # fmt: skip
     system = f"{platform.system()} {platform.release()}"
     return f"{model}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+
+
+def bench_main(prog: str, work: Coroutine[Any, Any, T]) -> tuple[T, float]:
+    """Run a bench's ``work`` as ``python -m <prog>`` does: the command line and the
+    machine first; a failure says why on stderr and exits 1. What ``work`` returned, and
+    the seconds it took."""
+    logging.basicConfig(level=logging.WARNING)
+    command = f"python -m {prog} " + " ".join(sys.argv[1:])
+    print(f"{command}\nmachine: {machine()}; load average before: {loadavg()}", flush=True)
+    started = time.time()
+    try:
+        result = asyncio.run(work)
+    except (Exception, ExceptionGroup) as exc:
+        print(f"\n{prog} failed: {describe(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return result, time.time() - started
+
+
+def describe(exc: BaseException) -> str:
+    """The first real error inside ``exc`` (task groups wrap them), with its type and
+    the notes on the way to it."""
+    notes = list(getattr(exc, "__notes__", []))
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+        notes += getattr(exc, "__notes__", [])
+    return "\n".join([f"{type(exc).__name__}: {exc}", *notes])
 
 
 # -- the fake LLM ----------------------------------------------------------------------

@@ -6,11 +6,13 @@ a lean client for turns and their ``loop_end``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,12 +280,49 @@ class Mesh:
         self.procs.append(proc)
         return await proc.start("loop worker ready")
 
+    async def terminate(self) -> None:
+        """Stop every service as an operator would (SIGTERM, then a drain); one that
+        exits with an error raises, saying what it printed last."""
+        codes = await asyncio.gather(*(p.terminate() for p in reversed(self.procs)))
+        if any(codes):
+            raise RuntimeError(f"a service exited with {codes} on SIGTERM:\n{exited(self.procs)}")
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """Around work on the mesh: an error gets a note of what the services that
+        ended printed last (a crash says why there)."""
+        try:
+            yield
+        except (Exception, ExceptionGroup) as exc:
+            exc.add_note(exited(self.procs) or "(every process was still running)")
+            raise
+
+
+PRODUCTION_S = 30.0  # AckWait and lease TTL: a production worker's defaults
+
+
+@contextlib.asynccontextmanager
+async def production_mesh(servers: str, prefix: str) -> AsyncIterator[Mesh]:
+    """A :class:`Mesh` of ``servers`` (``r1``: one nats-server, ``r3``: a cluster of
+    three) in a temporary directory named from ``prefix``, AckWait and lease TTL at
+    their production defaults; at the end its services are stopped as an operator
+    would (:meth:`Mesh.terminate`), and an error is noted with what they printed."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as store:
+        nodes = 3 if servers == "r3" else 1
+        mesh = Mesh(Path(store), ack_wait_s=PRODUCTION_S, lease_ttl_s=PRODUCTION_S,
+                    nodes=nodes)  # fmt: skip
+        async with mesh:
+            with mesh.explained():
+                yield mesh
+                await mesh.terminate()
+
 
 class Ends:
     """The load generator's client side: publishes turns and hears every loop_end of the
-    bench tenant (or ``tenant``), through the loop worker's own lean plumbing (a
-    msgspec-decoded ack on one inbox, loop_ends on one subscription), so that the load
-    generator takes as little as it can of the cores the distributed path shares."""
+    bench tenant (or ``tenant``; ``*``: every tenant's), through the loop worker's own
+    lean plumbing (a msgspec-decoded ack on one inbox, loop_ends on one subscription), so
+    that the load generator takes as little as it can of the cores the distributed path
+    shares."""
 
     def __init__(self, nc: Any, tenant: str = TENANT) -> None:
         self.nc = nc
@@ -307,12 +346,16 @@ class Ends:
         self.waiters[turn_id] = future
         return future
 
-    async def run(self, t: Turn, timeout: float = 120) -> LoopEnd:
-        """Publish ``t`` (its ack awaited) and wait for its loop_end."""
+    async def publish(self, t: Turn) -> asyncio.Future[LoopEnd]:
+        """Publish ``t`` (its ack awaited); the future of its loop_end."""
         done = self.expect(t.id)
         subject = S.turn(t.tenant, t.session)
         await acked(self.publisher, subject, encode(t), {"Nats-Msg-Id": t.msg_id})
-        return await settled(done, timeout)  # type: ignore[no-any-return]
+        return done
+
+    async def run(self, t: Turn, timeout: float = 120) -> LoopEnd:
+        """Publish ``t`` (its ack awaited) and wait for its loop_end."""
+        return await settled(await self.publish(t), timeout)  # type: ignore[no-any-return]
 
 
 async def publish(nc: Any, t: Turn) -> None:
@@ -326,6 +369,15 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def exited(procs: list[Proc]) -> str:
+    """What the processes that ended printed last (a crash says why there)."""
+    out = []
+    for proc in procs:
+        if proc.proc is not None and proc.proc.returncode is not None:
+            out.append(f"{' '.join(proc.args)} exited ({proc.proc.returncode}):\n{proc.output(20)}")
+    return "\n".join(out)
 
 
 def pid_of(proc: Proc) -> int:

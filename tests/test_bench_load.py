@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benches import run_bench
+
 SMALLEST = [
     "--servers", "r1", "--workers", "1", "--loads", "back-to-back", "--sessions", "4",
     "--turns", "24", "--turns-per-session", "3", "--watched", "2",
@@ -20,10 +20,7 @@ SMALLEST = [
 
 
 def bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.load", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return run_bench("bench.load", *args, timeout=timeout)
 
 
 @pytest.mark.slow

@@ -36,18 +36,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
-import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from bench.common import LLMServer, loadavg, machine
-from bench.harness import CpuMeter, Ends, Mesh, pid_of
+from bench.common import LLMServer, bench_main, loadavg
+from bench.harness import PRODUCTION_S, CpuMeter, Ends, Mesh, pid_of, production_mesh
 from bench.llm_stream import Pace
 from bench.load.clients import TENANT, Load, Shape
 from bench.load.figures import Result, chart, report, stored, table
@@ -55,7 +51,6 @@ from bench.load.watch import Watch
 from bench.sse import unlimited
 from loopmesh.testing.durable import Proc
 
-PRODUCTION_S = 30.0  # AckWait and lease TTL: the defaults the stalls show at
 WARM_UP_TURNS = 4  # per loop worker, before each configuration, not measured
 
 
@@ -75,13 +70,6 @@ class Bench:
         self.http = httpx.AsyncClient(base_url=self.url, timeout=30)
         self.ends = Ends(self.mesh.nc, tenant=TENANT)
         await self.ends.start()
-
-    async def stop(self) -> None:
-        """Stop every service as an operator would (SIGTERM, then a drain)."""
-        codes = await asyncio.gather(*(p.terminate() for p in reversed(self.mesh.procs)))
-        if any(codes):
-            why = f"a service exited with {codes} on SIGTERM:\n{exited(self.mesh.procs)}"
-            raise RuntimeError(why)
 
     async def close(self) -> None:
         if self.http is not None:
@@ -187,26 +175,18 @@ async def run(args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
     async with LLMServer(pace) as llm:
         for servers in args.servers:
-            with tempfile.TemporaryDirectory(prefix="loopmesh-load-") as store:
-                nodes = 3 if servers == "r3" else 1
-                mesh = Mesh(Path(store), ack_wait_s=PRODUCTION_S, lease_ttl_s=PRODUCTION_S,
-                            nodes=nodes)  # fmt: skip
-                async with mesh:
-                    bench = Bench(args, llm, mesh)
-                    try:
-                        await bench.start()
-                        for n in args.workers:
-                            await bench.scale_to(n)
-                            for shape in shapes(args):
-                                result = await bench.measure(shape)
-                                print(report(result, about), flush=True)
-                                results.append(result)
-                        await bench.stop()
-                    except (Exception, ExceptionGroup) as exc:
-                        exc.add_note(exited(mesh.procs) or "(every process was still running)")
-                        raise
-                    finally:
-                        await bench.close()
+            async with production_mesh(servers, "loopmesh-load-") as mesh:
+                bench = Bench(args, llm, mesh)
+                try:
+                    await bench.start()
+                    for n in args.workers:
+                        await bench.scale_to(n)
+                        for shape in shapes(args):
+                            result = await bench.measure(shape)
+                            print(report(result, about), flush=True)
+                            results.append(result)
+                finally:
+                    await bench.close()
     return results
 
 
@@ -271,41 +251,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = parser().parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    command = "python -m bench.load " + " ".join(sys.argv[1:])
-    print(f"{command}\nmachine: {machine()}; load average before: {loadavg()}", flush=True)
-    started = time.time()
-    try:
-        results = asyncio.run(run(args))
-    except (Exception, ExceptionGroup) as exc:
-        print(f"\nthe load bench failed: {describe(exc)}", file=sys.stderr)
-        raise SystemExit(1) from None
-    print(f"\n{len(results)} configurations in {time.time() - started:.0f} s; load average "
+    results, seconds = bench_main("bench.load", run(args))
+    print(f"\n{len(results)} configurations in {seconds:.0f} s; load average "
           f"after: {loadavg()}\n\n{table(results)}")  # fmt: skip
     summaries = [r.summary() for r in results]
     if args.json:
         args.json.write_text(json.dumps(summaries, indent=1))
     if args.chart and not chart(summaries, args.chart):
         print("no chart: matplotlib is not installed (pip install matplotlib)")
-
-
-def exited(procs: list[Proc]) -> str:
-    """What the processes that ended printed last (a crash says why there)."""
-    out = []
-    for proc in procs:
-        if proc.proc is not None and proc.proc.returncode is not None:
-            out.append(f"{' '.join(proc.args)} exited ({proc.proc.returncode}):\n{proc.output(20)}")
-    return "\n".join(out)
-
-
-def describe(exc: BaseException) -> str:
-    """The first real error inside ``exc`` (task groups wrap them), with its type and
-    the notes on the way to it."""
-    notes = list(getattr(exc, "__notes__", []))
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-        notes += getattr(exc, "__notes__", [])
-    return "\n".join([f"{type(exc).__name__}: {exc}", *notes])
 
 
 if __name__ == "__main__":
