@@ -173,3 +173,30 @@ async def test_each_tenants_turns_backlog_and_their_total_until_its_consumer_goe
         stop.set()
         await task
         await sub.unsubscribe()
+
+
+async def test_the_turns_total_counts_more_tenants_than_the_server_lists_at_once(nc):
+    """The server lists 256 consumers a page: the exporter reads every page."""
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    await only_tenant_consumers(js, S)
+    tenants = [f"tenant{i}" for i in range(300)]
+    for tenant in tenants:
+        await publish_turn(js, S, Turn(id="t1", tenant=tenant, session="s1", input="hi"))
+        await tenant_consumer(js, S, tenant)
+    assert len(await js.consumers_info(S.turns_stream)) < len(tenants)  # one page
+    registry = CollectorRegistry()
+    exporter = Exporter(nc, settings, ExporterSettings(backlog_interval_s=0.05), registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await wait_for(
+            lambda: value(registry, "loopmesh_turns_backlog_total") == len(tenants),
+            timeout=20,
+            what=f"{len(tenants)} tenants' turns",
+        )
+        assert value(registry, "loopmesh_turns_waiting", tenant="tenant299") == 1
+    finally:
+        stop.set()
+        await task
