@@ -9,7 +9,12 @@ still counted. The counters restart from zero with the process, which Prometheus
 ``rate()`` and ``increase()`` handle as a counter reset.
 
 It also polls the tool pools' consumers (``pool-<name>`` on the tools stream) and
-reports each pool's backlog as KEDA reads it: ``num_pending + num_ack_pending``.
+reports each pool's backlog as KEDA reads it: ``num_pending + num_ack_pending``; and
+each tenant's turns consumer (``turns-...`` on the turns stream, one per tenant, its
+tenant read from its filter subject: :func:`turns_tenant`), as turns waiting for a
+worker (``num_pending``), that plus turns held (the backlog) and the backlog summed over
+tenants, which KEDA scales the loop workers on (KEDA's ``nats-jetstream`` scaler reads
+one consumer, not a sum).
 
 It is its own command, not part of the gateway: gateways run as several replicas
 behind a load balancer and would split one durable consumer's events between them,
@@ -25,7 +30,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 from nats.aio.client import Client
@@ -61,6 +66,11 @@ from .publisher import Publisher
 from .settings import NatsSettings, Price
 from .usage import Ledger
 
+if TYPE_CHECKING:
+    from nats.js.api import ConsumerInfo
+
+    from schemas.subjects import Subjects
+
 log = logging.getLogger("loopmesh.exporter")
 
 #: Latency buckets (seconds) that reach ten minutes: LLM calls and tools can be slow.
@@ -72,6 +82,23 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
 ITERATION_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)
 _OPEN_REQUESTS = 10_000  # LLM requests awaiting their first chunk, for time to first chunk
 _DECODER = msgspec.json.Decoder(AnyEvent)
+#: What each tenant's durable consumer on the turns stream is named with. The rest of
+#: the name is no guide to the tenant (a tenant that is no valid name gets a hash).
+TURNS_CONSUMER_PREFIX = "turns-"
+
+
+def turns_tenant(subjects: Subjects, filter_subject: str | None) -> str | None:
+    """The tenant whose turns a consumer with ``filter_subject`` takes
+    (``<prefix>.turns.<tenant>.>``); None for any other filter."""
+    head, tail = f"{subjects.prefix}.turns.", ".>"
+    if not filter_subject or not filter_subject.startswith(head):
+        return None
+    if not filter_subject.endswith(tail):
+        return None
+    tenant = filter_subject[len(head) : -len(tail)]
+    if not tenant or "." in tenant or tenant in ("*", ">"):
+        return None
+    return tenant
 
 
 class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -85,7 +112,7 @@ class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     durable: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "metrics-exporter"
     #: Events fetched (and acked) at once.
     batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
-    #: The tool pools' backlog is read this often.
+    #: The tool pools' and the tenants' turns backlog is read this often.
     backlog_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
 
 
@@ -222,7 +249,7 @@ class EventMetrics:
 
 class Exporter:
     """Consumes the events stream durably into :class:`EventMetrics` and polls the pools'
-    backlog until ``stop`` is set."""
+    and the tenants' turns backlog until ``stop`` is set."""
 
     def __init__(
         self,
@@ -245,6 +272,22 @@ class Exporter:
             "Tool calls waiting for or held by a pool's workers (num_pending + num_ack_pending)",
             ["pool"], registry=registry,
         )  # fmt: skip
+        self.turns_waiting = Gauge(
+            "loopmesh_turns_waiting",
+            "Turns no loop worker holds yet, by tenant (num_pending of its turns consumer)",
+            ["tenant"], registry=registry,
+        )  # fmt: skip
+        self.turns_backlog = Gauge(
+            "loopmesh_turns_backlog",
+            "Turns waiting for or held by loop workers, by tenant (num_pending + num_ack_pending)",
+            ["tenant"], registry=registry,
+        )  # fmt: skip
+        self.turns_backlog_total = Gauge(
+            "loopmesh_turns_backlog_total",
+            "Turns waiting for or held by loop workers, all tenants (what KEDA scales on)",
+            registry=registry,
+        )
+        self._tenants: set[str] = set()  # those with series, to drop when their consumer goes
         self.consumed = 0
         self.undecodable = 0
 
@@ -324,25 +367,59 @@ class Exporter:
                 pass
 
     async def _poll_backlog(self, stop: asyncio.Event) -> None:
-        prefix = self.subjects.pool_consumer("x")[:-1]
         while not stop.is_set():
-            try:
-                infos = await self.js.consumers_info(self.subjects.tools_stream)
-            except NotFoundError:
-                infos = []
-            for info in infos:
-                name = info.name or ""
-                if name.startswith(prefix):
-                    lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
-                    self.backlog.labels(name[len(prefix) :]).set(lag)
+            await self._poll_pools()
+            await self._poll_turns()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.backlog_interval_s)
+
+    async def _poll_pools(self) -> None:
+        prefix = self.subjects.pool_consumer("x")[:-1]
+        for info in await self._consumers(self.subjects.tools_stream):
+            name = info.name or ""
+            if name.startswith(prefix):
+                lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                self.backlog.labels(name[len(prefix) :]).set(lag)
+
+    async def _poll_turns(self) -> None:
+        """Each tenant's turns backlog and their total; a tenant whose consumer is gone
+        loses its series."""
+        waiting: dict[str, int] = {}
+        backlog: dict[str, int] = {}
+        for info in await self._consumers(self.subjects.turns_stream):
+            if not (info.name or "").startswith(TURNS_CONSUMER_PREFIX):
+                continue
+            tenant = turns_tenant(self.subjects, info.config.filter_subject)
+            if tenant is None:
+                continue
+            pending = info.num_pending or 0
+            waiting[tenant] = waiting.get(tenant, 0) + pending
+            backlog[tenant] = backlog.get(tenant, 0) + pending + (info.num_ack_pending or 0)
+        for tenant in self._tenants - set(backlog):
+            self.turns_waiting.remove(tenant)
+            self.turns_backlog.remove(tenant)
+        for tenant, lag in backlog.items():
+            self.turns_waiting.labels(tenant).set(waiting[tenant])
+            self.turns_backlog.labels(tenant).set(lag)
+        self._tenants = set(backlog)
+        self.turns_backlog_total.set(sum(backlog.values()))
+
+    async def _consumers(self, stream: str) -> list[ConsumerInfo]:
+        """Every consumer of ``stream`` (the server lists them a page at a time); none
+        while the stream does not exist."""
+        found: list[ConsumerInfo] = []
+        try:
+            while page := await self.js.consumers_info(stream, offset=len(found)):
+                found += page
+        except NotFoundError:
+            return []
+        return found
 
 
 HELP = """Turn the events stream into Prometheus metrics at /metrics.
 
 Reads every event through a durable consumer (resuming where it stopped) and polls the
-tool pools' backlog. Run one per mesh. SIGTERM stops it."""
+tool pools' and the tenants' turns backlog. Run one per mesh. SIGTERM stops it."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -129,6 +129,26 @@ def agent_overview() -> dashboard.Dashboard:
                 q("sum(loopmesh_tool_calls_in_flight)", "tool calls", "B"),
             )
         )
+        .with_panel(
+            ts(
+                "Turns waiting per tenant",
+                "short",
+                q("sum by (tenant) (loopmesh_turns_waiting)", "waiting {{tenant}}", "A"),
+                q("sum by (tenant) (loopmesh_turns_backlog)", "backlog {{tenant}}", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Turns backlog and loop-worker replicas",
+                "short",
+                q("sum(loopmesh_turns_backlog_total)", "backlog, all tenants", "A"),
+                q(
+                    'sum(kube_deployment_status_replicas_available{deployment="loop-worker"})',
+                    "replicas",
+                    "B",
+                ),
+            )
+        )
         .with_row(dashboard.Row("Durability"))
         .with_panel(
             ts(

@@ -11,6 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -34,6 +35,7 @@ from .render import (
     Doc,
     container_config,
     load_yaml,
+    named,
     of_kind,
     pod_labels,
     render,
@@ -217,12 +219,14 @@ def _egress_ports(docs: list[Doc], labels: dict[str, str]) -> set[int | str]:
     }
 
 
-def _scrapes_allowed(docs: list[Doc], labels: dict[str, str], port: int) -> bool:
-    """Whether a NetworkPolicy lets the namespace ``monitoring`` reach ``port`` of pods
+def _scrapes_allowed(
+    docs: list[Doc], labels: dict[str, str], port: int, namespace: str = "monitoring"
+) -> bool:
+    """Whether a NetworkPolicy lets ``namespace`` (Prometheus') reach ``port`` of pods
     with ``labels``."""
     return any(
         source.get("namespaceSelector", {}).get("matchLabels")
-        == {"kubernetes.io/metadata.name": "monitoring"}
+        == {"kubernetes.io/metadata.name": namespace}
         and port in {p["port"] for p in rule.get("ports", [])}
         for policy in of_kind(docs, "NetworkPolicy")
         if policy["spec"]["podSelector"] and selects(policy["spec"]["podSelector"], labels)
@@ -339,14 +343,39 @@ def test_deployments_are_hardened(target: str) -> None:
 
 
 def _expected_consumer(docs: list[Doc], deployment: Doc, tmp_path: Path) -> tuple[str, str]:
-    """The stream and durable consumer the Deployment's workers pull from, by the code."""
+    """The stream and durable consumer a tool pool's workers pull from, by the code."""
     config = container_config(docs, deployment, tmp_path)
     subjects = config.nats.subjects
-    if service_of(deployment) == "loop-worker":
-        return subjects.turns_stream, subjects.turns_consumer
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     pool = args[args.index("--pool") + 1] if "--pool" in args else config.tool_worker.pool
     return subjects.tools_stream, subjects.pool_consumer(pool)
+
+
+def _reads_the_exporter(docs: list[Doc], trigger: Doc, tmp_path: Path) -> None:
+    """The loop workers' trigger: the turns backlog over every tenant, from the exporter's
+    /metrics through its Service (KEDA's metrics-api scaler, Prometheus text), which a
+    NetworkPolicy lets KEDA's operator reach."""
+    meta = trigger["metadata"]
+    assert trigger["type"] == "metrics-api" and "authenticationRef" not in trigger
+    assert meta["format"] == "prometheus"
+    assert meta["valueLocation"] == "loopmesh_turns_backlog_total"
+    assert float(meta["targetValue"]) > 0 and float(meta["activationTargetValue"]) >= 0
+    url = urlsplit(meta["url"])
+    service_name, namespace, rest = url.hostname.split(".", 2)  # type: ignore[union-attr]
+    assert (url.scheme, namespace, rest, url.path) == (
+        "http", "loopmesh", "svc.cluster.local", "/metrics"
+    )  # fmt: skip
+    service = named(docs, "Service", service_name)
+    (exporter,) = [d for d in of_kind(docs, "Deployment") if service_of(d) == "exporter"]
+    labels = pod_labels(exporter)
+    assert selects({"matchLabels": service["spec"]["selector"]}, labels)
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+    container = exporter["spec"]["template"]["spec"]["containers"][0]
+    listens = container_config(docs, exporter, tmp_path).exporter.metrics_port
+    assert _port(container, port["targetPort"]) == listens
+    assert _scrapes_allowed(docs, labels, listens, namespace="keda"), (
+        "no NetworkPolicy lets KEDA (namespace keda) read the exporter"
+    )
 
 
 def _workers(docs: list[Doc]) -> list[Doc]:
@@ -373,9 +402,12 @@ def test_scaled_objects_follow_the_consumers(target: str, tmp_path: Path) -> Non
         else:
             assert spec["minReplicaCount"] >= 1, name
         assert spec["minReplicaCount"] < spec["maxReplicaCount"] <= 100, name
-        fallback = spec["fallback"]["replicas"]  # when NATS's monitoring cannot be read
+        fallback = spec["fallback"]["replicas"]  # when the trigger's source cannot be read
         assert spec["minReplicaCount"] <= fallback <= spec["maxReplicaCount"], name
         (trigger,) = spec["triggers"]
+        if service_of(deployment) == "loop-worker":
+            _reads_the_exporter(docs, trigger, tmp_path)
+            continue
         meta = trigger["metadata"]
         assert trigger["type"] == "nats-jetstream", name
         assert (meta["stream"], meta["consumer"]) == _expected_consumer(docs, deployment, tmp_path)

@@ -7,10 +7,12 @@ import asyncio
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from loopmesh.exporter import Exporter, ExporterSettings
+from loopmesh.exporter import Exporter, ExporterSettings, turns_tenant
 from loopmesh.provision import ensure_consumer, provision_all
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import wait_for
+from loopmesh.turns import publish_turn
+from schemas import Turn
 from schemas.events import (
     LLMRequest,
     LLMResponse,
@@ -22,6 +24,7 @@ from schemas.events import (
 )
 from schemas.streams import pool_consumer
 from schemas.subjects import Subjects
+from tests.turns_consumers import only_tenant_consumers, tenant_consumer
 
 S = Subjects()
 
@@ -102,6 +105,98 @@ async def test_the_pool_backlog_is_pending_plus_ack_pending(nc):
             timeout=20,
             what="backlog 3",
         )
+    finally:
+        stop.set()
+        await task
+
+
+def test_a_tenant_is_read_from_its_consumers_filter_subject_never_its_name():
+    assert turns_tenant(S, "loopmesh.turns.acme.>") == "acme"
+    assert turns_tenant(Subjects(prefix="mesh2"), "mesh2.turns.acme.>") == "acme"
+    for other in (
+        None,
+        "",
+        "loopmesh.turns.>",
+        "loopmesh.turns.*.>",
+        "mesh2.turns.acme.>",
+        "loopmesh.turns.acme.s1",
+        "loopmesh.tools.acme.>",
+        "loopmesh.turns.a.b.>",
+    ):
+        assert turns_tenant(S, other) is None, other  # fmt: skip
+
+
+async def test_each_tenants_turns_backlog_and_their_total_until_its_consumer_goes(nc):
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    await only_tenant_consumers(js, S)
+    acme = await tenant_consumer(js, S, "acme")
+    await tenant_consumer(js, S, "globex", name="turns-5d41402a")  # a hashed name
+    for tenant, session, n in (("acme", "s1", 3), ("globex", "s2", 2), ("initech", "s3", 4)):
+        for i in range(n):
+            turn = Turn(id=f"t{i}", tenant=tenant, session=session, input="hi")
+            await publish_turn(js, S, turn)
+    sub = await js.pull_subscribe_bind(acme, S.turns_stream)
+    (held,) = await sub.fetch(1, timeout=5)  # delivered, not acked: num_ack_pending
+
+    registry = CollectorRegistry()
+    exporter = Exporter(nc, settings, ExporterSettings(backlog_interval_s=0.05), registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+
+    def turns() -> dict[str, tuple[float | None, float | None]]:
+        return {
+            tenant: (
+                value(registry, "loopmesh_turns_waiting", tenant=tenant),
+                value(registry, "loopmesh_turns_backlog", tenant=tenant),
+            )
+            for tenant in ("acme", "globex", "initech")
+        }
+
+    try:
+        await wait_for(
+            lambda: value(registry, "loopmesh_turns_backlog_total") == 5, timeout=20,
+            what="5 turns in the tenants' backlog",
+        )  # fmt: skip
+        # initech has turns but no consumer yet: no figure, and none in the total.
+        assert turns() == {"acme": (2, 3), "globex": (2, 2), "initech": (None, None)}
+
+        await js.delete_consumer(S.turns_stream, "turns-5d41402a")
+        await held.ack()
+        await wait_for(
+            lambda: value(registry, "loopmesh_turns_backlog_total") == 2, timeout=20,
+            what="globex's consumer gone, acme's held turn acked",
+        )  # fmt: skip
+        assert turns() == {"acme": (2, 2), "globex": (None, None), "initech": (None, None)}
+    finally:
+        stop.set()
+        await task
+        await sub.unsubscribe()
+
+
+async def test_the_turns_total_counts_more_tenants_than_the_server_lists_at_once(nc):
+    """The server lists 256 consumers a page: the exporter reads every page."""
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    await only_tenant_consumers(js, S)
+    tenants = [f"tenant{i}" for i in range(300)]
+    for tenant in tenants:
+        await publish_turn(js, S, Turn(id="t1", tenant=tenant, session="s1", input="hi"))
+        await tenant_consumer(js, S, tenant)
+    assert len(await js.consumers_info(S.turns_stream)) < len(tenants)  # one page
+    registry = CollectorRegistry()
+    exporter = Exporter(nc, settings, ExporterSettings(backlog_interval_s=0.05), registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await wait_for(
+            lambda: value(registry, "loopmesh_turns_backlog_total") == len(tenants),
+            timeout=20,
+            what=f"{len(tenants)} tenants' turns",
+        )
+        assert value(registry, "loopmesh_turns_waiting", tenant="tenant299") == 1
     finally:
         stop.set()
         await task

@@ -11,20 +11,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import nats
 import pytest
 
 from loopmesh.ports import free_port
 from loopmesh.testing.durable import Proc, worker_env
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto, error
+from loopmesh.turns import publish_turn
+from schemas import Subjects, Turn, new_id
+from tests.turns_consumers import only_tenant_consumers, tenant_consumer
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "k8s" / "grafana"
 #: kube-state-metrics series (documented in docs/OBSERVABILITY.md), not loopmesh's.
 EXTERNAL = re.compile(r"^kube_")
 _WORDS = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+#: The exporter's per-tenant turns gauges: data once a tenant has its own turns consumer.
+TENANT_BACKLOG = {"loopmesh_turns_waiting", "loopmesh_turns_backlog"}
+SUBJECTS = Subjects()
 _NOT_METRICS = {
     "sum", "by", "rate", "increase", "histogram_quantile", "le", "or", "and", "without",
 }  # fmt: skip
@@ -53,18 +61,20 @@ def metric_names(expr: str) -> set[str]:
 
 def exported_families() -> set[str]:
     """Every sample name the code's registries can expose."""
+    from nats.aio.client import Client
     from prometheus_client import REGISTRY, CollectorRegistry
 
     import loop_worker.engine.llm
     import loop_worker.service  # noqa: F401
     import tool_worker.service  # noqa: F401
     from gateway.app import Metrics
-    from loopmesh.exporter import EventMetrics
+    from loopmesh.exporter import Exporter, ExporterSettings
+    from loopmesh.settings import NatsSettings
 
     names: set[str] = set()
     gateway, events = CollectorRegistry(), CollectorRegistry()
     Metrics(gateway)
-    EventMetrics(events)
+    Exporter(Client(), NatsSettings(), ExporterSettings(), events)  # never connected
     for registry in (REGISTRY, gateway, events):
         for family in registry.collect():
             base = family.name
@@ -74,7 +84,6 @@ def exported_families() -> set[str]:
                 names.add(base + "_total")
             if kind == "histogram":
                 names.update(base + s for s in ("_bucket", "_sum", "_count"))
-    names.add("loopmesh_tool_pool_backlog")  # the exporter's gauge, made per Exporter
     return names
 
 
@@ -104,6 +113,31 @@ async def wait_ready(url: str, proc: Proc | None, timeout: float = 60) -> None:
             if proc is not None and proc.proc is not None and proc.proc.returncode is not None:
                 raise AssertionError(f"{url}: process ended:\n{proc.output()}")
             await asyncio.sleep(0.2)
+
+
+async def query(client: httpx.AsyncClient, base: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query's result (``$__rate_interval`` read as 5m)."""
+    query = expr.replace("$__rate_interval", "5m")
+    body = (await client.get(f"{base}/api/v1/query", params={"query": query})).json()
+    assert body["status"] == "success", (query, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+async def until_data(
+    client: httpx.AsyncClient, base: str, exprs: set[str], deadline: float
+) -> set[str]:
+    """Query ``exprs`` every second until each has returned data or ``deadline``
+    seconds have passed; those that returned none."""
+    pending = set(exprs)
+    end = time.monotonic() + deadline
+    while pending and time.monotonic() < end:
+        for expr in sorted(pending):
+            if await query(client, base, expr):
+                pending.discard(expr)
+        if pending:
+            await asyncio.sleep(1)
+    return pending
 
 
 @pytest.mark.slow
@@ -175,20 +209,30 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(nats_se
                 await run.close()
 
             pending = {e for e in queries() if not any(EXTERNAL.match(n) for n in metric_names(e))}
-            deadline = time.monotonic() + 90
+            per_tenant = {e for e in pending if metric_names(e) & TENANT_BACKLOG}
+            assert per_tenant, "no dashboard query of the tenants' turns backlog"
             async with httpx.AsyncClient() as client:
-                while pending and time.monotonic() < deadline:
-                    for expr in sorted(pending):
-                        query = expr.replace("$__rate_interval", "5m")
-                        r = await client.get(f"{base}/api/v1/query", params={"query": query})
-                        body = r.json()
-                        assert body["status"] == "success", (query, body)
-                        if body["data"]["result"]:
-                            pending.discard(expr)
-                    if pending:
-                        await asyncio.sleep(1)
-            logs = "\n".join(p.output() for p in procs)
-            assert not pending, f"queries without data: {sorted(pending)}\n{logs}"
+                missing = await until_data(client, base, pending - per_tenant, deadline=90)
+                logs = "\n".join(p.output() for p in procs)
+                assert not missing, f"queries without data: {sorted(missing)}\n{logs}"
+
+                # Turns waiting per tenant: with the loop worker gone, two of acme's turns
+                # wait in acme's own consumer (made after them: it counts them at once).
+                await procs[1].terminate()  # the loop worker
+                nc = await nats.connect(url)
+                try:
+                    js = nc.jetstream()
+                    await only_tenant_consumers(js, SUBJECTS)
+                    for _ in range(2):
+                        turn = Turn(id=new_id(), tenant="acme", session=new_id(), input="hi")
+                        await publish_turn(js, SUBJECTS, turn)
+                    await tenant_consumer(js, SUBJECTS, "acme")
+                finally:
+                    await nc.close()
+                missing = await until_data(client, base, per_tenant, deadline=90)
+                assert not missing, f"queries without data: {sorted(missing)}"
+                waiting = await query(client, base, "sum by (tenant) (loopmesh_turns_waiting)")
+                assert {r["metric"]["tenant"]: r["value"][1] for r in waiting}["acme"] == "2"
         finally:
             if prom is not None:
                 prom.terminate()
