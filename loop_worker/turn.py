@@ -98,11 +98,11 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
         _slots: asyncio.Semaphore
-        _room: asyncio.Event
 
         async def _refuse(self, msg: Msg, refused: Refused) -> None: ...
         async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
         def _tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[None]: ...
+        def _released(self, held: TurnRun) -> None: ...
 
 
 log = logging.getLogger("loopmesh.loop_worker")
@@ -182,10 +182,14 @@ async def _check_webhook(turn: Turn, settings: WebhookSettings) -> None:
 class TurnRun:
     """One delivered turn: its state while held, and :meth:`run`, its whole story."""
 
-    __slots__ = ("_w", "acked", "done", "lease", "lost", "msg", "seq", "task", "turn")
+    __slots__ = (
+        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "task", "tenant", "turn"
+    )  # fmt: skip
 
-    def __init__(self, msg: Msg, owner: Owner) -> None:
+    def __init__(self, msg: Msg, owner: Owner, tenant: str = "") -> None:
         self.msg = msg
+        self.tenant = tenant  # the consumer it came through (its subject's tenant token)
+        self.ordering = False  # waiting for an earlier turn of its session: no place used
         self.turn: Turn | None = None
         self.seq = 0
         self.done = asyncio.Event()
@@ -275,7 +279,7 @@ class TurnRun:
             HELD.set(len(w._held))
             TURNS.labels(outcome).inc()
             DURATION.observe(time.monotonic() - started)
-            w._room.set()
+            w._released(self)
 
     async def _leased(self, turn: Turn, delivery: int) -> None:
         """Order, tenant room and lease, then the engine; a finished turn is acked, then
