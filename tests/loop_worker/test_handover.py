@@ -97,7 +97,9 @@ async def test_back_to_back_turns_on_two_workers_are_each_run_once_and_none_is_l
             (f"s{k}t{i}", False) for i in range(TURNS)
         ]
     await wait_for(lambda: _acked(mesh.nc), what="every turn acked")
-    info = await mesh.nc.jetstream().consumer_info(SUBJECTS.turns_stream, SUBJECTS.turns_consumer)
+    info = await mesh.nc.jetstream().consumer_info(
+        SUBJECTS.turns_stream, SUBJECTS.tenant_consumer("acme")
+    )
     assert info.num_redelivered == 0
     assert sum(s["finished"] for s in stats.values()) == SESSIONS * TURNS
 
