@@ -377,6 +377,7 @@ class LoopWorker:
         assert self._tg is not None  # pulls run inside the worker's task group
         if self._stopping:  # answered after the stop: hand it back
             self._tg.create_task(quietly(msg.nak()))
+            self._tg.create_task(self.share.handed_back(tenant))
             self.share.finished(tenant)
             return
         with contextlib.suppress(Exception):
@@ -430,7 +431,7 @@ class LoopWorker:
 
     # -- what a turn asks of its worker (the turn itself: :mod:`.turn`) ----------------
 
-    async def _refuse(self, msg: Msg, refused: Refused) -> None:
+    async def _refuse(self, msg: Msg, refused: Refused, tenant: str) -> None:
         """Tell the publisher's session why (:mod:`.refusals`), then term the turn; if
         the events cannot be stored now, the turn comes back to be refused again."""
         meta = msg.metadata
@@ -442,6 +443,7 @@ class LoopWorker:
             if meta.num_delivered < self.settings.max_deliveries:
                 log.warning("refusal not reported; retrying later error=%r", exc)
                 await quietly(msg.nak(delay=1.0))
+                await self.share.handed_back(tenant, 1.0)
                 return
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)

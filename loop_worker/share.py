@@ -128,6 +128,7 @@ class FairShare:
         self._inbox = self.nc.new_inbox()
         self._subs = [
             await self.nc.subscribe(self.subjects.all_turns, cb=self._on_bell),
+            await self.nc.subscribe(self.subjects.all_handbacks, cb=self._on_handback),
             await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_reply),
         ]
         await self.nc.flush()
@@ -304,7 +305,25 @@ class FairShare:
         prefix_len = self.subjects.prefix.count(".") + 2
         if len(tokens) <= prefix_len:
             return  # not a subject the stream keeps (it has no tenant)
-        t = self._tenant(tokens[prefix_len])
+        self._ring(tokens[prefix_len])
+
+    async def handed_back(self, tenant: str, delay: float = 0.0) -> None:
+        """Tell every worker that a turn of ``tenant`` was handed back, to be delivered
+        again after ``delay`` seconds."""
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.subjects.handback(tenant), f"{delay:g}".encode())
+
+    async def _on_handback(self, msg: Msg) -> None:
+        tenant = msg.subject.rpartition(".")[2]
+        try:
+            delay = min(max(float(msg.data), 0.0), 3600.0)
+        except ValueError:
+            log.warning("hand-back notice with no delay subject=%s data=%r", msg.subject, msg.data)
+            delay = 0.0
+        asyncio.get_running_loop().call_later(delay, self._ring, tenant)
+
+    def _ring(self, tenant: str) -> None:
+        t = self._tenant(tenant)
         t.rung += 1
         t.waiting += 1
         self._changed.set()
@@ -330,7 +349,10 @@ class FairShare:
                 with_consumer.add(name)
                 t = self._tenant(name)
                 t.consumer = True
-                t.waiting = max(t.waiting, info.num_pending or 0)
+                # turns delivered and not acked may be due again (their worker died): no
+                # count tells, so one pull goes to look
+                unacked = 1 if info.num_ack_pending else 0
+                t.waiting = max(t.waiting, info.num_pending or unacked)
             if len(infos) < 256:
                 break
             offset += len(infos)

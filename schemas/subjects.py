@@ -103,6 +103,15 @@ class Subjects:
 
     # -- wildcards for subscriptions and stream definitions ----------------------------
 
+    def handback(self, tenant: str) -> str:
+        """Where a loop worker says it handed back a turn of ``tenant`` (nak): it will
+        be delivered again, and no publish announces it."""
+        return f"{self.prefix}.handback.{tenant}"
+
+    @property
+    def all_handbacks(self) -> str:
+        return f"{self.prefix}.handback.*"
+
     @property
     def all_turns(self) -> str:
         return f"{self.prefix}.turns.>"

@@ -253,6 +253,7 @@ def worker_env(
         "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": "2",
         "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": "2",
         "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.2",
+        "LOOPMESH_LOOP_WORKER__RESCAN_S": "0.5",
     }
     for key, value in service.items():
         env[f"LOOPMESH_LOOP_WORKER__{key.upper()}"] = str(value)

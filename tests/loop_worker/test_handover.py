@@ -25,9 +25,7 @@ ACK_WAIT_S = 30.0  # the default: a turn left to it would keep this test waiting
 @pytest.fixture
 async def mesh(durable):
     async with mesh_on(durable.url, replicas=durable.replicas, provisioned=True) as mesh:
-        await provision_short(
-            mesh.nc, ack_wait_s=ACK_WAIT_S, lease_ttl_s=ACK_WAIT_S, replicas=durable.replicas
-        )
+        await provision_short(mesh.nc, lease_ttl_s=ACK_WAIT_S, replicas=durable.replicas)
         yield mesh
 
 
