@@ -104,7 +104,6 @@ class FairShare:
         deliver: Deliver,
     ) -> None:
         self.nc = nc
-        self._js: JetStreamContext = nc.jetstream()
         self.subjects = subjects
         self.settings = settings
         self._limits = tenants
@@ -117,6 +116,10 @@ class FairShare:
         self._inbox = ""
         self._subs: list[Subscription] = []
         self._stream = subjects.turns_stream
+
+    @property
+    def _js(self) -> JetStreamContext:
+        return self.nc.jetstream()
 
     def limits(self, tenant: str) -> TenantSettings:
         return self._limits.get(tenant) or self._limits.get("*") or TenantSettings()
