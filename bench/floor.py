@@ -37,14 +37,15 @@ from bench.harness import Load, local_engine  # noqa: E402
 from loopmesh.aio import both, run  # noqa: E402
 from loopmesh.jetstream import KV, Publisher, acked, answered  # noqa: E402
 from loopmesh.nats import connect  # noqa: E402
-from loopmesh.provision import ensure_bucket, ensure_consumer  # noqa: E402
+from loopmesh.provision import ensure_bucket  # noqa: E402
 from loopmesh.server import NatsServer  # noqa: E402
 from loopmesh.settings import NatsSettings, RuntimeConfig, load  # noqa: E402
-from loopmesh.testing.durable import provision_short  # noqa: E402
+from loopmesh.testing.durable import provision_short, tenant_consumer_of  # noqa: E402
 from schemas import Subjects  # noqa: E402
-from schemas.streams import ConsumerDef, KVDef  # noqa: E402
+from schemas.streams import KVDef  # noqa: E402
 
 S = Subjects()
+TENANT = "t"
 TOOL = S.tool("local", "local", "echo")
 EVENTS = [  # the events of one turn, as the in-process engine emits them
     "loop_start", "loop_iteration", "context_budget", "llm_request", "llm_response",
@@ -80,7 +81,7 @@ async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
     lease_key = f"t.{session}"
     marker = MARKERS.pop(lease_key, 0)
     _, lease = await both(
-        pub.first_seq(S.turns_stream, S.turn("t", session)),
+        pub.first_seq(S.turns_stream, S.turn(TENANT, session)),
         kv["leases"].update(lease_key, b"w", marker),
     )
     if marker:  # the lease continued: the snapshot kept at the last turn's end serves
@@ -90,7 +91,7 @@ async def turn(pub: Publisher, kv: dict[str, KV], n: int, session: str) -> None:
         _, snapshot = await both(kv["control"].entry(lease_key), kv["sessions"].entry(lease_key))
         rev = snapshot.revision if snapshot is not None else 0
     for i, event in enumerate(EVENTS):
-        subject = S.event("t", session, event)
+        subject = S.event(TENANT, session, event)
         if event == "loop_end":
             await acked(pub, subject, PAYLOAD, {"Nats-Msg-Id": f"{n}:{i}:{event}"})
             continue
@@ -113,7 +114,7 @@ async def drive(
     await responder.stdout.readline()
     js = nc.jetstream()
     for n in range(args.turns):
-        await js.publish(S.turn("t", f"s{n % args.concurrency}"), b"{}")
+        await js.publish(S.turn(TENANT, f"s{n % args.concurrency}"), b"{}")
     pub = Publisher(nc)
     await pub.start()
     kv = {
@@ -121,7 +122,7 @@ async def drive(
         "sessions": KV(pub, S.sessions_bucket),
         "control": KV(pub, S.control_bucket),
     }
-    sub = await js.pull_subscribe_bind(S.turns_consumer, S.turns_stream)
+    sub = await js.pull_subscribe_bind(S.tenant_consumer(TENANT), S.turns_stream)
     room = asyncio.Semaphore(args.concurrency)
     in_order = collections.defaultdict(asyncio.Lock)
     done = 0
@@ -179,9 +180,9 @@ async def measure(args: argparse.Namespace) -> Floor:
     with tempfile.TemporaryDirectory(prefix="loopmesh-floor-") as tmp:
         async with NatsServer(Path(tmp)) as server:
             nc = await connect(NatsSettings(url=server.url), name="floor")
-            await provision_short(nc, ack_wait_s=30.0, lease_ttl_s=30.0)
+            await provision_short(nc, lease_ttl_s=30.0)
             js = nc.jetstream()
-            await ensure_consumer(js, ConsumerDef(stream=S.turns_stream, durable=S.turns_consumer))
+            await tenant_consumer_of(nc, TENANT, ack_wait_s=30.0)
             await ensure_bucket(js, KVDef(bucket=S.leases_bucket, ttl_s=30.0))
             responder = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--respond", server.url, stdout=subprocess.PIPE

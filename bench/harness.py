@@ -197,10 +197,7 @@ class Mesh:
             await self.server.start()
         try:
             self.nc = await connect(NatsSettings(url=self.url), name="bench")
-            await provision_short(
-                self.nc, ack_wait_s=self.ack_wait_s, lease_ttl_s=self.lease_ttl_s,
-                replicas=self.replicas,
-            )  # fmt: skip
+            await provision_short(self.nc, lease_ttl_s=self.lease_ttl_s, replicas=self.replicas)
         except BaseException:
             await self._stop_servers()
             raise

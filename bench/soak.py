@@ -94,7 +94,7 @@ async def run(args: argparse.Namespace, store: Path) -> Soak:
         actions = await provision(
             js,
             definitions(
-                S, turn_ack_wait_s=30, lease_ttl_s=30,
+                S, lease_ttl_s=30,
                 events_max_bytes=args.events_max_mb * MB, sessions_ttl_s=args.sessions_ttl_s,
             ),
         )  # fmt: skip

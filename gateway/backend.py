@@ -135,6 +135,24 @@ class Backend:
         await self._bucket(self.subjects.usage_bucket)
         return await self._call("read usage", read_days(self.js, self.subjects, tenant))
 
+    async def turns_waiting(self, tenant: str) -> int:
+        """The tenant's turns no loop worker holds yet: its consumer's count, or, before
+        a worker made its consumer, every turn of the tenant in the stream."""
+        js, stream = self.js, self.subjects.turns_stream
+        try:
+            info = await self._call(
+                "read the tenant's backlog",
+                js.consumer_info(stream, self.subjects.tenant_consumer(tenant)),
+            )
+            return int(info.num_pending or 0)
+        except NotFoundError:
+            pass
+        filter_ = self.subjects.tenant_turns(tenant)
+        state = (
+            await self._call("read the tenant's backlog", js.stream_info(stream, filter_))
+        ).state
+        return sum((state.subjects or {}).values())
+
     async def unfinished(self, tenant: str, session: str) -> list[Queued]:
         """The session's turns in the turns stream that have not ended."""
         return await self._call(

@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from loopmesh import tracing
 from loopmesh.errors import InvalidWebhook
+from loopmesh.settings import Tenants
 from loopmesh.webhook import WebhookSettings, check_webhook
 from schemas import DEFAULT_AGENT, SessionSnapshot, Turn
 
@@ -27,7 +28,7 @@ from .a2a import A2A
 from .auth import Keys, Principal, RateLimiter, StreamSlots
 from .backend import Backend
 from .checks import TOOL_NAME, check_id, check_length, field_of, read_body
-from .errors import BadRequest, Busy, NotFound, Unprocessable
+from .errors import BacklogFull, BadRequest, Busy, NotFound, Unprocessable
 from .fanout import Fanout
 from .settings import GatewaySettings, OnBusy
 from .traces import TURNS_ROUTE, turn_span
@@ -63,10 +64,12 @@ class Gateway:
         registry: CollectorRegistry | None = None,
         on_busy: OnBusy = "enqueue",
         webhooks: WebhookSettings | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.settings = settings
         self.on_busy = on_busy  # [loop] on_busy: a turn's default
         self.webhooks = webhooks or WebhookSettings()  # a turn's webhook URL is checked
+        self.tenants = tenants or {}  # [tenants]: each one's max_backlog
         self.backend = backend
         self.keys = Keys(settings)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
@@ -132,6 +135,7 @@ class Gateway:
                     f"session {session} is busy with turn {names}; this turn asked "
                     "on_busy=reject (enqueue waits, interrupt stops the running turn)"
                 )
+        await self._room_in_backlog(tenant)
         await self.backend.create_session(tenant, session, turn.agent or DEFAULT_AGENT)
         _, last = await self.backend.events_bounds(tenant, session)
         with turn_span(request, turn, route):  # continues the caller's traceparent; off: a no-op
@@ -140,6 +144,20 @@ class Gateway:
                 return 0  # a retry: the turn may have run already; its events from the start
         self.metrics.turns.inc()
         return last
+
+    async def _room_in_backlog(self, tenant: str) -> None:
+        """Refuse the turn (429 ``backlog_full``) when the tenant has ``max_backlog``
+        turns waiting for a loop worker or more; nothing is published then."""
+        limits = self.tenants.get(tenant) or self.tenants.get("*")
+        if limits is None or not limits.max_backlog:
+            return
+        waiting = await self.backend.turns_waiting(tenant)
+        if waiting >= limits.max_backlog:
+            raise BacklogFull(
+                f"tenant {tenant} has {waiting} turns waiting, its limit "
+                f"([tenants] max_backlog = {limits.max_backlog}); try again once some have run",
+                retry_after=1,
+            )
 
     def turn(self, who: Principal, session: str, turn_id: str, body: api.PostTurn) -> Turn:
         s = self.settings

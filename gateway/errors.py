@@ -10,6 +10,7 @@ GatewayError                     (``.status``, ``.code``, ``.message``, ``.field
 ├── PayloadTooLarge    413       the body is over ``max_body_bytes``
 ├── Unprocessable      422       a value out of bounds, a hostile id
 ├── RateLimited        429       over the key's rate (``.retry_after``) or stream cap
+│   ├── BacklogFull      429       the tenant has as many turns waiting as it may
 │   └── QuotaExceeded    429       the tenant has as many schedules as it may
 └── Unavailable        503       NATS did not answer in time
 """
@@ -61,6 +62,13 @@ class RateLimited(GatewayError):
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class BacklogFull(RateLimited):
+    """The tenant has as many turns waiting as it may (``[tenants] max_backlog``): a
+    turn is taken again once some have run."""
+
+    code = "backlog_full"
 
 
 class QuotaExceeded(RateLimited):

@@ -129,7 +129,7 @@ class GatewayServer:
             )
             self.gateway = Gateway(
                 settings, backend, on_busy=self.config.loop.on_busy,
-                webhooks=self.config.webhooks,
+                webhooks=self.config.webhooks, tenants=self.config.tenants,
             )  # fmt: skip
             # the MCP SDK's session manager runs before the first request and stops
             # after the last (uvicorn's lifespan is off: this class is the lifespan)

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from loopmesh.settings import NatsSettings, SchedulerSettings
+from loopmesh.settings import NatsSettings, SchedulerSettings, Tenants
 from loopmesh.webhook import WebhookSettings
 from schemas.ids import TOKEN_PATTERN
 
@@ -121,3 +121,6 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: ``[webhooks]``: a turn's webhook URL is checked against its egress policy.
     webhooks: WebhookSettings = WebhookSettings()
     scheduler: SchedulerSettings = SchedulerSettings()  # fires the schedules' ticks
+    #: ``[tenants."<name>"]`` (``"*"``: every other tenant): the gateway refuses a turn
+    #: of a tenant whose turns waiting are ``max_backlog`` or more.
+    tenants: Tenants = {}

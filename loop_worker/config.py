@@ -5,7 +5,7 @@
 
     [loop_worker]
     max_active_turns = 256     # turns run at once by one process
-    tenant_max_active = 16     # per tenant, per process (0: no limit)
+    tenant_max_active = 16     # per tenant, per process (default 0: no limit)
     ack_wait_s = 30            # the turns consumer's AckWait; in-progress acks every third
     lease_ttl_s = 30           # a dead worker's sessions are free again after this
     drain_timeout_s = 20       # on SIGTERM, in-flight turns get this long to finish
@@ -21,7 +21,7 @@ from typing import Annotated
 import msgspec
 
 from loopmesh.agents import Agents, check_agents
-from loopmesh.settings import NatsSettings, Port, Price, SchedulerSettings
+from loopmesh.settings import NatsSettings, Port, Price, SchedulerSettings, Tenants
 from loopmesh.webhook import WebhookSettings, check_agent_webhooks
 
 from .engine.settings import LLMSettings, LoopSettings
@@ -55,6 +55,11 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_deliveries: AtLeastOne = 10
     #: One pull for turns waits this long on the server before the next.
     fetch_timeout_s: Positive = 1.0
+    #: The consumers and the turns stream are scanned for turns waiting this often
+    #: (besides the publishes the worker sees as they happen).
+    rescan_s: Positive = 10.0
+    #: A tenant's consumer unused this long is removed, and made again at its next turn.
+    tenant_idle_s: Positive = 3600.0
     #: At SIGTERM, turns in flight get this long to finish; the rest are handed back.
     drain_timeout_s: Positive = 20.0
     #: Unused: the catalog is watched, not re-read.
@@ -85,6 +90,9 @@ class LoopWorkerConfig(msgspec.Struct, frozen=True, kw_only=True):
     loop: LoopSettings = LoopSettings()
     loop_worker: ServiceSettings = ServiceSettings()
     prices: dict[str, Price] = {}  # per model: the budgets' cost ([loop.budget])
+    #: ``[tenants."<name>"]`` (``"*"``: every other tenant): weights and limits of the
+    #: fair share between tenants.
+    tenants: Tenants = {}
     scheduler: SchedulerSettings = SchedulerSettings()  # fires the schedules' ticks
     #: The named agents (``[[agents]]``, docs/AGENTS.md): provisioned to the agents
     #: bucket when the worker starts; its turns read them from there.

@@ -39,14 +39,19 @@ from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.client import JetStreamContext
+from prometheus_client import Histogram
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Publisher, quietly, retry, worker_name
-from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream, has_msg_ttl
+from loopmesh.provision import (
+    ensure_bucket,
+    ensure_consumer,
+    ensure_stream,
+    has_msg_ttl,
+    retire_consumer,
+)
 from loopmesh.scheduler import Scheduler
 from schemas import (
-    ConsumerDef,
     KVDef,
     SessionSnapshot,
     StreamDef,
@@ -82,6 +87,7 @@ from .engine.protocols import LLM
 from .errors import LeaseLostError
 from .lease import Leases
 from .limiter import SharedLimiter
+from .share import FairShare
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
@@ -91,6 +97,13 @@ from .usage import LedgerUsage
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
 
 log = logging.getLogger("loopmesh.loop_worker")
+
+WAIT = Histogram(
+    "loopmesh_loop_turn_wait_seconds",
+    "Time from a turn's publish to its delivery to a loop worker, by tenant",
+    ["tenant"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+)
 
 
 class LoopWorker:
@@ -198,7 +211,8 @@ class LoopWorker:
         self._slots = asyncio.Semaphore(self.settings.max_active_turns)
         self._tenants: dict[str, int] = {}
         self._tenant_room = asyncio.Condition()
-        self._room = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        self.share = FairShare(nc, self.subjects, self.settings, config.tenants, deliver=self._take)
         self._stopping = False
         self.ack_wait_s = self.settings.ack_wait_s
         self.scheduler = (
@@ -213,12 +227,7 @@ class LoopWorker:
         """Serve until ``stop`` is set, then finish or hand back in-flight turns."""
         await self._prepare()
         try:
-            sub = await retry(
-                lambda: self._js.pull_subscribe_bind(
-                    self.subjects.turns_consumer, self.subjects.turns_stream
-                ),
-                "bind the turns consumer",
-            )
+            await retry(self.share.start, "listen for turns")
         except BaseException:
             await self.agents.close()  # the watches end with the worker
             await self.tools.close()
@@ -233,7 +242,8 @@ class LoopWorker:
                 buryer = tg.create_task(self.deadletters.run(listening), name="dead letters")
                 limits = tg.create_task(self._limits(), name="limits")
                 await listening.wait()
-                puller = tg.create_task(self._pull(sub, tg, stop), name="pull")
+                self._tg = tg
+                puller = tg.create_task(self.share.run(self._free, stop), name="pull")
                 if self.scheduler is not None:
                     self.scheduler.start()  # its own task: closed below
                 self.ready.set()
@@ -258,8 +268,7 @@ class LoopWorker:
         finally:
             if self.limiter is not None:  # a leader leaves its state to the next
                 await self.limiter.close()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await self.share.close()
             if self.scheduler is not None:
                 await self.scheduler.close()
             await self.agents.close()
@@ -277,15 +286,10 @@ class LoopWorker:
     async def _prepare(self) -> None:
         s, subjects = self.settings, self.subjects
         if s.provision:
-            done = await ensure_consumer(
-                self._js,
-                ConsumerDef(
-                    stream=subjects.turns_stream,
-                    durable=subjects.turns_consumer,
-                    ack_wait_s=s.ack_wait_s,
-                    max_deliver=s.max_deliveries,
-                    description="loop workers share this consumer",
-                ),
+            # each tenant's consumer is made at its first turn (FairShare); the one
+            # they replace would overlap them all
+            done = await retire_consumer(
+                self._js, subjects.turns_stream, subjects.legacy_turns_consumer
             )
             done += "\n" + await ensure_stream(
                 self._js,
@@ -332,11 +336,6 @@ class LoopWorker:
                 log.log(
                     logging.WARNING if action.startswith("updated") else logging.INFO, "%s", action
                 )
-        info = await retry(
-            lambda: self._js.consumer_info(subjects.turns_stream, subjects.turns_consumer),
-            "turns consumer info",
-        )
-        self.ack_wait_s = float(info.config.ack_wait or s.ack_wait_s)
         await self.publisher.start()
         await self.events.start()
         await self.store.start()
@@ -366,35 +365,31 @@ class LoopWorker:
     def capacity(self) -> int:
         return self.settings.max_active_turns + self.settings.max_waiting_turns
 
-    async def _pull(
-        self, sub: JetStreamContext.PullSubscription, tg: asyncio.TaskGroup, stop: asyncio.Event
-    ) -> None:
-        while not self._stopping and not stop.is_set():
-            free = self.capacity - len(self._held)
-            if free <= 0:
-                self._room.clear()
-                stopped = asyncio.ensure_future(stop.wait())
-                room = asyncio.ensure_future(self._room.wait())
-                await asyncio.wait({stopped, room}, return_when=asyncio.FIRST_COMPLETED)
-                stopped.cancel()
-                room.cancel()
-                continue
-            try:
-                msgs = await sub.fetch(min(free, 64), timeout=self.settings.fetch_timeout_s)
-            except TimeoutError:
-                continue
-            except Exception as exc:
-                log.warning("pulling turns failed error=%r", exc)
-                await _wait_or(stop, 0.5)
-                continue
-            for msg in msgs:
-                if self._stopping:
-                    await quietly(msg.nak())
-                    continue
-                held = TurnRun(msg, self)
-                self._held[msg.reply] = held
-                HELD.set(len(self._held))
-                held.task = tg.create_task(held.run())
+    def _free(self) -> int:
+        """Places to pull turns into: a running place free, and room to hold the turn
+        (a turn waiting for an earlier turn of its session holds no running place)."""
+        held = len(self._held)
+        ordering = sum(1 for h in self._held.values() if h.ordering)
+        return min(self.capacity - held, self.settings.max_active_turns - (held - ordering))
+
+    def _take(self, msg: Msg, tenant: str) -> None:
+        """A turn pulled from ``tenant``'s consumer: hold it and run it."""
+        assert self._tg is not None  # pulls run inside the worker's task group
+        if self._stopping:  # answered after the stop: hand it back
+            self._tg.create_task(quietly(msg.nak()))
+            self._tg.create_task(self.share.handed_back(tenant))
+            self.share.finished(tenant)
+            return
+        with contextlib.suppress(Exception):
+            WAIT.labels(tenant).observe(max(time.time() - msg.metadata.timestamp.timestamp(), 0.0))
+        held = TurnRun(msg, self, tenant)
+        self._held[msg.reply] = held
+        HELD.set(len(self._held))
+        held.task = self._tg.create_task(held.run())
+
+    def _released(self, held: TurnRun) -> None:
+        """A held turn is done with (acked, handed back or given up): its place is free."""
+        self.share.finished(held.tenant)
 
     async def _keepalive(self) -> None:
         period = self.ack_wait_s / 3
@@ -436,7 +431,7 @@ class LoopWorker:
 
     # -- what a turn asks of its worker (the turn itself: :mod:`.turn`) ----------------
 
-    async def _refuse(self, msg: Msg, refused: Refused) -> None:
+    async def _refuse(self, msg: Msg, refused: Refused, tenant: str) -> None:
         """Tell the publisher's session why (:mod:`.refusals`), then term the turn; if
         the events cannot be stored now, the turn comes back to be refused again."""
         meta = msg.metadata
@@ -448,6 +443,7 @@ class LoopWorker:
             if meta.num_delivered < self.settings.max_deliveries:
                 log.warning("refusal not reported; retrying later error=%r", exc)
                 await quietly(msg.nak(delay=1.0))
+                await self.share.handed_back(tenant, 1.0)
                 return
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)
@@ -468,6 +464,14 @@ class LoopWorker:
         earlier turn runs elsewhere is a turn that waited ``order_wait_s`` handed back,
         to make room."""
         deadline = time.monotonic() + self.settings.order_wait_s
+        held.ordering = True  # its running place is free meanwhile
+        self.share.wake()
+        try:
+            await self._order_wait(held, turn, deadline)
+        finally:
+            held.ordering = False
+
+    async def _order_wait(self, held: TurnRun, turn: Turn, deadline: float) -> None:
         async with self.leases.handover(turn.tenant, turn.session) as wait:
             while True:
                 wait.mark()

@@ -76,6 +76,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
     from .dispatch import NatsToolDispatcher
     from .engine.engine import Engine
     from .lease import Leases
+    from .share import FairShare
     from .sink import JetStreamEvents
     from .store import KVSessionStore
 
@@ -94,15 +95,16 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         tools: NatsToolDispatcher
         engine: Engine
         deadletters: DeadLetters
+        share: FairShare
         _held: dict[str, TurnRun]
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
         _slots: asyncio.Semaphore
-        _room: asyncio.Event
 
-        async def _refuse(self, msg: Msg, refused: Refused) -> None: ...
+        async def _refuse(self, msg: Msg, refused: Refused, tenant: str) -> None: ...
         async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
         def _tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[None]: ...
+        def _released(self, held: TurnRun) -> None: ...
 
 
 log = logging.getLogger("loopmesh.loop_worker")
@@ -182,10 +184,14 @@ async def _check_webhook(turn: Turn, settings: WebhookSettings) -> None:
 class TurnRun:
     """One delivered turn: its state while held, and :meth:`run`, its whole story."""
 
-    __slots__ = ("_w", "acked", "done", "lease", "lost", "msg", "seq", "task", "turn")
+    __slots__ = (
+        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "task", "tenant", "turn"
+    )  # fmt: skip
 
-    def __init__(self, msg: Msg, owner: Owner) -> None:
+    def __init__(self, msg: Msg, owner: Owner, tenant: str = "") -> None:
         self.msg = msg
+        self.tenant = tenant  # the consumer it came through (its subject's tenant token)
+        self.ordering = False  # waiting for an earlier turn of its session: no place used
         self.turn: Turn | None = None
         self.seq = 0
         self.done = asyncio.Event()
@@ -214,7 +220,7 @@ class TurnRun:
                 if turn.webhook is not None and meta.num_delivered == 1:
                     await _check_webhook(turn, w.config.webhooks)
             except Refused as refused:
-                await w._refuse(msg, refused)
+                await w._refuse(msg, refused, self.tenant)
                 outcome = "refused"
                 return
             self.seq = meta.sequence.stream
@@ -238,7 +244,7 @@ class TurnRun:
         except HandBack as back:
             outcome = "handed_back"
             w.stats["handed_back"] += 1
-            await quietly(msg.nak(delay=back.delay))
+            await self._nak(back.delay)
         except asyncio.CancelledError:
             if self.lost is not None:
                 outcome = "lost"
@@ -247,7 +253,7 @@ class TurnRun:
                 return  # the task ends here: its cancel was this worker's own
             outcome = "handed_back"
             w.stats["handed_back"] += 1
-            await quietly(msg.nak())
+            await self._nak()
             raise
         except StaleSessionError as exc:
             if self.lost is None:  # the lease was ours: what this worker had was stale
@@ -255,7 +261,7 @@ class TurnRun:
                 w.stats["stale"] += 1
                 log.warning("turn started from a stale snapshot turn=%s: %s; delivered "
                             "again at once", self.turn_id, exc)  # fmt: skip
-                await quietly(msg.nak())
+                await self._nak()
             else:
                 outcome = "lost"
                 w.stats["lost"] += 1
@@ -267,7 +273,7 @@ class TurnRun:
         except Exception:
             outcome = "failed"
             log.exception("turn failed; handing it back turn=%s", self.turn_id)
-            await quietly(msg.nak(delay=1.0))
+            await self._nak(1.0)
         finally:
             self.done.set()
             w._held.pop(msg.reply, None)
@@ -275,7 +281,7 @@ class TurnRun:
             HELD.set(len(w._held))
             TURNS.labels(outcome).inc()
             DURATION.observe(time.monotonic() - started)
-            w._room.set()
+            w._released(self)
 
     async def _leased(self, turn: Turn, delivery: int) -> None:
         """Order, tenant room and lease, then the engine; a finished turn is acked, then
@@ -428,6 +434,12 @@ class TurnRun:
             w.events.end(turn.msg_id)
             w.tools.resuming(turn.msg_id, False)
             await w.controls.close_turn(turn, control)
+
+    async def _nak(self, delay: float | None = None) -> None:
+        """Hand the turn back, to be delivered again after ``delay``; every worker hears
+        of it (a redelivery is no publish: the workers would not see it coming)."""
+        await quietly(self.msg.nak(delay=delay) if delay else self.msg.nak())
+        await self._w.share.handed_back(self.tenant, delay or 0.0)
 
     async def _ack(self, turn: Turn) -> None:
         """``msg.ack_sync()``, with the reply on the publisher's inbox."""

@@ -75,6 +75,7 @@ async def provision(
     """Ensure every stream, consumer and bucket of ``defs``; return what was done."""
     wait = placement_wait_s
     actions = [await ensure_stream(js, s, placement_wait_s=wait) for s in defs.streams]
+    actions += [await retire_consumer(js, stream, name) for stream, name in defs.retired]
     actions += [await ensure_consumer(js, c) for c in defs.consumers]
     actions += [
         await ensure_bucket(js, b, msg_ttl=msg_ttl, placement_wait_s=wait) for b in defs.buckets
@@ -204,6 +205,8 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
         "filter_subject": c.filter_subject,
         "description": c.description or None,
     }
+    if c.inactive_s:
+        want["inactive_threshold"] = c.inactive_s
     if c.filter_subjects:
         want["filter_subjects"] = list(c.filter_subjects)
     name = f"{c.stream}/{c.durable}"
@@ -230,6 +233,16 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
         return ""
     await _call(f"update consumer {name}", js.add_consumer(c.stream, have.evolve(**want)))
     return f"updated consumer {name} ({changes})"
+
+
+async def retire_consumer(js: JetStreamContext, stream: str, name: str) -> str:
+    """Delete the consumer ``name`` of ``stream`` if it exists (what it held stays in
+    the stream, for the consumers that replace it)."""
+    try:
+        await js.delete_consumer(stream, name)
+    except NotFoundError:
+        return ""
+    return f"deleted consumer {stream}/{name} (replaced)"
 
 
 async def ensure_bucket(

@@ -119,6 +119,25 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
 
 
+class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[tenants."<name>"]``: one tenant's share of the fleet; ``[tenants."*"]`` is every
+    tenant not named. Read by the loop workers (weight, max_active_turns) and the
+    gateway (max_backlog); set the same in every process."""
+
+    #: The tenant's share of each loop worker's places, against the others' weights,
+    #: while several tenants have turns waiting (a tenant alone gets every place).
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    #: The tenant's turns the whole fleet holds at once, running or waiting for an
+    #: earlier turn of their session (0: no limit).
+    max_active_turns: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: Turns of the tenant waiting in the turns stream past which the gateway refuses
+    #: another (429 ``backlog_full``; 0: no limit).
+    max_backlog: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+Tenants = dict[str, TenantSettings]
+
+
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[scheduler]``: the scheduler every loop worker and gateway runs (docs/ARCHITECTURE.md,
     "Schedules"). A change to the schedules is pushed at once; ``reload_s`` is the full

@@ -34,6 +34,8 @@ class ConsumerDef(msgspec.Struct, frozen=True, kw_only=True):
     max_ack_pending: int = 10_000
     #: Where a new consumer starts: the stream's first message, or its next one.
     deliver_policy: Literal["all", "new"] = "all"
+    #: The server removes the consumer after this long unused (0: never).
+    inactive_s: float = 0.0
     description: str = ""
 
 
@@ -50,6 +52,8 @@ class Definitions(msgspec.Struct, frozen=True, kw_only=True):
     streams: tuple[StreamDef, ...]
     consumers: tuple[ConsumerDef, ...]
     buckets: tuple[KVDef, ...]
+    #: ``(stream, consumer)`` pairs provisioning deletes where they exist.
+    retired: tuple[tuple[str, str], ...] = ()
 
 
 def definitions(
@@ -59,9 +63,7 @@ def definitions(
     events_max_bytes: int = -1,
     sessions_ttl_s: float = 0.0,
     deadletter_max_age_s: float = 30 * 24 * 3600.0,
-    turn_max_deliver: int = 10,
     duplicate_window_s: float = 120.0,
-    turn_ack_wait_s: float = 30.0,
     lease_ttl_s: float = 30.0,
     effects_ttl_s: float = 24 * 3600.0,
     catalog_ttl_s: float = 30.0,
@@ -78,7 +80,7 @@ def definitions(
         streams=(
             StreamDef(
                 name=s.turns_stream,
-                subjects=(s.all_turns,),
+                subjects=(s.stored_turns,),
                 retention="workqueue",
                 duplicate_window_s=duplicate_window_s,
                 replicas=replicas,
@@ -103,14 +105,8 @@ def definitions(
             ),
             advisories_stream(s, max_age_s=deadletter_max_age_s, replicas=replicas),
         ),
+        retired=((s.turns_stream, s.legacy_turns_consumer),),
         consumers=(
-            ConsumerDef(
-                stream=s.turns_stream,
-                durable=s.turns_consumer,
-                ack_wait_s=turn_ack_wait_s,
-                max_deliver=turn_max_deliver,
-                description="loop workers share this consumer",
-            ),
             advisories_consumer(s),
             *webhooks_consumers(s),
         ),
@@ -249,6 +245,31 @@ def pool_consumer(subjects: Subjects, pool: str, *, ack_wait_s: float = 30.0) ->
         filter_subject=subjects.pool_tools(pool),
         ack_wait_s=ack_wait_s,
         description=f"tool pool {pool}",
+    )
+
+
+def tenant_consumer(
+    subjects: Subjects,
+    tenant: str,
+    *,
+    ack_wait_s: float,
+    max_deliver: int,
+    max_active: int = 0,
+    inactive_s: float = 3600.0,
+) -> ConsumerDef:
+    """The durable consumer of ``tenant``'s turns, which the loop workers make when they
+    first see one of its turns (:mod:`loop_worker.share`). ``max_active`` (0: no limit)
+    caps the turns of the tenant the whole fleet holds at once; an idle tenant's
+    consumer is removed after ``inactive_s`` and made again at its next turn."""
+    return ConsumerDef(
+        stream=subjects.turns_stream,
+        durable=subjects.tenant_consumer(tenant),
+        filter_subject=subjects.tenant_turns(tenant),
+        ack_wait_s=ack_wait_s,
+        max_deliver=max_deliver,
+        max_ack_pending=max_active or -1,
+        inactive_s=inactive_s,
+        description=f"the turns of tenant {tenant}",
     )
 
 

@@ -6,7 +6,7 @@ import functools
 import zlib
 from dataclasses import dataclass
 
-from .ids import InvalidIdError, check_token
+from .ids import InvalidIdError, check_token, safe_token
 
 DEFAULT_PREFIX = "loopmesh"
 
@@ -103,9 +103,31 @@ class Subjects:
 
     # -- wildcards for subscriptions and stream definitions ----------------------------
 
+    def handback(self, tenant: str) -> str:
+        """Where a loop worker says it handed back a turn of ``tenant`` (nak): it will
+        be delivered again, and no publish announces it."""
+        return f"{self.prefix}.handback.{tenant}"
+
+    @property
+    def all_handbacks(self) -> str:
+        return f"{self.prefix}.handback.*"
+
     @property
     def all_turns(self) -> str:
         return f"{self.prefix}.turns.>"
+
+    @property
+    def stored_turns(self) -> str:
+        """What the turns stream keeps: a subject with a tenant and more after it (one
+        with the tenant alone would match no tenant's consumer, and is not taken)."""
+        return f"{self.prefix}.turns.*.>"
+
+    def tenant_turns(self, tenant: str) -> str:
+        """The filter of ``tenant``'s consumer on the turns stream: its turns, and the
+        malformed subjects under it, which the consumer's worker refuses. ``tenant`` is
+        a subject token, not necessarily a valid tenant id: one that is not is refused
+        turn by turn."""
+        return f"{self.prefix}.turns.{tenant}.>"
 
     @property
     def all_tools(self) -> str:
@@ -165,7 +187,7 @@ class Subjects:
         """The advisories nats-server publishes when the turns consumer gives up on a
         turn (``max_deliver`` reached) or a turn is terminated; kept in
         :attr:`advisories_stream` so none is lost while no loop worker listens."""
-        where = f"{self.turns_stream}.{self.turns_consumer}"
+        where = f"{self.turns_stream}.*"  # every tenant's consumer
         return (
             f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{where}",
             f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{where}",
@@ -208,8 +230,25 @@ class Subjects:
     def deadletter_stream(self) -> str:
         return self._name("DEADLETTER")
 
+    @staticmethod
+    def tenant_consumer(tenant: str) -> str:
+        """The durable consumer of ``tenant``'s turns (:mod:`loop_worker.share`):
+        ``turns-<tenant>``, or for a subject token that is no valid id, a name made safe
+        with a hash of it. Read a consumer's tenant from its filter, never its name."""
+        return f"turns-{safe_token(tenant)}"
+
+    def tenant_of_filter(self, filter_subject: str) -> str | None:
+        """The tenant a consumer's filter (:meth:`tenant_turns`) reads, or None."""
+        head, tail = f"{self.prefix}.turns.", ".>"
+        if not (filter_subject.startswith(head) and filter_subject.endswith(tail)):
+            return None
+        tenant = filter_subject[len(head) : -len(tail)]
+        return tenant if tenant and "." not in tenant else None
+
     @property
-    def turns_consumer(self) -> str:
+    def legacy_turns_consumer(self) -> str:
+        """The one consumer all loop workers once shared: it overlaps every tenant's, so
+        provisioning removes it (a work-queue stream allows no overlap)."""
         return "loop-workers"
 
     @property

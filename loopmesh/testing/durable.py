@@ -25,10 +25,11 @@ from nats.js.errors import NotFoundError
 from loopmesh.jetstream import KVEntry, retry
 from loopmesh.nats import connect
 from loopmesh.process import terminate
-from loopmesh.provision import has_msg_ttl, provision
+from loopmesh.provision import ensure_consumer, has_msg_ttl, provision
 from loopmesh.settings import NatsSettings
 from schemas import Subjects, decode, definitions
 from schemas.events import AnyEvent, Event
+from schemas.streams import tenant_consumer
 
 SUBJECTS = Subjects()
 
@@ -44,19 +45,32 @@ async def connect_fast(url: str, name: str = "test") -> Client:
 async def provision_short(
     nc: Client,
     *,
-    ack_wait_s: float = 2.0,
     lease_ttl_s: float = 2.0,
     subjects: Subjects = SUBJECTS,
     replicas: int = 1,
 ) -> None:
-    """Everything loopmesh needs, with AckWait and lease TTL short enough for tests
-    (``replicas``: 3 on a cluster)."""
-    defs = definitions(
-        subjects, turn_ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, replicas=replicas
-    )
+    """Everything loopmesh needs, with a lease TTL short enough for tests (``replicas``:
+    3 on a cluster). The tenants' turns consumers are the workers' to make, with their
+    ``ack_wait_s``."""
+    defs = definitions(subjects, lease_ttl_s=lease_ttl_s, replicas=replicas)
     # A cluster just started may not know its peers' JetStream resources yet: provision
     # waits for them.
     await provision(nc.jetstream(), defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=START_S)
+
+
+async def tenant_consumer_of(
+    nc: Client,
+    tenant: str = "acme",
+    *,
+    ack_wait_s: float = 2.0,
+    max_deliver: int = 10,
+    subjects: Subjects = SUBJECTS,
+) -> str:
+    """Make ``tenant``'s turns consumer as a loop worker does at the tenant's first turn
+    (with its ``[loop_worker]`` settings: keep them the same); return its name."""
+    c = tenant_consumer(subjects, tenant, ack_wait_s=ack_wait_s, max_deliver=max_deliver)
+    await ensure_consumer(nc.jetstream(), c)
+    return c.durable
 
 
 async def stream_events(
@@ -239,6 +253,7 @@ def worker_env(
         "LOOPMESH_LOOP_WORKER__ACK_WAIT_S": "2",
         "LOOPMESH_LOOP_WORKER__LEASE_TTL_S": "2",
         "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.2",
+        "LOOPMESH_LOOP_WORKER__RESCAN_S": "0.5",
     }
     for key, value in service.items():
         env[f"LOOPMESH_LOOP_WORKER__{key.upper()}"] = str(value)

@@ -10,8 +10,8 @@ import pytest
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.errors import ConfigError
-from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import connect_fast
+from loopmesh.settings import NatsSettings, TenantSettings
+from loopmesh.testing.durable import connect_fast, provision_short, tenant_consumer_of
 from schemas import Subjects
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
 
@@ -239,3 +239,39 @@ async def test_the_rate_limit_is_per_key_and_says_when_to_retry(gateway_at):
             "rate limit of 0.5 requests/s (burst 2) exceeded for this key; retry in "
         )
         assert (await c.get("/v1/sessions", headers=auth(GLOBEX_KEY))).status_code == 200
+
+
+async def test_a_tenant_with_its_backlog_full_is_refused_and_nothing_is_published(nats_server):
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    config = GatewayConfig(
+        nats=NatsSettings(url=nats_server.url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=KEYS),
+        tenants={"acme": TenantSettings(max_backlog=2)},
+    )
+    async with GatewayServer(config) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+        for i in range(2):  # no loop worker runs: the turns wait
+            r = await c.post(
+                f"/v1/sessions/s{i}/turns", json={"input": "hi"}, headers=auth(ACME_KEY)
+            )
+            assert r.status_code == 202, r.text
+        r = await c.post("/v1/sessions/s9/turns", json={"input": "hi"}, headers=auth(ACME_KEY))
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert error(r) == {
+            "code": "backlog_full",
+            "message": "tenant acme has 2 turns waiting, its limit ([tenants] max_backlog = 2);"
+            " try again once some have run",
+        }
+        assert await turns_stored(nats_server.url) == 2
+        # once a worker made the tenant's consumer, its count of turns waiting is read
+        try:
+            await tenant_consumer_of(nc, "acme")
+            sub = await nc.jetstream().pull_subscribe_bind("turns-acme", SUBJECTS.turns_stream)
+            [taken] = await sub.fetch(1, timeout=5)  # held by a worker: no longer waiting
+            r = await c.post("/v1/sessions/s9/turns", json={"input": "hi"}, headers=auth(ACME_KEY))
+            assert r.status_code == 202, r.text
+            await taken.ack()
+        finally:
+            await nc.close()
+        r = await c.post("/v1/sessions/x/turns", json={"input": "hi"}, headers=auth(GLOBEX_KEY))
+        assert r.status_code == 202  # another tenant has no such limit

@@ -198,6 +198,7 @@ class Mesh:
         service.setdefault("ack_wait_s", 2.0)
         service.setdefault("lease_ttl_s", 2.0)
         service.setdefault("fetch_timeout_s", 0.2)
+        service.setdefault("rescan_s", 0.5)
         loop = service.pop("loop", LoopSettings(max_iterations=6))
         webhooks = service.pop("webhooks", None)
         llm = {"max_retries": 0, **service.pop("llm_settings", {})}

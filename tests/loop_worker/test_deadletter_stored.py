@@ -9,7 +9,7 @@ import nats.errors
 import pytest
 
 from loopmesh.provision import provision
-from loopmesh.testing.durable import SUBJECTS, connect_fast, wait_for
+from loopmesh.testing.durable import SUBJECTS, connect_fast, tenant_consumer_of, wait_for
 from schemas import Turn, definitions
 from tests.loop_worker.durable import Watch, mesh_on, send_turn
 
@@ -20,8 +20,8 @@ MAX_DELIVERIES = 2
 async def mesh(nats_server):
     nc = await connect_fast(nats_server.url)
     try:
-        defs = definitions(SUBJECTS, turn_ack_wait_s=1.0, turn_max_deliver=MAX_DELIVERIES)
-        await provision(nc.jetstream(), defs)
+        await provision(nc.jetstream(), definitions(SUBJECTS))
+        await tenant_consumer_of(nc, "acme", ack_wait_s=1.0, max_deliver=MAX_DELIVERIES)
     finally:
         await nc.close()
     async with mesh_on(nats_server.url, provisioned=True) as mesh:
@@ -37,7 +37,7 @@ async def test_a_turn_poisoned_while_no_loop_worker_listens_is_dead_lettered_lat
     turn = Turn(id="t1", tenant="acme", session="s1", input="hi", created_at=time.time())
     await send_turn(nc, turn)
     # A worker that takes the turn and dies each time, with no other loop worker around.
-    crashing = await js.pull_subscribe_bind(SUBJECTS.turns_consumer, SUBJECTS.turns_stream)
+    crashing = await js.pull_subscribe_bind(SUBJECTS.tenant_consumer("acme"), SUBJECTS.turns_stream)
     deliveries = 0
 
     async def given_up() -> bool:
@@ -55,7 +55,7 @@ async def test_a_turn_poisoned_while_no_loop_worker_listens_is_dead_lettered_lat
     assert await messages(nc, SUBJECTS.deadletter_stream) == 0
 
     async with Watch(nc) as watch:
-        await mesh.loop_worker(max_deliveries=MAX_DELIVERIES)  # a loop worker comes back
+        await mesh.loop_worker(max_deliveries=MAX_DELIVERIES, ack_wait_s=1.0)  # a worker is back
         end = await watch.wait("loop_end", "t1", timeout=30)
         [error] = watch.of("error", "t1")
 

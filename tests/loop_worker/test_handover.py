@@ -25,9 +25,7 @@ ACK_WAIT_S = 30.0  # the default: a turn left to it would keep this test waiting
 @pytest.fixture
 async def mesh(durable):
     async with mesh_on(durable.url, replicas=durable.replicas, provisioned=True) as mesh:
-        await provision_short(
-            mesh.nc, ack_wait_s=ACK_WAIT_S, lease_ttl_s=ACK_WAIT_S, replicas=durable.replicas
-        )
+        await provision_short(mesh.nc, lease_ttl_s=ACK_WAIT_S, replicas=durable.replicas)
         yield mesh
 
 
@@ -97,7 +95,9 @@ async def test_back_to_back_turns_on_two_workers_are_each_run_once_and_none_is_l
             (f"s{k}t{i}", False) for i in range(TURNS)
         ]
     await wait_for(lambda: _acked(mesh.nc), what="every turn acked")
-    info = await mesh.nc.jetstream().consumer_info(SUBJECTS.turns_stream, SUBJECTS.turns_consumer)
+    info = await mesh.nc.jetstream().consumer_info(
+        SUBJECTS.turns_stream, SUBJECTS.tenant_consumer("acme")
+    )
     assert info.num_redelivered == 0
     assert sum(s["finished"] for s in stats.values()) == SESSIONS * TURNS
 

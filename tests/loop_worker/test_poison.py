@@ -24,7 +24,7 @@ async def test_a_turn_waiting_behind_a_long_turn_of_its_session_is_not_given_up(
     was given up after about two seconds."""
     # AckWait and leases far longer than t1: a loaded machine's stalls must not cost w1
     # its lease of the session (with 2 s, w2 then ran t1 and no hand-back was counted)
-    await provision_short(mesh.nc, ack_wait_s=10, lease_ttl_s=10)
+    await provision_short(mesh.nc, lease_ttl_s=10)
     long = {"ack_wait_s": 10.0, "lease_ttl_s": 10.0}
     await mesh.tool_worker()
     w1 = await mesh.loop_worker(
@@ -41,7 +41,9 @@ async def test_a_turn_waiting_behind_a_long_turn_of_its_session_is_not_given_up(
     assert w2.service.stats["handed_back"] == 0 and w2.service.stats["finished"] == 1
     assert w1.service.stats["finished"] == 1
     assert not watch.of("error")
-    info = await mesh.nc.jetstream().consumer_info(SUBJECTS.turns_stream, SUBJECTS.turns_consumer)
+    info = await mesh.nc.jetstream().consumer_info(
+        SUBJECTS.turns_stream, SUBJECTS.tenant_consumer("acme")
+    )
     assert info.num_redelivered == 0
 
 

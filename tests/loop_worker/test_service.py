@@ -126,7 +126,6 @@ async def test_a_turn_published_again_over_its_own_checkpoint_runs_no_call_twice
         js,
         definitions(
             SUBJECTS,
-            turn_ack_wait_s=2,
             lease_ttl_s=2,
             duplicate_window_s=1,
             replicas=mesh.replicas,

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from loop_worker.lease import Leases
 from loop_worker.store import KVSessionStore
-from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, wait_for
+from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, tenant_consumer_of, wait_for
 from schemas import SessionSnapshot, decode
 from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn
 
@@ -108,7 +108,8 @@ async def test_a_redelivery_whose_take_waited_for_the_first_deliverys_hand_over_
     async with mesh_on(nats_server.url) as mesh:
         nc, js = mesh.nc, mesh.nc.jetstream()
         seq = await send_turn(nc, turn("t1", "say t1"))
-        sub = await js.pull_subscribe_bind(SUBJECTS.turns_consumer, SUBJECTS.turns_stream)
+        await tenant_consumer_of(nc, "acme")
+        sub = await js.pull_subscribe_bind(SUBJECTS.tenant_consumer("acme"), SUBJECTS.turns_stream)
         [delivered] = await sub.fetch(1, timeout=10)  # the first delivery, held here
         held = asyncio.create_task(_in_progress(delivered))
         worker = await mesh.loop_worker("w1")

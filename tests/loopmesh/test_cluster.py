@@ -12,7 +12,7 @@ from loopmesh.jetstream import KVEntry, Publisher, open_kv
 from loopmesh.ports import free_ports
 from loopmesh.provision import provision_all
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import connect_fast, wait_for
+from loopmesh.testing.durable import connect_fast, tenant_consumer_of, wait_for
 from schemas import Subjects
 from tests.conftest import BOTH
 
@@ -43,6 +43,7 @@ async def test_a_changed_replica_count_is_applied_and_reported_never_ignored(nat
     js = nc.jetstream()
     try:
         await provision_all(nc, NatsSettings(replicas=3))
+        consumer = await tenant_consumer_of(nc, "acme")  # as a worker makes it
         down = await provision_all(nc, NatsSettings(replicas=1))
         assert f"updated stream {S.turns_stream} (num_replicas 3 → 1)" in down
         assert f"updated bucket {S.leases_bucket} (num_replicas 3 → 1)" in down
@@ -51,8 +52,8 @@ async def test_a_changed_replica_count_is_applied_and_reported_never_ignored(nat
         assert len(up) == len(down) and all("num_replicas 1 → 3" in a for a in up)
         assert (await js.stream_info(f"KV_{S.leases_bucket}")).config.num_replicas == 3
 
-        async def consumer_on_three() -> bool:  # the turns consumer follows its stream
-            info = await js.consumer_info(S.turns_stream, S.turns_consumer)
+        async def consumer_on_three() -> bool:  # a tenant's consumer follows its stream
+            info = await js.consumer_info(S.turns_stream, consumer)
             return info.cluster is not None and len(info.cluster.replicas or []) == 2
 
         await wait_for(consumer_on_three, timeout=15, what="the consumer on three nodes")

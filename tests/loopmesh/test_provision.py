@@ -1,3 +1,4 @@
+import nats.js.errors
 import pytest
 from nats.js import api
 
@@ -11,6 +12,7 @@ from loopmesh.provision import (
     provision_all,
 )
 from loopmesh.settings import NatsSettings
+from loopmesh.testing.durable import tenant_consumer_of
 from schemas import ConsumerDef, KVDef, StreamDef, Subjects, definitions, pool_consumer
 from tests.conftest import skip_without_msg_ttl
 
@@ -34,7 +36,7 @@ async def test_streams_have_their_retention_max_age_and_duplicate_window(nc):
     assert tools.config.retention == api.RetentionPolicy.WORK_QUEUE
     assert events.config.retention == api.RetentionPolicy.LIMITS
     assert events.config.max_age == 3600
-    assert turns.config.subjects == [s.all_turns]
+    assert turns.config.subjects == [s.stored_turns]
     assert {turns.config.duplicate_window, events.config.duplicate_window} == {30}
 
 
@@ -49,15 +51,42 @@ async def test_a_republished_message_id_is_stored_once(nc):
     assert (await js.stream_info(s.turns_stream)).state.messages == 1
 
 
-async def test_the_turns_consumer_is_a_durable_pull_consumer_with_explicit_ack(nc):
+async def test_a_tenants_consumer_reads_its_turns_alone_and_replaces_the_shared_one(nc):
     js = nc.jetstream()
     s = Subjects()
-    await provision(js, definitions(s, turn_ack_wait_s=12))
-    info = await js.consumer_info(s.turns_stream, s.turns_consumer)
-    assert info.config.durable_name == s.turns_consumer
+    await provision(js, definitions(s))
+    # a deployment from before: one consumer all workers shared, overlapping every tenant's
+    await js.add_consumer(
+        s.turns_stream,
+        api.ConsumerConfig(durable_name=s.legacy_turns_consumer, ack_policy="explicit"),
+    )
+    with pytest.raises(ProvisionError, match="turns-acme"):  # a work queue allows no overlap
+        await tenant_consumer_of(nc, "acme")
+    assert await provision(js, definitions(s)) == [
+        f"deleted consumer {s.turns_stream}/{s.legacy_turns_consumer} (replaced)"
+    ]
+    name = await tenant_consumer_of(nc, "acme", ack_wait_s=12, max_deliver=4)
+    info = await js.consumer_info(s.turns_stream, name)
+    assert name == "turns-acme" and info.config.filter_subject == "loopmesh.turns.acme.>"
+    assert s.tenant_of_filter(info.config.filter_subject) == "acme"
     assert info.config.deliver_subject is None
     assert info.config.ack_policy == api.AckPolicy.EXPLICIT
-    assert info.config.ack_wait == 12
+    assert info.config.ack_wait == 12 and info.config.max_deliver == 4
+    await tenant_consumer_of(nc, "globex")  # another tenant's does not overlap
+    await js.publish(s.turn("acme", "s1"), b"{}")
+    await js.publish(s.turn("globex", "s1"), b"{}")
+    assert (await js.consumer_info(s.turns_stream, name)).num_pending == 1
+    # a subject with no session is no turn, and no stream keeps it
+    with pytest.raises(nats.js.errors.NoStreamResponseError):
+        await js.publish("loopmesh.turns.acme", b"{}")
+
+
+def test_a_tenant_that_is_no_valid_id_still_gets_a_consumer_name_and_reads_its_own_filter():
+    s = Subjects()
+    name = s.tenant_consumer("bad/name")
+    assert name.startswith("turns-bad_name") and "/" not in name
+    assert s.tenant_of_filter(s.tenant_turns("bad/name")) == "bad/name"
+    assert s.tenant_of_filter("loopmesh.events.acme.>") is None
 
 
 async def test_kv_buckets_have_their_ttl_and_history(nc):
@@ -194,8 +223,6 @@ async def test_the_events_stream_is_bounded_in_size_and_session_snapshots_expire
     assert (await js.stream_info(f"KV_{s.sessions_bucket}")).config.max_age == 3600
     dead = await js.stream_info(s.deadletter_stream)
     assert dead.config.subjects == [s.all_deadletter] and dead.config.max_age > 0
-    consumer = await js.consumer_info(s.turns_stream, s.turns_consumer)
-    assert consumer.config.max_deliver == 10
 
 
 async def test_a_changed_size_limit_or_session_ttl_is_applied_and_reported(nc):

@@ -1,0 +1,197 @@
+"""Fair share between tenants, on real loop-worker processes: a tenant's flood of turns
+does not make another tenant's turns wait behind it; a tenant's ``max_active_turns``
+caps its turns across the fleet; a session's turns keep their order. And the sharing
+rule itself: each free place to the tenant holding the fewest for its weight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from loop_worker.config import ServiceSettings
+from loop_worker.share import FairShare, Tenant
+from loopmesh.settings import TenantSettings
+from loopmesh.testing.durable import (
+    SUBJECTS,
+    Proc,
+    connect_fast,
+    drained,
+    provision_short,
+    worker_env,
+)
+from loopmesh.testing.fake_llm import FakeLLM
+from loopmesh.testing.fake_replies import tool_calls
+from schemas import Turn
+from tests.loop_worker.durable import send_turn
+
+pytestmark = pytest.mark.slow
+
+READY = "loop worker ready"
+PLACES = 4  # per worker
+FLOOD_SESSIONS, FLOOD_EACH = 40, 4  # 160 turns: 20 times the fleet's places
+
+
+def answer() -> object:
+    """A model reply that takes about 0.2 s to stream, then ends the turn."""
+    return tool_calls(("task_completion", {"result": "ok"}), content="abcd", chunk_size=1,
+                      delay_s=0.05)  # fmt: skip
+
+
+class Ends:
+    """Every ``loop_start`` and ``loop_end`` of the mesh, in the order they arrive."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, str]] = []  # (type, tenant, session, turn)
+        self.changed = asyncio.Event()
+
+    async def on(self, msg) -> None:
+        event = json.loads(msg.data)
+        self.seen.append((event["type"], event["tenant"], event["session"], event["turn_id"]))
+        self.changed.set()
+
+    def ended(self, tenant: str) -> int:
+        return sum(1 for t, ten, _, _ in self.seen if t == "loop_end" and ten == tenant)
+
+    async def until(self, tenant: str, count: int, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while self.ended(tenant) < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@pytest.fixture
+async def fleet(durable, tmp_path):
+    """Two loop-worker processes of ``PLACES`` places each, on a config whose
+    ``[tenants]`` the test writes first (``fleet.config``)."""
+    nc = await connect_fast(durable.url)
+    await provision_short(nc, replicas=durable.replicas)
+    config = tmp_path / "loopmesh.toml"
+    config.write_text("")
+    procs: list[Proc] = []
+    ends = Ends()
+    sub = await nc.subscribe("loopmesh.events.*.*.loop_start", cb=ends.on)
+    sub_end = await nc.subscribe("loopmesh.events.*.*.loop_end", cb=ends.on)
+    async with FakeLLM(default=answer()) as llm:
+
+        async def start() -> None:
+            for name in ("w1", "w2"):
+                env = worker_env(
+                    durable.url, llm.base_url, replicas=durable.replicas, name=name,
+                    max_active_turns=PLACES, max_waiting_turns=PLACES,
+                )  # fmt: skip
+                proc = Proc("-m", "loop_worker", env={**env, "LOOPMESH_CONFIG": str(config)})
+                procs.append(proc)
+                await proc.start(READY)
+
+        class Fleet:
+            pass
+
+        f = Fleet()
+        f.nc, f.ends, f.start, f.config = nc, ends, start, config
+        try:
+            yield f
+        finally:
+            for proc in reversed(procs):
+                await proc.close()
+            await sub.unsubscribe()
+            await sub_end.unsubscribe()
+            await nc.close()
+
+
+def _turn(tenant: str, session: str, turn_id: str) -> Turn:
+    return Turn(id=turn_id, tenant=tenant, session=session, input="hi", created_at=time.time())
+
+
+async def _flood(nc) -> int:
+    sends = [
+        send_turn(nc, _turn("flood", f"f{s}", f"f{s}t{i}"))
+        for i in range(FLOOD_EACH)
+        for s in range(FLOOD_SESSIONS)
+    ]
+    for chunk in range(0, len(sends), 40):
+        await asyncio.gather(*sends[chunk : chunk + 40])
+    return len(sends)
+
+
+async def test_another_tenants_turns_run_while_a_flood_of_one_tenant_waits(fleet):
+    await fleet.start()
+    flood = await _flood(fleet.nc)
+    for k in range(3):  # published after the whole flood
+        await send_turn(fleet.nc, _turn("calm", f"c{k}", f"c{k}t0"))
+    await fleet.ends.until("calm", 3, timeout=60)
+    # calm's turns ran while most of the flood still waited (first come, first served
+    # would have run all of the flood first)
+    assert fleet.ends.ended("flood") < flood // 2, fleet.ends.ended("flood")
+    await fleet.ends.until("flood", flood, timeout=120)  # and the flood ran to its end
+    starts: dict[str, list[str]] = defaultdict(list)
+    for type_, tenant, session, turn_id in fleet.ends.seen:
+        if type_ == "loop_start" and tenant == "flood":
+            starts[session].append(turn_id)
+    for s in range(FLOOD_SESSIONS):  # each session's turns in the order published, once
+        assert starts[f"f{s}"] == [f"f{s}t{i}" for i in range(FLOOD_EACH)]
+    await drained(fleet.nc, SUBJECTS.turns_stream)  # every turn acked
+
+
+async def test_a_tenants_max_active_turns_caps_its_turns_across_the_fleet(fleet):
+    fleet.config.write_text("[tenants.flood]\nmax_active_turns = 2\n")
+    await fleet.start()
+    flood = await _flood(fleet.nc)
+    await send_turn(fleet.nc, _turn("calm", "c0", "c0t0"))
+    await fleet.ends.until("flood", flood, timeout=180)
+    running, most = 0, 0
+    for type_, tenant, _, _ in fleet.ends.seen:
+        if tenant == "flood":
+            running += 1 if type_ == "loop_start" else -1
+            most = max(most, running)
+    assert most == 2  # the cap, reached and never passed, on two workers of 4 places
+    assert fleet.ends.ended("calm") == 1
+
+
+# -- the sharing rule ------------------------------------------------------------------
+
+
+def _share(**limits: TenantSettings) -> FairShare:
+    settings = ServiceSettings(max_active_turns=8)
+    return FairShare(None, SUBJECTS, settings, limits, deliver=lambda m, t: None)  # type: ignore[arg-type]
+
+
+def _with(share: FairShare, name: str, *, waiting: int, held: int = 0) -> Tenant:
+    t = share._tenant(name)
+    t.waiting, t.held = waiting, held
+    return t
+
+
+def test_a_tenant_alone_gets_every_free_place():
+    share = _share()
+    _with(share, "a", waiting=100)
+    assert [(t.name, n) for t, n in share.assign(8)] == [("a", 8)]
+
+
+def test_free_places_go_first_to_the_tenant_holding_fewest():
+    share = _share()
+    _with(share, "a", waiting=100, held=8)  # the flood holds every place
+    _with(share, "b", waiting=1)
+    assert [(t.name, n) for t, n in share.assign(1)] == [("b", 1)]
+    _with(share, "c", waiting=5, held=2)
+    given = Counter({t.name: n for t, n in share.assign(6)})
+    assert given == {"b": 1, "c": 5}  # b's only turn; then c (2 held) before a (8 held)
+
+
+def test_places_are_shared_by_weight():
+    share = _share(heavy=TenantSettings(weight=3.0))
+    _with(share, "heavy", waiting=100)
+    _with(share, "light", waiting=100)
+    given = {t.name: n for t, n in share.assign(8)}
+    assert given == {"heavy": 6, "light": 2}
+
+
+def test_a_tenant_with_nothing_waiting_gets_no_place_and_the_cap_per_worker_holds():
+    share = _share()
+    share.settings = ServiceSettings(max_active_turns=8, tenant_max_active=3)
+    _with(share, "idle", waiting=0)
+    _with(share, "busy", waiting=100, held=1)
+    assert [(t.name, n) for t, n in share.assign(8)] == [("busy", 2)]
