@@ -57,6 +57,7 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
+from schemas.subjects import TENANT_CONSUMER_PREFIX
 
 from .aio import quietly
 from .kv import open_kv
@@ -69,7 +70,6 @@ from .usage import Ledger
 if TYPE_CHECKING:
     from nats.js.api import ConsumerInfo
 
-    from schemas.subjects import Subjects
 
 log = logging.getLogger("loopmesh.exporter")
 
@@ -82,23 +82,6 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4
 ITERATION_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100)
 _OPEN_REQUESTS = 10_000  # LLM requests awaiting their first chunk, for time to first chunk
 _DECODER = msgspec.json.Decoder(AnyEvent)
-#: What each tenant's durable consumer on the turns stream is named with. The rest of
-#: the name is no guide to the tenant (a tenant that is no valid name gets a hash).
-TURNS_CONSUMER_PREFIX = "turns-"
-
-
-def turns_tenant(subjects: Subjects, filter_subject: str | None) -> str | None:
-    """The tenant whose turns a consumer with ``filter_subject`` takes
-    (``<prefix>.turns.<tenant>.>``); None for any other filter."""
-    head, tail = f"{subjects.prefix}.turns.", ".>"
-    if not filter_subject or not filter_subject.startswith(head):
-        return None
-    if not filter_subject.endswith(tail):
-        return None
-    tenant = filter_subject[len(head) : -len(tail)]
-    if not tenant or "." in tenant or tenant in ("*", ">"):
-        return None
-    return tenant
 
 
 class ExporterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -387,9 +370,9 @@ class Exporter:
         waiting: dict[str, int] = {}
         backlog: dict[str, int] = {}
         for info in await self._consumers(self.subjects.turns_stream):
-            if not (info.name or "").startswith(TURNS_CONSUMER_PREFIX):
+            if not (info.name or "").startswith(TENANT_CONSUMER_PREFIX):
                 continue
-            tenant = turns_tenant(self.subjects, info.config.filter_subject)
+            tenant = self.subjects.tenant_of_filter(info.config.filter_subject or "")
             if tenant is None:
                 continue
             pending = info.num_pending or 0

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from .ids import InvalidIdError, check_token, safe_token
 
+#: What each tenant's consumer on the turns stream is named with; the rest of the name
+#: is no guide to the tenant (one that is no valid id gets a hash).
+TENANT_CONSUMER_PREFIX = "turns-"
+
 DEFAULT_PREFIX = "loopmesh"
 
 
@@ -235,7 +239,7 @@ class Subjects:
         """The durable consumer of ``tenant``'s turns (:mod:`loop_worker.share`):
         ``turns-<tenant>``, or for a subject token that is no valid id, a name made safe
         with a hash of it. Read a consumer's tenant from its filter, never its name."""
-        return f"turns-{safe_token(tenant)}"
+        return f"{TENANT_CONSUMER_PREFIX}{safe_token(tenant)}"
 
     def tenant_of_filter(self, filter_subject: str) -> str | None:
         """The tenant a consumer's filter (:meth:`tenant_turns`) reads, or None."""
@@ -243,7 +247,7 @@ class Subjects:
         if not (filter_subject.startswith(head) and filter_subject.endswith(tail)):
             return None
         tenant = filter_subject[len(head) : -len(tail)]
-        return tenant if tenant and "." not in tenant else None
+        return tenant if tenant and "." not in tenant and tenant not in ("*", ">") else None
 
     @property
     def legacy_turns_consumer(self) -> str:

@@ -7,7 +7,7 @@ import asyncio
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from loopmesh.exporter import Exporter, ExporterSettings, turns_tenant
+from loopmesh.exporter import Exporter, ExporterSettings
 from loopmesh.provision import ensure_consumer, provision_all
 from loopmesh.settings import NatsSettings
 from loopmesh.testing.durable import wait_for
@@ -24,7 +24,7 @@ from schemas.events import (
 )
 from schemas.streams import pool_consumer
 from schemas.subjects import Subjects
-from tests.turns_consumers import only_tenant_consumers, tenant_consumer
+from tests.turns_consumers import tenant_consumer
 
 S = Subjects()
 
@@ -111,10 +111,9 @@ async def test_the_pool_backlog_is_pending_plus_ack_pending(nc):
 
 
 def test_a_tenant_is_read_from_its_consumers_filter_subject_never_its_name():
-    assert turns_tenant(S, "loopmesh.turns.acme.>") == "acme"
-    assert turns_tenant(Subjects(prefix="mesh2"), "mesh2.turns.acme.>") == "acme"
+    assert S.tenant_of_filter("loopmesh.turns.acme.>") == "acme"
+    assert Subjects(prefix="mesh2").tenant_of_filter("mesh2.turns.acme.>") == "acme"
     for other in (
-        None,
         "",
         "loopmesh.turns.>",
         "loopmesh.turns.*.>",
@@ -123,14 +122,13 @@ def test_a_tenant_is_read_from_its_consumers_filter_subject_never_its_name():
         "loopmesh.tools.acme.>",
         "loopmesh.turns.a.b.>",
     ):
-        assert turns_tenant(S, other) is None, other  # fmt: skip
+        assert S.tenant_of_filter(other) is None, other  # fmt: skip
 
 
 async def test_each_tenants_turns_backlog_and_their_total_until_its_consumer_goes(nc):
     settings = NatsSettings(url="nats://unused")
     await provision_all(nc, settings)
     js = nc.jetstream()
-    await only_tenant_consumers(js, S)
     acme = await tenant_consumer(js, S, "acme")
     await tenant_consumer(js, S, "globex", name="turns-5d41402a")  # a hashed name
     for tenant, session, n in (("acme", "s1", 3), ("globex", "s2", 2), ("initech", "s3", 4)):
@@ -180,7 +178,6 @@ async def test_the_turns_total_counts_more_tenants_than_the_server_lists_at_once
     settings = NatsSettings(url="nats://unused")
     await provision_all(nc, settings)
     js = nc.jetstream()
-    await only_tenant_consumers(js, S)
     tenants = [f"tenant{i}" for i in range(300)]
     for tenant in tenants:
         await publish_turn(js, S, Turn(id="t1", tenant=tenant, session="s1", input="hi"))

@@ -18,12 +18,12 @@ import nats
 import pytest
 
 from loopmesh.ports import free_port
-from loopmesh.testing.durable import Proc, worker_env
+from loopmesh.testing.durable import Proc, wait_for, worker_env
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto, error
 from loopmesh.turns import publish_turn
 from schemas import Subjects, Turn, new_id
-from tests.turns_consumers import only_tenant_consumers, tenant_consumer
+from tests.turns_consumers import tenant_consumer
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "k8s" / "grafana"
@@ -222,7 +222,6 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(nats_se
                 nc = await nats.connect(url)
                 try:
                     js = nc.jetstream()
-                    await only_tenant_consumers(js, SUBJECTS)
                     for _ in range(2):
                         turn = Turn(id=new_id(), tenant="acme", session=new_id(), input="hi")
                         await publish_turn(js, SUBJECTS, turn)
@@ -231,8 +230,14 @@ async def test_every_dashboard_query_returns_data_from_a_real_prometheus(nats_se
                     await nc.close()
                 missing = await until_data(client, base, per_tenant, deadline=90)
                 assert not missing, f"queries without data: {sorted(missing)}"
-                waiting = await query(client, base, "sum by (tenant) (loopmesh_turns_waiting)")
-                assert {r["metric"]["tenant"]: r["value"][1] for r in waiting}["acme"] == "2"
+
+                async def acme_waits_two() -> bool:  # (the worker's own tenant has a series)
+                    waiting = await query(client, base, "sum by (tenant) (loopmesh_turns_waiting)")
+                    return {r["metric"]["tenant"]: r["value"][1] for r in waiting}.get(
+                        "acme"
+                    ) == "2"
+
+                await wait_for(acme_waits_two, timeout=90, every=1.0, what="acme's 2 turns waiting")
         finally:
             if prom is not None:
                 prom.terminate()
