@@ -42,7 +42,7 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_waiting_turns: Count = 256
     #: Turns of one tenant one process runs at once (0: no limit).
     tenant_max_active: Count = 0
-    #: The turns consumer's AckWait: a turn unacked this long goes to another worker; a
+    #: Each tenant's turns consumer's AckWait: a turn unacked this long goes to another worker; a
     #: running turn is kept with in-progress acks every third of it.
     ack_wait_s: Positive = 30.0
     #: A session's lease outlives its worker by this long: then another worker may take

@@ -1,7 +1,8 @@
 """The durable loop worker: turns from JetStream, run by the engine, acked when stored.
 
-One :class:`LoopWorker` pulls turns from the turns stream's durable consumer and runs
-many sessions at once (``max_active_turns``). For each delivered turn it:
+One :class:`LoopWorker` pulls turns from the tenants' consumers on the turns stream, fairly
+between tenants (:mod:`.share`), and runs many sessions at once (``max_active_turns``). For
+each delivered turn it:
 
 1. waits until the turn is its session's oldest message in the stream (the stream is
    a work queue, so earlier turns of the session still there have not finished), held
@@ -13,8 +14,8 @@ many sessions at once (``max_active_turns``). For each delivered turn it:
 3. flushes the turn's events, releases the lease and acks the turn.
 
 That story, one turn from delivery to ack, reads top to bottom in :mod:`.turn`; this
-module owns what all turns share: pulling, the in-progress acks, the lease renewals,
-order, room, and the turns it refuses or gives up.
+module owns what all turns share: the in-progress acks, the lease renewals, order, room,
+and the turns it refuses or gives up.
 
 While a turn is held, in-progress acks go out every third of AckWait. A worker that
 dies leaves its turns unacked: they are redelivered after AckWait and resumed from
