@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -165,6 +166,14 @@ async def per_chunk_us(path: str, chunks: list[bytes]) -> float:
     return spent / len(chunks) * 1e6
 
 
+def transport(args: argparse.Namespace) -> dict[str, Any]:
+    """The client's HTTP transport: its default (httpx), or ``openai.DefaultAioHttpClient``
+    (aiohttp's, ``pip install openai[aiohttp]``)."""
+    if args.transport == "aiohttp":
+        return {"http_client": openai.DefaultAioHttpClient()}
+    return {}
+
+
 class Window:
     """What the sessions received while it was open: tokens, and (receipt, text) pairs."""
 
@@ -188,7 +197,9 @@ class Window:
 async def over_http(path: str, base_url: str, args: argparse.Namespace) -> dict[str, float]:
     """``args.sessions`` sessions streaming back to back through ``path``; the figures
     over ``args.seconds`` after a warm-up of one reply's time."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key="k", max_retries=0, timeout=120, **transport(args)
+    )
     window = Window()
     reply_s = args.tokens / args.tokens_per_s
 
@@ -239,7 +250,8 @@ async def main(args: argparse.Namespace) -> None:
     pace = Pace(tokens_per_s=args.tokens_per_s, tokens=args.tokens)
     print(
         f"\nOver HTTP: {args.sessions} sessions, replies of {args.tokens} tokens at "
-        f"{args.tokens_per_s:g}/s back to back, {args.seconds:g} s each path:"
+        f"{args.tokens_per_s:g}/s back to back, {args.seconds:g} s each path, "
+        f"the client on {args.transport}:"
     )
     figures: dict[str, dict[str, float]] = {}
     async with LLMServer(pace) as server:
@@ -280,4 +292,8 @@ if __name__ == "__main__":
         help="bytes,old,new",
     )
     parser.add_argument("--no-http", action="store_true", help="in memory only")
+    parser.add_argument(
+        "--transport", choices=["httpx", "aiohttp"], default="httpx",
+        help="the client's, over HTTP (aiohttp: openai[aiohttp] installed)",
+    )  # fmt: skip
     run(main(parser.parse_args()))
