@@ -15,21 +15,24 @@ A model streams one chunk per token, each its own read. The stream read three wa
   each decoded by msgspec straight into the loop's fields (``engine/chunks.py``);
 - ``bytes``: the raw response's bytes as ``new`` gets them, not parsed at all: what the
   client's HTTP stack (httpx, httpcore, h11, anyio) costs per read, the floor under
-  ``new`` on that transport.
+  ``new`` on that transport;
+- ``socket``: no HTTP client: an asyncio protocol on the socket finds the events in what
+  it reads and decodes them as ``new`` does (:class:`SocketReply`): what the event loop's
+  read and the decoding cost per chunk, the floor under any client.
 
 **In memory** (no sockets: the client's and the parse's own CPU): the same SSE bytes,
 ``--chunks`` content chunks one per read, each way; CPU µs per chunk, the best of
 ``--repeats`` runs.
 
-**Over HTTP** (``--paths``, ``bytes,old,new``; ``--no-http`` skips it): ``bench.llm_server`` paced
-in its own process, ``--tokens`` content chunks per reply at ``--tokens-per-s``, then a
-tool call, the finish and the usage; this process (uvloop, as the loop worker) runs
-``--sessions`` sessions each asking for the next reply as soon as the last one ends, for
-``--seconds`` after a warm-up. Printed per path: this process's CPU µs per content chunk
-(``time.process_time`` over the chunks received: the requests, reads and the replies'
-tails included), the share of a core that was, the added latency per token (its receipt
-minus the time the server stamped in its text, p50/p99/max), and the sessions one core
-reads at that rate (``1e6 / (µs per chunk x tokens per s)``).
+**Over HTTP** (``--paths``, ``socket,bytes,old,new``; ``--no-http`` skips it):
+``bench.llm_server`` paced in its own process, ``--tokens`` content chunks per reply at
+``--tokens-per-s``, then a tool call, the finish and the usage; this process (uvloop, as
+the loop worker) runs ``--sessions`` sessions each asking for the next reply as soon as
+the last one ends, for ``--seconds`` after a warm-up. Printed per path: this process's
+CPU µs per content chunk (``time.process_time`` over the chunks received: the requests,
+reads and the replies' tails included), the share of a core that was, the added latency
+per token (its receipt minus the time the server stamped in its text, p50/p99/max), and
+the sessions one core reads at that rate (``1e6 / (µs per chunk x tokens per s)``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bench.common import LLMServer
 from bench.llm_stream import STAMP, Pace
-from loop_worker.engine.chunks import Chunk
+from loop_worker.engine.chunks import Chunk, read_chunk
 from loop_worker.engine.llm import OpenAILLM, ToolCallAssembler
 from loop_worker.engine.settings import LLMSettings
 from loopmesh.aio import run
@@ -127,8 +130,77 @@ async def raw_bytes(client: openai.AsyncOpenAI, on_delta: OnDelta) -> None:
         await response.aclose()
 
 
-async def read_once(path: str, client: openai.AsyncOpenAI, on_delta: OnDelta) -> None:
-    if path == "bytes":
+class Window:
+    """What the sessions received while it was open: tokens, and (receipt, text) pairs."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.tokens = 0
+        self.received: list[tuple[float, str]] = []
+
+    def note(self, text: str) -> None:
+        if self.open:
+            self.tokens += 1
+            self.received.append((time.time(), text))
+
+    async def on_delta(self, text: str) -> None:
+        self.note(text)
+
+    def latencies_ms(self) -> list[float]:
+        out = []
+        for at, text in self.received:
+            out.extend((at - float(s)) * 1000 for s in STAMP.findall(text))
+        return out
+
+
+class SocketReply(asyncio.Protocol):
+    """One reply read straight off a socket (``Connection: close``): each event found in
+    what arrives (the chunked framing lies between events) and decoded by msgspec."""
+
+    def __init__(self, request: bytes, on_text: Callable[[str], None]) -> None:
+        self.request, self.on_text = request, on_text
+        self.buffer = b""
+        self.done = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (start := self.buffer.find(b"data: ")) >= 0:
+            if (end := self.buffer.find(b"\n\n", start)) < 0:
+                return
+            event, self.buffer = self.buffer[start + 6 : end], self.buffer[end + 2 :]
+            if event.startswith(b"[DONE]"):
+                continue
+            for choice in (read_chunk(event).choices or ())[:1]:
+                if choice.delta is not None and choice.delta.content:
+                    self.on_text(choice.delta.content)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def socket_reply(client: openai.AsyncOpenAI, on_text: Callable[[str], None]) -> None:
+    url = client.base_url
+    body = json.dumps(BODY).encode()
+    request = (
+        b"POST %s/chat/completions HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+    ) % (url.raw_path.rstrip(b"/"), url.host.encode(), len(body), body)
+    loop = asyncio.get_running_loop()
+    _, reply = await loop.create_connection(
+        lambda: SocketReply(request, on_text), url.host, url.port
+    )
+    await reply.done
+
+
+async def read_once(path: str, client: openai.AsyncOpenAI, window: Window) -> None:
+    on_delta = window.on_delta
+    if path == "socket":
+        await socket_reply(client, window.note)
+    elif path == "bytes":
         await raw_bytes(client, on_delta)
     elif path == "new":
         await OpenAILLM(LLMSettings(model="m"), client=client).complete(HI, on_delta=on_delta)
@@ -152,15 +224,12 @@ async def per_chunk_us(path: str, chunks: list[bytes]) -> float:
         headers = {"content-type": "text/event-stream"}
         return httpx.Response(200, headers=headers, stream=_Chunks(chunks))
 
-    async def ignore(text: str) -> None:
-        pass
-
     http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
     client = openai.AsyncOpenAI(
         base_url="http://llm/v1", api_key="k", http_client=http, max_retries=0
     )
     started = time.process_time()
-    await read_once(path, client, ignore)
+    await read_once(path, client, Window())
     spent = time.process_time() - started
     await client.close()
     return spent / len(chunks) * 1e6
@@ -172,26 +241,6 @@ def transport(args: argparse.Namespace) -> dict[str, Any]:
     if args.transport == "aiohttp":
         return {"http_client": openai.DefaultAioHttpClient()}
     return {}
-
-
-class Window:
-    """What the sessions received while it was open: tokens, and (receipt, text) pairs."""
-
-    def __init__(self) -> None:
-        self.open = False
-        self.tokens = 0
-        self.received: list[tuple[float, str]] = []
-
-    async def on_delta(self, text: str) -> None:
-        if self.open:
-            self.tokens += 1
-            self.received.append((time.time(), text))
-
-    def latencies_ms(self) -> list[float]:
-        out = []
-        for at, text in self.received:
-            out.extend((at - float(s)) * 1000 for s in STAMP.findall(text))
-        return out
 
 
 async def over_http(path: str, base_url: str, args: argparse.Namespace) -> dict[str, float]:
@@ -206,7 +255,7 @@ async def over_http(path: str, base_url: str, args: argparse.Namespace) -> dict[
     async def session(i: int) -> None:
         await asyncio.sleep(reply_s * i / args.sessions)  # not all in lockstep
         while True:
-            await read_once(path, client, window.on_delta)
+            await read_once(path, client, window)
 
     tasks = [asyncio.create_task(session(i)) for i in range(args.sessions)]
     await asyncio.sleep(reply_s * 1.5)
@@ -258,7 +307,7 @@ async def main(args: argparse.Namespace) -> None:
         for path in args.paths:
             f = figures[path] = await over_http(path, server.base_url, args)
             print(
-                f"  {path:4} {f['cpu_us_per_chunk']:6.1f} us CPU per chunk  "
+                f"  {path:6} {f['cpu_us_per_chunk']:6.1f} us CPU per chunk  "
                 f"{f['core_share'] * 100:5.1f} % of a core  "
                 f"{f['tokens_per_s']:7.0f} chunks/s  "
                 f"added latency per token p50 {f['p50_ms']:.1f} / p99 {f['p99_ms']:.1f} / "
@@ -288,8 +337,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--paths",
         type=lambda s: s.split(","),
-        default=["bytes", "old", "new"],
-        help="bytes,old,new",
+        default=["socket", "bytes", "old", "new"],
+        help="socket,bytes,old,new",
     )
     parser.add_argument("--no-http", action="store_true", help="in memory only")
     parser.add_argument(

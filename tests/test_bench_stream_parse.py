@@ -26,7 +26,7 @@ def test_a_small_run_prints_cpu_per_chunk_for_every_path() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     for path in ("typed", "old", "new"):
         assert re.search(rf"^  {path} +[\d.]+ us +\(old: [\d.]+x this\)$", run.stdout, re.M)
-    for path in ("bytes", "old", "new"):
+    for path in ("socket", "bytes", "old", "new"):
         line = re.search(
             rf"^  {path} +([\d.]+) us CPU per chunk .* (\d+) chunks/s", run.stdout, re.M
         )
