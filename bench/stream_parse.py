@@ -2,8 +2,8 @@
 sessions a core reads at a model's pace:
 
     python -m bench.stream_parse [--chunks 2000] [--repeats 5]
-                                 [--sessions 100] [--tokens-per-s 50] [--tokens 100]
-                                 [--seconds 20] [--paths old,new] [--no-http]
+                                 [--sessions 50] [--tokens-per-s 50] [--tokens 100]
+                                 [--seconds 10] [--paths old,new] [--no-http]
 
 A model streams one chunk per token, each its own read. The stream read three ways:
 
@@ -330,10 +330,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--chunks", type=int, default=2000, help="per in-memory reply")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--sessions", type=int, default=100, help="streaming at once")
+    parser.add_argument("--sessions", type=int, default=50, help="streaming at once")
     parser.add_argument("--tokens-per-s", type=float, default=50.0)
     parser.add_argument("--tokens", type=int, default=100, help="content tokens per reply")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured, per path")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured, per path")
     parser.add_argument(
         "--paths",
         type=lambda s: s.split(","),
