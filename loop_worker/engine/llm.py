@@ -21,12 +21,17 @@ after; a 429 with ``Retry-After`` pauses the model in the limiter (for every wor
 that shares it) instead of sleeping here, and the next attempt's acquire waits for the
 pause's end (docs/ARCHITECTURE.md, "Fleet-wide LLM rate limits").
 
-The stream is read as plain JSON chunks (``openai.AsyncStream[object]``: the client
-still parses the SSE, raises an error sent inside the stream and maps transport
-failures to its own errors) and converted by msgspec into the few fields the loop
-reads (:class:`Chunk`): the client's typed chunks, a pydantic model built per chunk,
-cost about 0.27 ms of CPU each against 0.02 ms (``bench/stream_parse.py``), and a
-model streams hundreds of chunks per reply.
+The reply's SSE bytes are read straight from the client's HTTP response
+(``client.post(..., cast_to=httpx.Response, stream=True)``, the client's documented way
+to a raw response: its base URL, auth, headers, retries and status errors still apply)
+and decoded by msgspec into the few fields the loop reads (``chunks.py``): the client's
+own SSE decoding and typed chunks cost several times the CPU per chunk
+(``python -m bench.stream_parse``), and a model streams one chunk per token. What the
+client's stream did besides is done here: an ``error`` sent inside the stream raises
+``openai.APIError``, a timeout or a broken connection while reading raises
+``APITimeoutError`` or ``APIConnectionError``, the body is read to its end after
+``[DONE]`` (HTTP/1.1 then keeps the connection), and the response is closed on every
+exit, cancellation too.
 """
 
 from __future__ import annotations
@@ -34,14 +39,16 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
+import anyio
+import httpx
 import msgspec
 import openai
-from openai.types.chat import ChatCompletion
 from prometheus_client import Counter
 
 from loopmesh.settings import environ
@@ -49,10 +56,24 @@ from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
 
 from .agents import TURN_FALLBACKS
+from .chunks import Chunk, StreamChunkError, read_chunk, sse_data
 from .errors import LLMError
 from .protocols import Completion, OnDelta, OnRetry
 from .ratelimit import PROMPT_TOKENS, TURN_TENANT, Permit, RateLimiter, estimate_tokens
 from .settings import LLMSettings
+
+try:  # the openai client's transport: httpx2 from openai 3.x's later releases, else httpx
+    import httpx2
+except ImportError:  # pragma: no cover - the floor's openai, on httpx alone
+    httpx2 = None  # type: ignore[assignment]
+
+#: What reading a response body raises on a timeout, and on a broken connection (the
+#: openai client's own stream maps the same to its errors).
+_TIMEOUTS: tuple[type[Exception], ...] = (httpx.TimeoutException,)
+_BROKEN: tuple[type[Exception], ...] = (httpx.RequestError, ssl.SSLError, anyio.EndOfStream)
+if httpx2 is not None:
+    _TIMEOUTS += (httpx2.TimeoutException,)
+    _BROKEN += (httpx2.RequestError,)
 
 #: Requests sent on to a fallback model (``settings.fallback_models``) after the model
 #: before it failed; by the fallback model. The process's registry (``/metrics``).
@@ -67,57 +88,6 @@ RATE_LIMITED = Counter(
     "LLM requests the provider answered 429 (rate limited)",
     ["gen_ai_request_model"],
 )
-
-
-class FunctionDelta(msgspec.Struct):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDelta(msgspec.Struct):
-    index: int | None = None
-    id: str | None = None
-    function: FunctionDelta | None = None
-
-
-class Delta(msgspec.Struct):
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class Choice(msgspec.Struct):
-    delta: Delta | None = None
-    finish_reason: str | None = None
-
-
-class ChunkUsage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-
-
-class Chunk(msgspec.Struct):
-    """What the loop reads of a streamed chat-completions chunk (the rest is ignored)."""
-
-    model: str | None = None
-    choices: list[Choice] | None = None
-    usage: ChunkUsage | None = None
-
-
-def read_chunk(raw: object) -> Chunk:
-    """A streamed chunk as :class:`Chunk`: from its JSON (a dict), or from a typed chunk
-    (a pydantic model, should the client yield those)."""
-    dump = getattr(raw, "model_dump", None)
-    if dump is not None:
-        raw = dump()
-    try:
-        return msgspec.convert(raw, Chunk)
-    except msgspec.ValidationError as exc:
-        raise StreamChunkError(f"a streamed chunk the loop cannot read: {exc}") from None
-
-
-class StreamChunkError(Exception):
-    """A streamed chunk whose fields are not what the chat-completions API sends."""
 
 
 class StreamCutError(Exception):
@@ -269,22 +239,28 @@ class OpenAILLM:
         # The client's documented request method, not ``chat.completions.create``: the
         # body is already plain JSON, and create's typed-params transform costs about
         # 0.2 ms of CPU per message of history on every call (10 ms at 42 messages).
-        # Errors, auth, headers and the SSE stream are the client's as before.
-        stream = await self._client.post(
-            "/chat/completions",
-            body=body,
-            cast_to=ChatCompletion,
-            stream=True,
-            stream_cls=openai.AsyncStream[object],  # plain JSON chunks: read_chunk
+        # ``httpx.Response``: the raw response, its body unread (httpx2's from openai
+        # clients on httpx2; both read alike).
+        response = await self._client.post(
+            "/chat/completions", body=body, cast_to=httpx.Response, stream=True
         )
         content: list[str] = []
         calls = ToolCallAssembler()
         finish: str | None = None
         usage: Usage | None = None
         answered = ""
-        async with stream:  # closes the HTTP response on every exit, cancellation too
-            async for raw in stream:
-                chunk = read_chunk(raw)
+        done = False
+        request: Any = response.request  # httpx's or httpx2's, as the client's errors take
+        try:
+            async for data in sse_data(response.aiter_bytes()):
+                if done:  # read to the end: HTTP/1.1 then keeps the connection
+                    continue
+                if data.startswith(b"[DONE]"):
+                    done = True
+                    continue
+                chunk = read_chunk(data)
+                if chunk.error is not None:
+                    raise _stream_error(chunk.error, request)
                 answered = answered or chunk.model or ""
                 usage = _usage(chunk) or usage
                 for choice in (chunk.choices or ())[:1]:
@@ -297,6 +273,12 @@ class OpenAILLM:
                             await on_delta(delta.content)
                     for fragment in delta.tool_calls or ():
                         calls.add(fragment)
+        except _TIMEOUTS as exc:
+            raise openai.APITimeoutError(request=request) from exc
+        except _BROKEN as exc:
+            raise openai.APIConnectionError(request=request) from exc
+        finally:
+            await response.aclose()  # on every exit, cancellation too
         if finish is None:
             raise StreamCutError("the stream ended before the model finished")
         return Completion(
@@ -405,6 +387,14 @@ class ToolCallAssembler:
             )
             for n, c in enumerate(self._calls)
         )
+
+
+def _stream_error(error: Any, request: Any) -> openai.APIError:
+    """An ``error`` sent inside the stream, raised as the openai client's stream does."""
+    message = error.get("message") if isinstance(error, dict) else None
+    if not message or not isinstance(message, str):
+        message = "An error occurred during streaming"
+    return openai.APIError(message, request, body=error)
 
 
 def _usage(chunk: Chunk) -> Usage | None:

@@ -324,64 +324,146 @@ async def test_closing_is_idempotent_and_leaves_a_given_client_open(fake_llm):
     assert owned._client.is_closed()
 
 
-def test_a_typed_chunk_reads_as_its_json() -> None:
-    """The stream is read as plain JSON; a client that yields its typed chunks instead
-    (a pydantic model each) is read the same."""
-    from openai.types.chat import ChatCompletionChunk
+class RawServer:
+    """An HTTP server on loopback that answers every request with the same SSE body,
+    each of ``parts`` its own chunk of a chunked response: a provider that streams what
+    the fake does not (malformed chunks, errors inside the stream, CRLF framing)."""
 
-    from loop_worker.engine.llm import read_chunk
+    def __init__(self, *parts: bytes) -> None:
+        self.parts = parts
+        self.served = 0
 
-    raw = {
-        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-        "choices": [{"index": 0, "finish_reason": None, "delta": {
-            "content": "hi", "tool_calls": [
-                {"index": 0, "id": "call_1", "type": "function",
-                 "function": {"name": "search", "arguments": "{\"q\""}},
-            ],
-        }}],
-    }  # fmt: skip
-    typed = ChatCompletionChunk.model_validate(raw)
-    assert read_chunk(typed) == read_chunk(raw)
-    [choice] = read_chunk(raw).choices or []
-    assert choice.delta is not None and choice.delta.content == "hi"
-    [call] = choice.delta.tool_calls or []
-    assert (call.index, call.id, call.function and call.function.arguments) == (0, "call_1", '{"q"')
-
-
-async def test_a_chunk_the_loop_cannot_read_fails_the_model_without_a_retry(rec: Recorder) -> None:
-    """A server that streams a chunk of another shape (``choices`` not a list) is not
-    asked again: the same request would get the same answer."""
-    chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "m", "choices": "oops"}
-    body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
-    served = 0
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal served
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = next(
             int(line.split(b":")[1]) for line in head.split(b"\r\n")
             if line.lower().startswith(b"content-length:")
         )  # fmt: skip
         await reader.readexactly(length)
-        served += 1
+        self.served += 1
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            b"transfer-encoding: chunked\r\n\r\n"
         )
+        for part in self.parts:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    settings = LLMSettings(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="m", max_retries=2
-    )
-    try:
-        async with OpenAILLM(settings, sleep=rec.sleep) as llm:
-            with pytest.raises(LLMError) as caught:
-                await llm.complete(HI, on_delta=rec.on_delta, on_retry=rec.on_retry)
-    finally:
-        server.close()
-        await server.wait_closed()
+    async def __aenter__(self) -> LLMSettings:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return LLMSettings(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="m", max_retries=2
+        )
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+def sse(*chunks: dict[str, Any] | bytes, end: bytes = b"\n\n") -> list[bytes]:
+    """Each chunk as one event (its JSON, or bytes as they are), then ``[DONE]``."""
+    data = [c if isinstance(c, bytes) else json.dumps(c).encode() for c in chunks]
+    return [b"data: " + d + end for d in [*data, b"[DONE]"]]
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **more: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [choice],
+        **more,
+    }
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (
+            chunk({"content": 7}),
+            "Expected `str | null`, got `int` - at `$.choices[0].delta.content`",
+        ),
+        ({"id": "c1", "choices": "oops"}, "Expected `array | null`, got `str` - at `$.choices`"),
+        (chunk({"tool_calls": [{"index": "0"}]}), "at `$.choices[0].delta.tool_calls[0].index`"),
+        (b'{"id": "c1", "choices": [', "Input data was truncated: '{"),
+        (b"not json", "JSON is malformed"),
+    ],
+)
+async def test_a_chunk_the_loop_cannot_read_fails_the_model_without_a_retry(
+    rec: Recorder, bad: dict[str, Any] | bytes, named: str
+) -> None:
+    """A server that streams a chunk of another shape is not asked again: the same request
+    would get the same answer. The error names the field and what it held, or quotes the
+    chunk that is not JSON."""
+    server = RawServer(*sse(chunk({"content": "a"}), bad))
+    async with server as settings, OpenAILLM(settings, sleep=rec.sleep) as llm:
+        with pytest.raises(LLMError) as caught:
+            await llm.complete(HI, on_delta=rec.on_delta, on_retry=rec.on_retry)
     assert "a streamed chunk the loop cannot read" in str(caught.value)
-    assert served == 1 and rec.retries == []
+    assert named in str(caught.value)
+    assert rec.retries == [] and rec.deltas == ["a"]
+
+
+async def test_an_error_sent_inside_the_stream_raises_the_clients_api_error(rec: Recorder) -> None:
+    error = {"error": {"message": "the model overloaded", "type": "server_error"}}
+    server = RawServer(*sse(chunk({"content": "a"}), error))
+    async with server as settings, OpenAILLM(settings, sleep=rec.sleep) as llm:
+        with pytest.raises(LLMError) as caught:
+            await llm.complete(HI, on_retry=rec.on_retry)
+    last = caught.value.last
+    assert type(last) is openai.APIError and last.message == "the model overloaded"
+    assert last.body == error["error"]
+    assert len(rec.retries) == 2  # retried, as the client's stream error always was
+
+
+async def test_crlf_framing_comments_and_bytes_split_anywhere_read_the_same(rec: Recorder) -> None:
+    """Events framed with CRLF, a comment, a data field over two lines, an ``event`` line,
+    and each event cut in two reads mid-line: the reply reads as sent."""
+    calls = [{"index": 0, "id": "call_1", "function": {"name": "search", "arguments": '{"q":'}}]
+    parts = sse(
+        chunk({"role": "assistant", "content": "héllo "}),
+        chunk({"content": "world"}),
+        chunk({"tool_calls": calls}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "x"}'}}]}),
+        chunk({}, "tool_calls"),
+        chunk({}, None, usage={"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}),
+        end=b"\r\n\r\n",
+    )
+    parts[1] = b": keep-alive\r\nevent: message\r\n" + parts[1]
+    parts[2] = parts[2].replace(b'"content"', b'\r\ndata: "content"', 1)
+    split = [half for p in parts for half in (p[: len(p) // 2 + 1], p[len(p) // 2 + 1 :])]
+    async with RawServer(*split) as settings, OpenAILLM(settings, sleep=rec.sleep) as llm:
+        result = await llm.complete(HI, tools=TOOLS, on_delta=rec.on_delta)
+    assert rec.deltas == ["héllo ", "world"]
+    assert result.tool_calls == (ToolCall(id="call_1", name="search", arguments='{"q": "x"}'),)
+    assert (result.finish_reason, result.model) == ("tool_calls", "m")
+    assert result.usage == Usage(prompt_tokens=4, completion_tokens=3, total_tokens=7)
+
+
+@pytest.mark.parametrize(
+    ("status", "raised"),
+    [
+        (400, openai.BadRequestError),
+        (401, openai.AuthenticationError),
+        (404, openai.NotFoundError),
+        (429, openai.RateLimitError),
+        (500, openai.InternalServerError),
+    ],
+)
+async def test_an_http_error_keeps_the_openai_error_class(fake_llm, make_llm, status, raised):
+    fake_llm.script(error(status, "no"))
+    with pytest.raises(LLMError) as failed:
+        await make_llm(max_retries=0).complete(HI)
+    assert type(failed.value.last) is raised
+
+
+async def test_a_timeout_between_chunks_is_retried(fake_llm, make_llm, rec):
+    fake_llm.script(text("slow " * 10, chunk_size=5, delay_s=30), text("ok"))
+    result = await make_llm(timeout_s=1.0).complete(HI, on_retry=rec.on_retry)
+    assert result.content == "ok"
+    assert [r[1] for r in rec.retries] == ["timed out"]
