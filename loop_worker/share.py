@@ -223,7 +223,6 @@ class FairShare:
         expires = int(self.settings.fetch_timeout_s * 1e9)
         body = json.dumps({"batch": batch, "expires": expires}).encode()
         api = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.subjects.tenant_consumer(t.name)}"
-        log.debug("pull tenant=%s batch=%d", t.name, batch)
         try:
             await self.nc.publish(api, body, reply=f"{self._inbox}.{pull_id}")
         except Exception as exc:
@@ -376,6 +375,10 @@ class FairShare:
                 t = self._tenant(name)
                 t.consumer = False
                 t.waiting = max(t.waiting, n)
+        for name, t in list(self.tenants.items()):  # forget the tenants gone quiet
+            if not (t.waiting or t.asked or t.held or t.pulls) and name not in counts:
+                del self.tenants[name]
+                self._by_consumer.pop(self.subjects.tenant_consumer(name), None)
         self._changed.set()
 
 
