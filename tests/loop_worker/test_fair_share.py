@@ -26,6 +26,7 @@ from loopmesh.testing.durable import (
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import tool_calls
 from schemas import Turn
+from tests.conftest import BOTH
 from tests.loop_worker.durable import send_turn
 
 pytestmark = pytest.mark.slow
@@ -117,6 +118,7 @@ async def _flood(nc) -> int:
     return len(sends)
 
 
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
 async def test_another_tenants_turns_run_while_a_flood_of_one_tenant_waits(fleet):
     await fleet.start()
     flood = await _flood(fleet.nc)
@@ -136,6 +138,7 @@ async def test_another_tenants_turns_run_while_a_flood_of_one_tenant_waits(fleet
     await drained(fleet.nc, SUBJECTS.turns_stream)  # every turn acked
 
 
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
 async def test_a_tenants_max_active_turns_caps_its_turns_across_the_fleet(fleet):
     fleet.config.write_text("[tenants.flood]\nmax_active_turns = 2\n")
     await fleet.start()
