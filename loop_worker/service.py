@@ -39,11 +39,11 @@ from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.client import JetStreamContext
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Publisher, quietly, retry, worker_name
 from loopmesh.provision import ensure_bucket, ensure_consumer, ensure_stream, has_msg_ttl
+from loopmesh.pull import Pull
 from loopmesh.scheduler import Scheduler
 from schemas import (
     ConsumerDef,
@@ -212,13 +212,14 @@ class LoopWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then finish or hand back in-flight turns."""
         await self._prepare()
+        sub = Pull(  # hands a turn over as soon as it is delivered (loopmesh.pull)
+            self.nc,
+            self.subjects.turns_stream,
+            self.subjects.turns_consumer,
+            expires_s=self.settings.fetch_timeout_s,
+        )
         try:
-            sub = await retry(
-                lambda: self._js.pull_subscribe_bind(
-                    self.subjects.turns_consumer, self.subjects.turns_stream
-                ),
-                "bind the turns consumer",
-            )
+            await sub.start()
         except BaseException:
             await self.agents.close()  # the watches end with the worker
             await self.tools.close()
@@ -258,8 +259,7 @@ class LoopWorker:
         finally:
             if self.limiter is not None:  # a leader leaves its state to the next
                 await self.limiter.close()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await sub.close()  # naks what was delivered and not taken
             if self.scheduler is not None:
                 await self.scheduler.close()
             await self.agents.close()
@@ -366,9 +366,7 @@ class LoopWorker:
     def capacity(self) -> int:
         return self.settings.max_active_turns + self.settings.max_waiting_turns
 
-    async def _pull(
-        self, sub: JetStreamContext.PullSubscription, tg: asyncio.TaskGroup, stop: asyncio.Event
-    ) -> None:
+    async def _pull(self, sub: Pull, tg: asyncio.TaskGroup, stop: asyncio.Event) -> None:
         while not self._stopping and not stop.is_set():
             free = self.capacity - len(self._held)
             if free <= 0:
