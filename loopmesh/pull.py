@@ -55,7 +55,8 @@ class _Request:
 
 
 class Pull:
-    """Deliveries of the durable consumer ``consumer`` of ``stream`` on ``nc``."""
+    """Deliveries of the durable consumer ``consumer`` of ``stream`` on ``nc``, for one
+    caller of :meth:`fetch` at a time."""
 
     def __init__(self, nc: Client, stream: str, consumer: str, *, expires_s: float) -> None:
         self._nc = nc
@@ -113,12 +114,14 @@ class Pull:
             raise ValueError(f"batch must be at least 1, not {batch}")
         deadline = time.monotonic() + timeout
         while not self._delivered:
+            self._changed.clear()  # first: a delivery while asking must wake the wait
             await self._ask(batch)
             now = time.monotonic()
+            if self._delivered:
+                break
             if now >= deadline or self._closed:
                 return []
             wake = min(deadline, self._requests[0].give_up) if self._requests else deadline
-            self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, wake - now)):
                     await self._changed.wait()
