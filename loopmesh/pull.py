@@ -136,11 +136,12 @@ class Pull:
         if want < 1 or (outstanding and want * 2 < batch):
             return
         expires = int(self._expires_s * 1e9)
-        self._requests.append(_Request(want, time.monotonic() + 2 * self._expires_s))
-        self.stats["requests"] += 1
+        give_up = time.monotonic() + 2 * self._expires_s
         await self._nc.publish(
             self._next, b'{"batch":%d,"expires":%d}' % (want, expires), reply=self._inbox
-        )
+        )  # a request that did not go out is not counted
+        self._requests.append(_Request(want, give_up))
+        self.stats["requests"] += 1
 
     async def _on_msg(self, msg: Msg) -> None:
         status = msg.headers.get(_STATUS) if msg.headers else None
