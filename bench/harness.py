@@ -255,7 +255,6 @@ class Mesh:
             "LOOPMESH_LLM__BASE_URL": llm_url,
             "LOOPMESH_LLM__API_KEY": "bench",
             "LOOPMESH_LLM__MODEL": "fake-model",
-            "LOOPMESH_LOOP_WORKER__FETCH_TIMEOUT_S": "0.5",
             **(env or {}),
         }
         proc = Proc("-m", "loop_worker", env=env)

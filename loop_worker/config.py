@@ -53,7 +53,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     order_wait_s: Positive = 30.0
     #: Deliveries of a turn (the consumer's ``max_deliver``); then it is dead-lettered.
     max_deliveries: AtLeastOne = 10
-    #: One pull for turns waits this long on the server before the next.
+    #: A pull request for turns lasts this long on the server, then another is made; a
+    #: turn is handed over the moment it is delivered, whatever this is.
     fetch_timeout_s: Positive = 1.0
     #: The consumers and the turns stream are scanned for turns waiting this often
     #: (besides the publishes the worker sees as they happen).

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from bench.harness import CpuMeter, S
 
 STALL_S = 1.0  # a turn this much over the model's time is a stall
+BIN_S = 0.1  # the latency histogram's bins
 #: The processes that are loopmesh (by the start of their names in the CPU meter).
 LOOPMESH = ("loop worker", "nats-server", "tool worker", "gateway")
 
@@ -142,6 +143,19 @@ class Result:
         }  # fmt: skip
 
 
+def histogram(values: Sequence[float], width: int = 50) -> list[str]:
+    """One line per bin of ``BIN_S`` seconds that has values: its range, its count, a
+    bar (a bin of one value gets a bar too)."""
+    if not values:
+        return []
+    bins = Counter(max(0, math.floor(v / BIN_S)) for v in values)
+    top = max(bins.values())
+    return [
+        f"  {b * BIN_S:5.1f}-{(b + 1) * BIN_S:4.1f} s {n:7d} {'#' * -(-width * n // top)}"
+        for b, n in sorted(bins.items())
+    ]
+
+
 def slowest(over: Sequence[float], n: int = 5) -> str:
     """The ``n`` largest of ``over``, in seconds: an AckWait stall shows as about 30."""
     return ", ".join(f"{o:.1f}" for o in sorted(over, reverse=True)[:n]) + " s"
@@ -161,6 +175,9 @@ def report(r: Result, pace: str) -> str:
         f"max {pct(over, 1.0) * 1000:8.1f} ms",
         f"stalls (over {STALL_S:g} s more than the model's time): {r.stalls}"
         + (f" (the slowest over it by {slowest(over)})" if r.stalls else ""),
+        f"turns by latency over the model's time ({BIN_S * 1000:g} ms bins; a wait on a "
+        "timer shows as a cluster of its own at the timer's period):",
+        *histogram(over),
     ]
     if set(r.reasons) != {"task_completion"}:
         lines.append(f"loop_end reasons: {dict(r.reasons)} (every turn should end by completion)")
