@@ -53,9 +53,10 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     order_wait_s: Positive = 30.0
     #: Deliveries of a turn (the consumer's ``max_deliver``); then it is dead-lettered.
     max_deliveries: AtLeastOne = 10
-    #: A pull request for turns lasts this long on the server, then another is made; a
-    #: turn is handed over the moment it is delivered, whatever this is.
-    fetch_timeout_s: Positive = 1.0
+    #: A pull request for turns lasts this long on the server, holding a place meanwhile;
+    #: a turn is handed over the moment it is delivered. Short: every worker hears of a
+    #: new turn, and those that ask for it after another took it wait in vain.
+    fetch_timeout_s: Positive = 0.1
     #: The consumers and the turns stream are scanned for turns waiting this often
     #: (besides the publishes the worker sees as they happen).
     rescan_s: Positive = 10.0
