@@ -56,6 +56,7 @@ from .config import ServiceSettings
 log = logging.getLogger("loopmesh.loop_worker.share")
 
 Deliver = Callable[[Msg, str], None]
+_RETRY_S = 0.5  # a tenant's consumer that could not be made is tried again after this
 
 
 @dataclass(eq=False)
@@ -111,6 +112,7 @@ class FairShare:
         self.tenants: dict[str, Tenant] = {}
         self._pulls: dict[str, _Pull] = {}
         self._by_consumer: dict[str, Tenant] = {}
+        self._making: dict[str, asyncio.Task[None]] = {}  # consumers being made, by tenant
         self._ids = itertools.count()
         self._changed = asyncio.Event()
         self._inbox = ""
@@ -138,6 +140,8 @@ class FairShare:
         await self.scan()
 
     async def close(self) -> None:
+        for task in list(self._making.values()):
+            task.cancel()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -149,6 +153,7 @@ class FairShare:
         rescan = asyncio.get_running_loop().time() + self.settings.rescan_s
         while not stop.is_set():
             self._changed.clear()
+            self._make_consumers()
             places = free() - sum(t.asked for t in self.tenants.values())
             for tenant, batch in self.assign(places):
                 await self._ask(tenant, batch)
@@ -199,7 +204,9 @@ class FairShare:
     def _wanting(self, t: Tenant) -> int:
         """Places ``t`` could use now: its waiting turns not yet asked for, under this
         worker's per-tenant cap."""
-        if t.snooze_until and asyncio.get_running_loop().time() < t.snooze_until:
+        if not t.consumer or (
+            t.snooze_until and asyncio.get_running_loop().time() < t.snooze_until
+        ):
             return 0
         want = t.waiting - t.asked
         cap = self.settings.tenant_max_active
@@ -210,12 +217,6 @@ class FairShare:
     # -- pulls --------------------------------------------------------------------------
 
     async def _ask(self, t: Tenant, batch: int) -> None:
-        if not t.consumer:
-            try:
-                await self._ensure(t)
-            except Exception as exc:
-                log.warning("consumer for tenant %s not made error=%r", t.name, exc)
-                return
         pull_id = str(next(self._ids))
         self._pulls[pull_id] = _Pull(t, batch, t.rung)
         t.pulls.append(pull_id)
@@ -228,6 +229,24 @@ class FairShare:
         except Exception as exc:
             log.warning("pull for tenant %s not sent error=%r", t.name, exc)
             self._end(pull_id)
+
+    def _make_consumers(self) -> None:
+        """Make the consumer of each tenant with turns waiting that has none known, each
+        in a task of its own: a slow one (a cluster placing it) holds up no other tenant;
+        the scan finds one another worker made meanwhile."""
+        for t in self.tenants.values():
+            if t.waiting and not t.consumer and t.name not in self._making:
+                self._making[t.name] = asyncio.create_task(self._make(t))
+
+    async def _make(self, t: Tenant) -> None:
+        try:
+            await self._ensure(t)
+        except Exception as exc:  # (a cluster electing a leader): try again shortly
+            log.warning("consumer for tenant %s not made error=%r", t.name, exc)
+            await asyncio.sleep(_RETRY_S)
+        finally:
+            del self._making[t.name]
+            self._changed.set()
 
     async def _ensure(self, t: Tenant) -> None:
         limits = self.limits(t.name)
@@ -376,7 +395,8 @@ class FairShare:
                 t.consumer = False
                 t.waiting = max(t.waiting, n)
         for name, t in list(self.tenants.items()):  # forget the tenants gone quiet
-            if not (t.waiting or t.asked or t.held or t.pulls) and name not in counts:
+            idle = not (t.waiting or t.asked or t.held or t.pulls or name in self._making)
+            if idle and name not in counts:
                 del self.tenants[name]
                 self._by_consumer.pop(self.subjects.tenant_consumer(name), None)
         self._changed.set()

@@ -164,7 +164,7 @@ def _share(**limits: TenantSettings) -> FairShare:
 
 def _with(share: FairShare, name: str, *, waiting: int, held: int = 0) -> Tenant:
     t = share._tenant(name)
-    t.waiting, t.held = waiting, held
+    t.waiting, t.held, t.consumer = waiting, held, True
     return t
 
 

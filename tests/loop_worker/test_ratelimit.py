@@ -66,8 +66,9 @@ async def mesh(durable) -> AsyncIterator[Mesh]:
 
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
 async def test_two_workers_sharing_a_limit_never_pass_it_together(mesh):
-    # 2 requests in any second between them, 10 one-call turns over 10 sessions
-    shared = {"llm_settings": limits(rpm=120, window_s=1.0)}
+    # 2 requests in any second between them, 10 one-call turns over 10 sessions; 5 places
+    # each, so that both take turns (a worker takes all it has places for when it asks)
+    shared = {"llm_settings": limits(rpm=120, window_s=1.0), "max_active_turns": 5}
     w1 = await mesh.loop_worker("w1", **shared)
     w2 = await mesh.loop_worker("w2", **shared)
     await a_leader(w1, w2)
