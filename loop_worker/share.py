@@ -57,6 +57,7 @@ log = logging.getLogger("loopmesh.loop_worker.share")
 
 Deliver = Callable[[Msg, str], None]
 _RETRY_S = 0.5  # a tenant's consumer that could not be made is tried again after this
+_LOST_S = 1.0  # a pull unanswered this long after it expired is given up
 
 
 @dataclass(eq=False)
@@ -229,6 +230,12 @@ class FairShare:
         except Exception as exc:
             log.warning("pull for tenant %s not sent error=%r", t.name, exc)
             self._end(pull_id)
+            return
+        # A pull the server never answers (sent while the consumer was being placed on a
+        # cluster, or lost in a reconnect) would hold its places for ever: given up
+        # once it should long have expired.
+        lost_s = self.settings.fetch_timeout_s + _LOST_S
+        asyncio.get_running_loop().call_later(lost_s, self._end, pull_id)
 
     def _make_consumers(self) -> None:
         """Make the consumer of each tenant with turns waiting that has none known, each
