@@ -47,11 +47,14 @@ class Ends:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str, str]] = []  # (type, tenant, session, turn)
+        self.times: list[float] = []  # each one's ts: on a cluster events from two
+        # workers may arrive in another order than they were sent (two routes)
         self.changed = asyncio.Event()
 
     async def on(self, msg) -> None:
         event = json.loads(msg.data)
         self.seen.append((event["type"], event["tenant"], event["session"], event["turn_id"]))
+        self.times.append(event["ts"])
         self.changed.set()
 
     def ended(self, tenant: str) -> int:
@@ -146,7 +149,8 @@ async def test_a_tenants_max_active_turns_caps_its_turns_across_the_fleet(fleet)
     await send_turn(fleet.nc, _turn("calm", "c0", "c0t0"))
     await fleet.ends.until("flood", flood, timeout=180)
     running, most = 0, 0
-    for type_, tenant, _, _ in fleet.ends.seen:
+    in_time = sorted(zip(fleet.ends.times, fleet.ends.seen, strict=True), key=lambda p: p[0])
+    for _, (type_, tenant, _, _) in in_time:
         if tenant == "flood":
             running += 1 if type_ == "loop_start" else -1
             most = max(most, running)
