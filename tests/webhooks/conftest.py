@@ -93,3 +93,9 @@ async def consumer_settled(client: Client) -> bool:
     js = client.jetstream()
     info = await js.consumer_info(SUBJECTS.events_stream, SUBJECTS.webhooks_consumer)
     return not info.num_pending and not info.num_ack_pending
+
+
+async def webhook_id(client: Client, seq: int) -> str:
+    """The ``webhook-id`` of event ``seq``: its stream's creation (Unix µs) and ``seq``."""
+    info = await client.jetstream().stream_info(SUBJECTS.events_stream)
+    return f"{int(info.created.timestamp() * 1_000_000)}-{seq}"  # type: ignore[union-attr]
