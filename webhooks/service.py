@@ -36,16 +36,15 @@ later ones, and a receiver orders by the sequence in ``webhook-id`` when it care
 At a stop, the tries in flight get ``drain_timeout_s`` to finish (their outcome is
 then acked or handed back as above); events not yet tried are handed back at once. A
 process killed between a receiver's 2xx and the ack leaves the event to be delivered
-again: that window is the one duplicate a receiver may see, and ``webhook-id`` (the
-events stream's creation time and the event's sequence, unique across streams made
-again and across deployments) is how it drops it.
+again: that window is the one duplicate a receiver may see, and ``webhook-id`` (when
+the stream stored the event, and its sequence: unique across streams made again and
+across deployments) is how it drops it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import random
 import time
@@ -156,7 +155,6 @@ class WebhookService:
         self._receivers: dict[str, _Receiver] = {}
         self._deliverer: Deliverer | None = None
         self._targets: Targets | None = None
-        self._created: dict[str, int] = {}  # each events stream's creation, Unix µs
         self._lookup_s = WEBHOOKS_ACK_WAIT_S + LOOKUP_MARGIN_S
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
@@ -174,11 +172,6 @@ class WebhookService:
                     f"consumer {durable} of {stream}",
                 )
                 ack_wait = max(ack_wait, info.config.ack_wait or WEBHOOKS_ACK_WAIT_S)
-                created = await retry(
-                    lambda at=stream: js.stream_info(at),  # type: ignore[misc]
-                    f"stream {stream} info",
-                )
-                self._created[stream] = _micros(created.created)
                 subs.append(await js.pull_subscribe_bind(durable, stream))
             self._lookup_s = ack_wait + LOOKUP_MARGIN_S
             if self.settings.secret is None and not self.settings.tenant_secrets:
@@ -350,16 +343,17 @@ class WebhookService:
         await quietly(msg.nak(delay=delay))
 
     def _delivery_id(self, msg: Msg) -> str:
-        """The delivery's ``webhook-id``, the same on every try: the creation time of
-        the event's stream (Unix microseconds) and the event's sequence in it,
-        ``<created>-<sequence>``, or ``<created>-<partition>-<sequence>`` with
+        """The delivery's ``webhook-id``, the same on every try and from every replica:
+        when the events stream stored the event (Unix microseconds) and its sequence
+        there, ``<stored>-<sequence>``, or ``<stored>-<partition>-<sequence>`` with
         partitions. A stream made again, or another deployment's, numbers its events
-        from 1 again: its creation time keeps their ids apart."""
-        stream, seq = msg.metadata.stream, msg.metadata.sequence.stream
-        created = self._created[stream]
+        from 1 again: the time keeps their ids apart."""
+        meta = msg.metadata
+        stored = round(meta.timestamp.timestamp() * 1_000_000)
         if self.subjects.partitions == 1:
-            return f"{created}-{seq}"
-        return f"{created}-{self.subjects.events_streams.index(stream)}-{seq}"
+            return f"{stored}-{meta.sequence.stream}"
+        partition = self.subjects.events_streams.index(meta.stream)
+        return f"{stored}-{partition}-{meta.sequence.stream}"
 
     def backoff(self, attempt: int) -> float:
         """The wait after try ``attempt`` failed: ``backoff_s`` doubled each try, up to
@@ -451,15 +445,6 @@ class WebhookService:
             receiver.users -= 1
             if not receiver.users:
                 self._receivers.pop(origin, None)
-
-
-def _micros(created: object) -> int:
-    """A stream's creation time (``StreamInfo.created``) in Unix microseconds."""
-    if isinstance(created, datetime.datetime):
-        return int(created.timestamp() * 1_000_000)
-    if isinstance(created, str):
-        return int(datetime.datetime.fromisoformat(created).timestamp() * 1_000_000)
-    raise ValueError(f"a stream's creation time is not a time: {created!r}")
 
 
 def _ours(event: Event) -> bool:

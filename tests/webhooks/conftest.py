@@ -95,7 +95,11 @@ async def consumer_settled(client: Client) -> bool:
     return not info.num_pending and not info.num_ack_pending
 
 
-async def webhook_id(client: Client, seq: int) -> str:
-    """The ``webhook-id`` of event ``seq``: its stream's creation (Unix µs) and ``seq``."""
-    info = await client.jetstream().stream_info(SUBJECTS.events_stream)
-    return f"{int(info.created.timestamp() * 1_000_000)}-{seq}"  # type: ignore[union-attr]
+async def assert_webhook_id(client: Client, webhook_id: str, seq: int) -> None:
+    """``webhook-id`` names event ``seq``: ``<stored>-<seq>``, when the stream stored it
+    (Unix µs; the client reads it to the µs, give or take one)."""
+    stored = await client.jetstream().get_msg(SUBJECTS.events_stream, seq)
+    assert stored.time is not None
+    when, _, sequence = webhook_id.partition("-")
+    assert sequence == str(seq), webhook_id
+    assert abs(int(when) - stored.time.timestamp() * 1_000_000) <= 1, webhook_id

@@ -16,13 +16,13 @@ from schemas.events import Error
 
 from .conftest import (
     SECRET,
+    assert_webhook_id,
     consumer_settled,
     delivering,
     documented_verify,
     publish,
     settings,
     turn_events,
-    webhook_id,
 )
 from .receiver import HANG, receiving
 
@@ -45,8 +45,11 @@ async def test_a_receiver_that_fails_first_gets_one_signed_delivery_per_loop_end
     end1, end2 = seqs[1], seqs[3]
     assert [r.answer for r in receiver.requests] == [500, HANG, 200, 200]
     # only the loop_ends (the default events): each the same event on every try
-    id1, id2 = await webhook_id(nc, end1), await webhook_id(nc, end2)
-    assert [r.headers["webhook-id"] for r in receiver.requests] == [id1] * 3 + [id2]
+    ids = [r.headers["webhook-id"] for r in receiver.requests]
+    id1, id2 = ids[0], ids[3]
+    assert ids == [id1] * 3 + [id2]
+    await assert_webhook_id(nc, id1, end1)
+    await assert_webhook_id(nc, id2, end2)
     js = nc.jetstream()
     for request, seq in zip(receiver.delivered, (end1, end2), strict=True):
         stored = await js.get_msg(SUBJECTS.events_stream, seq)
@@ -171,12 +174,11 @@ async def test_a_recreated_events_stream_gives_the_same_sequence_a_new_webhook_i
     (or of another deployment) that reuse a sequence."""
     async with receiving() as receiver:
         hook = Webhook(url=receiver.url)
-        async with delivering(nats_url, settings()):
+        async with delivering(nats_url, settings()):  # the same service throughout
             _, first = await publish(nc, *turn_events("t1", hook))
             await receiver.wait(lambda r: len(r.delivered) == 1, "the first delivery")
-        await nc.jetstream().delete_stream(SUBJECTS.events_stream)
-        await provision_short(nc)
-        async with delivering(nats_url, settings()):
+            await nc.jetstream().delete_stream(SUBJECTS.events_stream)
+            await provision_short(nc)
             _, second = await publish(nc, *turn_events("t2", hook))
             await receiver.wait(lambda r: len(r.delivered) == 2, "the second delivery")
     assert first == second
