@@ -373,8 +373,8 @@ class WebhookService:
         failed = 0
         while True:
             try:
-                await self._dead_letter(msg, event, webhook, attempt, failure, reason)
-                return
+                message = await self._dead_letter(msg, event, webhook, attempt, reason)
+                break
             except Exception as exc:
                 raise_if_cancelled()
                 failed += 1
@@ -384,11 +384,16 @@ class WebhookService:
                     msg.metadata.sequence.stream, event.type, exc, delay,
                 )  # fmt: skip
                 await asyncio.sleep(delay)
+        DEAD.labels(failure).inc()
+        self.stats.dead_lettered += 1
+        log.error("%s", message)
+        await self._ack(msg)
 
     async def _dead_letter(
-        self, msg: Msg, event: Event, webhook: Webhook, attempt: int, failure: str, reason: str
-    ) -> None:
-        """Its record, an ``error`` event on its session, its ack."""
+        self, msg: Msg, event: Event, webhook: Webhook, attempt: int, reason: str
+    ) -> str:
+        """Its record and an ``error`` event on its session (each deduplicated, so
+        written again harmlessly); what they say."""
         seq = msg.metadata.sequence.stream
         tries = f"{attempt} {'try' if attempt == 1 else 'tries'}"
         message = (
@@ -411,10 +416,7 @@ class WebhookService:
             lambda: acked(self.publisher, subject, payload, {"Nats-Msg-Id": msg_id}),
             f"publish {msg_id}",
         )
-        DEAD.labels(failure).inc()
-        self.stats.dead_lettered += 1
-        log.error("%s", message)
-        await self._ack(msg)
+        return message
 
     async def _ack(self, msg: Msg) -> None:
         """Ack, and wait for the server to confirm it: a delivery is final only then."""
