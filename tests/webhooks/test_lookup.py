@@ -5,7 +5,6 @@ it failed. The later events of the turn wait for it; none is dropped as webhook-
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -14,12 +13,9 @@ from nats.aio.client import Client
 from loopmesh.jetstream import Publisher
 from loopmesh.kv import open_kv
 from loopmesh.provision import ensure_consumer
-from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
+from loopmesh.testing.durable import SUBJECTS, wait_for
 from schemas import Webhook, turn_msg_id
-from schemas.events import LoopStart, decode_event
 from schemas.streams import webhooks_consumer
-from tests.conftest import BOTH, Durable
-from webhooks.targets import Targets
 
 from .conftest import consumer_settled, delivering, publish, settings, turn_events
 from .receiver import receiving
@@ -60,63 +56,6 @@ async def test_a_webhook_whose_first_write_failed_is_stored_when_its_loop_start_
             (seq,) = await publish(nc, end)
             await receiver.wait(lambda r: len(r.delivered) == 1, "the loop_end", timeout=10)
     assert receiver.delivered[0].headers["webhook-id"].endswith(f"-{seq}")
-
-
-@pytest.fixture
-async def mesh(durable: Durable) -> AsyncIterator[Client]:
-    """A client of ``durable`` (one server, or the R3 cluster), provisioned to match."""
-    client = await connect_fast(durable.url)
-    try:
-        await provision_short(client, replicas=durable.replicas)
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.mark.parametrize("durable", BOTH, indirect=True)
-async def test_a_loop_end_read_while_another_replica_stores_its_loop_start_is_delivered(
-    mesh: Client, durable: Durable
-) -> None:
-    """Replica A (here the test, on the same durable consumer) holds the turn's
-    loop_start, not stored yet, when replica B reads the turn's loop_end."""
-    nc, nats_url = mesh, durable.url
-    js = nc.jetstream()
-    replica_a = await js.pull_subscribe_bind(SUBJECTS.webhooks_consumer, SUBJECTS.events_stream)
-    async with receiving() as receiver:
-        start, end = turn_events("t1", Webhook(url=receiver.url))
-        await publish(nc, start)
-        (held,) = await replica_a.fetch(1, timeout=5)
-        (seq,) = await publish(nc, end)
-        async with delivering(nats_url, settings()) as replica_b:
-            assert replica_b._targets is not None
-            targets = replica_b._targets
-            await wait_for(lambda: targets.reads >= 1, what="B looked the turn up")
-            # A stores the webhook, then acks its loop_start
-            kv = await open_kv(js, Publisher(nc), SUBJECTS.webhooks_bucket)
-            stored = decode_event(held.data)
-            assert isinstance(stored, LoopStart)
-            await Targets(kv).record(stored)
-            await held.ack_sync()
-            await receiver.wait(lambda r: len(r.delivered) == 1, "the loop_end", timeout=10)
-            await wait_for(lambda: consumer_settled(nc), what="every event settled")
-    assert receiver.delivered[0].headers["webhook-id"].endswith(f"-{seq}")
-    assert msgspec.json.decode(receiver.delivered[0].body)["type"] == "loop_end"
-
-
-@pytest.mark.parametrize("durable", BOTH, indirect=True)
-async def test_two_replicas_deliver_each_turns_loop_end_once(
-    mesh: Client, durable: Durable
-) -> None:
-    async with receiving() as receiver:
-        hook = Webhook(url=receiver.url)
-        async with delivering(durable.url, settings()), delivering(durable.url, settings()):
-            ends = []
-            for i in range(12):
-                ends += (await publish(mesh, *turn_events(f"t{i}", hook, session=f"s{i}")))[1:]
-            await receiver.wait(lambda r: len(r.delivered) == 12, "every loop_end", timeout=30)
-            await wait_for(lambda: consumer_settled(mesh), timeout=30, what="every event settled")
-    sequences = sorted(int(r.headers["webhook-id"].rsplit("-", 1)[1]) for r in receiver.requests)
-    assert sequences == sorted(ends)
 
 
 async def test_a_loop_start_held_by_a_process_that_died_still_gives_its_turn_a_delivery(
