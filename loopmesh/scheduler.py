@@ -29,7 +29,6 @@ from typing import Self
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from schemas import DecodeError, Subjects, Turn, decode, encode
@@ -42,13 +41,14 @@ from schemas.schedules import (
     state_key,
 )
 
-from .aio import quietly, raise_if_cancelled
+from .aio import raise_if_cancelled
 from .backlog import unfinished
-from .kv import kv_entries, open_kv
+from .kv import open_kv
 from .publisher import Publisher, acked
 from .retry import retry
 from .schedules import ScheduleStore, next_tick, ticks
 from .settings import SchedulerSettings
+from .watch import BucketWatch
 
 log = logging.getLogger("loopmesh.scheduler")
 
@@ -57,24 +57,37 @@ MAX_MISSED_COUNTED = 100_000
 #: The catch-up window is never shorter than this: a scheduler a few seconds late (a
 #: busy machine, a claim that took a while) has not missed the tick.
 LATE_S = 10.0
-#: After its first reads, the scheduler reads the schedules again this soon: a new core
-#: subscription's interest may take a moment to reach every server of a cluster, and a
-#: schedule written meanwhile would otherwise wait for ``reload_s`` (30 s).
-SETTLE_S = (0.1, 0.5, 2.0)
 
 
 class Gone(Exception):
     """The schedule was deleted, paused or replaced, or has no tick left."""
 
 
+class Schedules(BucketWatch[Schedule]):
+    """The active schedules, by key, kept current by a watch of the definitions' keys
+    (``<tenant>.<id>``; the states' writes, one or two a tick, never reach it)."""
+
+    what = "schedules"
+    values_change = True  # a pause or a new cron is a change of the same key
+    keys = "*.*"
+
+    def decode(self, key: str, revision: int, value: bytes) -> Schedule | None:
+        try:
+            schedule = decode(value, Schedule)
+        except DecodeError as exc:
+            log.warning("unreadable schedule key=%s error=%s", key, exc)
+            return None
+        return schedule if schedule.key == key and not schedule.paused else None
+
+
 class Scheduler:
     """Fires the ticks of every schedule in the bucket (see the module docstring).
 
-    One task per schedule follows it; the schedules are re-read whenever one is written
-    (a core subscription to the definitions' subjects) and every ``reload_s`` (soon after
-    the first read too: :data:`SETTLE_S`). The
-    scheduler owns its tasks: ``async with`` (or :meth:`start` and the idempotent
-    :meth:`close`) bounds them."""
+    One task per schedule follows it. The schedules come from a watch of the bucket
+    (:class:`Schedules`): a write of one schedule reaches every scheduler as that
+    schedule, which starts, restarts or ends that schedule's task and reads nothing of
+    the others. The scheduler owns its tasks: ``async with`` (or :meth:`start` and the
+    idempotent :meth:`close`) bounds them."""
 
     def __init__(
         self,
@@ -153,56 +166,34 @@ class Scheduler:
         return self.store
 
     async def _run(self) -> None:
-        bucket = self.subjects.schedules_bucket
         await self.open()
-
-        async def changed(msg: Msg) -> None:
-            self._dirty.set()
-
-        sub = await self.nc.subscribe(f"$KV.{bucket}.*.*", cb=changed)
-        settle = list(SETTLE_S)
+        watch = Schedules(
+            self.nc, self.subjects.schedules_bucket, on_change=lambda _: self._dirty.set()
+        )
         try:
-            async with asyncio.TaskGroup() as tg:
+            async with watch, asyncio.TaskGroup() as tg:
+                while not watch.is_loaded:
+                    try:
+                        await watch.loaded()
+                    except TimeoutError as exc:
+                        log.warning("cannot read the schedules error=%s", exc)
+                    raise_if_cancelled()
                 while True:
                     self._dirty.clear()
-                    try:
-                        found = await self._read_all()
-                    except Exception as exc:
-                        found = None
-                        log.warning("cannot read the schedules error=%r", exc)
-                    raise_if_cancelled()  # nats-py may have swallowed a cancel
-                    if found is not None:
-                        self._follow_all(tg, found)
-                        self.ready.set()
-                    wait = settle.pop(0) if settle else self.settings.reload_s
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(wait):
-                            await self._dirty.wait()
+                    self._follow_all(tg, {s.key: s for s in watch.items()})
+                    self.ready.set()
+                    await self._dirty.wait()
         finally:
-            await quietly(sub.unsubscribe())
             for _, task in self._following.values():
                 task.cancel()
             self._following.clear()
 
-    async def _read_all(self) -> dict[str, Schedule]:
-        entries = await retry(
-            lambda: kv_entries(self.js, self.subjects.schedules_bucket, "*.*"), "read schedules"
-        )
-        found: dict[str, Schedule] = {}
-        for key, entry in entries.items():
-            try:
-                schedule = decode(entry.value or b"", Schedule)
-            except DecodeError as exc:
-                log.warning("unreadable schedule key=%s error=%s", key, exc)
-                continue
-            if schedule.key == key and not schedule.paused:
-                found[key] = schedule
-        return found
-
     def _follow_all(self, tg: asyncio.TaskGroup, found: dict[str, Schedule]) -> None:
-        """A task for each active schedule; the tasks of those gone, paused or changed end."""
+        """A task for each active schedule; the tasks of those gone, paused or changed
+        end. A task that ended by itself (no tick left) is not started again until its
+        schedule changes."""
         for key, (schedule, task) in list(self._following.items()):
-            if found.get(key) != schedule or task.done():
+            if found.get(key) != schedule:
                 task.cancel()
                 del self._following[key]
         for key, schedule in found.items():
@@ -216,8 +207,7 @@ class Scheduler:
             try:
                 wait = await self.step(schedule)
                 failures = 0
-            except Gone:
-                self._dirty.set()  # read the bucket again: it tells what became of it
+            except Gone:  # what became of it reaches the watch, which starts its next task
                 return
             except Exception as exc:
                 failures += 1

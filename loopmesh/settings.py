@@ -140,8 +140,8 @@ Tenants = dict[str, TenantSettings]
 
 class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[scheduler]``: the scheduler every loop worker and gateway runs (docs/ARCHITECTURE.md,
-    "Schedules"). A change to the schedules is pushed at once; ``reload_s`` is the full
-    re-read behind it. A run claimed by a scheduler that stops before it says the turn is
+    "Schedules"). A change to the schedules reaches every scheduler at once, through a
+    watch of the bucket. A run claimed by a scheduler that stops before it says the turn is
     published is published again by another after ``republish_after_s``, up to
     ``republish_within_s`` after the claim (keep it under the turns stream's duplicate
     window, 120 s, which drops the second copy of a turn that did get out).
@@ -153,7 +153,8 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     #: Run the scheduler in this process (off: this service fires no schedule).
     enabled: bool = True
-    #: Every schedule is read again this often, behind the changes pushed at once.
+    #: Until the schedules bucket is made, it is looked for again this often; a schedule
+    #: whose step failed is tried again within this long.
     reload_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     #: A schedule with a run held back (policy ``buffer_one``) checks this often whether
     #: the run before it has ended.

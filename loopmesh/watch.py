@@ -61,6 +61,8 @@ class BucketWatch(Generic[T]):
     #: Whether a changed value calls ``on_change`` too, not only a key put or deleted
     #: (a catalog spec is put again every few seconds: its keys are what change).
     values_change = False
+    #: The keys watched (a KV key pattern: ``*`` one token, ``>`` the rest).
+    keys = ">"
 
     def __init__(
         self,
@@ -174,8 +176,11 @@ class BucketWatch(Generic[T]):
             try:
                 kv = await self._js.key_value(self.bucket)
                 status = await kv.status()
+                last_seq = status.stream_info.state.last_seq
+                if self.keys != ">":  # the last message of the watched keys
+                    last_seq = await _last_of(self._js, self.bucket, self.keys)
                 self.watches += 1
-                await self._watch(kv, status.ttl or 0.0, status.stream_info.state.last_seq)
+                await self._watch(kv, status.ttl or 0.0, last_seq)
                 delay = 0.05
             except Exception as exc:
                 self._last_error = exc
@@ -196,7 +201,7 @@ class BucketWatch(Generic[T]):
         """
         loop = asyncio.get_running_loop()
         reconnects = self._nc.stats["reconnects"]
-        watcher = await kv.watchall()
+        watcher = await kv.watch(self.keys)
         fresh: dict[str, T] = {}
         lapses: dict[str, float] = {}  # key -> loop time at which it expires
         initial = True
@@ -292,6 +297,15 @@ async def _gone(js: JetStreamContext, kv: KeyValue, seq: int) -> bool:
     except NotFoundError:
         return True
     return False
+
+
+async def _last_of(js: JetStreamContext, bucket: str, keys: str) -> int:
+    """The sequence of the bucket's last message under ``keys`` (0: none)."""
+    try:
+        msg = await js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{keys}")
+    except NotFoundError:
+        return 0
+    return int(msg.seq or 0)
 
 
 def _age(created: object) -> float:

@@ -154,7 +154,7 @@ def definitions(
                 bucket=s.webhooks_bucket,
                 ttl_s=events_max_age_s,
                 replicas=replicas,
-                description="the webhook of each turn that has one, by <tenant>.<session>.<turn>",
+                description="the webhook of each turn (null: none), by <tenant>.<session>.<turn>",
             ),
             schedules_bucket(s, replicas=replicas),
             limits_bucket(s, replicas=replicas),

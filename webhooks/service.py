@@ -4,32 +4,41 @@ It reads the events stream through one durable pull consumer (``webhooks``, filt
 the event types a webhook may ask for, :data:`schemas.webhook.WEBHOOK_EVENTS`), and for
 each event:
 
-1. a ``loop_start`` says which webhook its turn has (:mod:`.targets`): noted in the
-   order the stream holds the events, before any later event of the turn is looked up;
-2. an event whose turn has no webhook, or one that does not ask for its type, is acked;
-3. one to deliver waits for a place (``per_receiver`` tries at once to one receiver,
+1. a ``loop_start`` says which webhook its turn has, or that it has none
+   (:mod:`.targets`): stored in the webhooks bucket in the order the stream holds the
+   events, before any later event of the turn is looked up; one that cannot be stored
+   is handed back, and stored when it comes again;
+2. a later event looks its turn up: in memory, else in the bucket. A turn the bucket
+   does not know yet (its ``loop_start`` is being stored by another replica, or held by
+   a process that died) is waited for, up to the consumer's AckWait and
+   :data:`LOOKUP_MARGIN_S`; a turn still unknown then has no ``loop_start`` (it was
+   refused before it started) and no webhook;
+3. an event whose turn has no webhook, or one that does not ask for its type, is acked;
+4. one to deliver waits for a place (``per_receiver`` tries at once to one receiver,
    ``concurrency`` in all), then is tried once (:mod:`.delivery`): signed, POSTed,
    within ``timeout_s``;
-4. delivered (a 2xx answer): acked, and the ack confirmed by the server, so that no
+5. delivered (a 2xx answer): acked, and the ack confirmed by the server, so that no
    restart delivers it again; failed: handed back to JetStream with a delay that
    doubles each try (``backoff_s`` … ``backoff_max_s``), so a receiver that is down
    holds no place while it waits;
-5. failed ``max_attempts`` times (or refused: a URL the egress policy refuses, a tenant
+6. failed ``max_attempts`` times (or refused: a URL the egress policy refuses, a tenant
    with no secret): dead-lettered — a record in the dead-letter stream
    (:func:`loopmesh.deadletter.record`) and an ``error`` event (code ``webhook_failed``)
-   on the turn's session — then acked.
+   on the turn's session — then acked. A dead letter that cannot be written is tried
+   again until it is; the receiver is never tried past ``max_attempts``.
 
 A try is a delivery of the consumer (``num_delivered``): the count survives a restart.
-Events held while their receiver is busy are kept alive with in-progress acks, so a
-slow receiver costs its own events time, not the others'. Nothing orders the
-deliveries to one receiver: a retried event arrives after later ones, and a receiver
-orders by ``webhook-id`` (the stream sequence) when it cares.
+Events held while their receiver is busy, or while their turn is looked up, are kept
+alive with in-progress acks, so a slow receiver costs its own events time, not the
+others'. Nothing orders the deliveries to one receiver: a retried event arrives after
+later ones, and a receiver orders by the sequence in ``webhook-id`` when it cares.
 
 At a stop, the tries in flight get ``drain_timeout_s`` to finish (their outcome is
 then acked or handed back as above); events not yet tried are handed back at once. A
 process killed between a receiver's 2xx and the ack leaves the event to be delivered
-again: that window is the one duplicate a receiver may see, and ``webhook-id`` is how
-it drops it.
+again: that window is the one duplicate a receiver may see, and ``webhook-id`` (when
+the stream stored the event, and its sequence: unique across streams made again and
+across deployments) is how it drops it.
 """
 
 from __future__ import annotations
@@ -90,6 +99,9 @@ IN_FLIGHT = Gauge("loopmesh_webhook_in_flight", "Delivery tries in flight")
 WAITING = Gauge("loopmesh_webhook_waiting", "Events waiting for their receiver's turn")
 
 _FETCH = 256
+#: A turn whose ``loop_start`` is not recorded is waited for this long past the
+#: consumer's AckWait (the longest a ``loop_start`` held by a dead process stays away).
+LOOKUP_MARGIN_S = 10.0
 
 
 @dataclass(slots=True, eq=False)
@@ -143,6 +155,7 @@ class WebhookService:
         self._receivers: dict[str, _Receiver] = {}
         self._deliverer: Deliverer | None = None
         self._targets: Targets | None = None
+        self._lookup_s = WEBHOOKS_ACK_WAIT_S + LOOKUP_MARGIN_S
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Pull from the webhooks consumer of every events stream (one per partition,
@@ -160,6 +173,7 @@ class WebhookService:
                 )
                 ack_wait = max(ack_wait, info.config.ack_wait or WEBHOOKS_ACK_WAIT_S)
                 subs.append(await js.pull_subscribe_bind(durable, stream))
+            self._lookup_s = ack_wait + LOOKUP_MARGIN_S
             if self.settings.secret is None and not self.settings.tenant_secrets:
                 log.log(
                     self.unsigned_level,
@@ -254,10 +268,15 @@ class WebhookService:
         seq, attempt = meta.sequence.stream, meta.num_delivered
         assert self._targets is not None and self._deliverer is not None
         try:
-            webhook = await self._targets.of(event)
-            if webhook is None or event.type not in webhook.events or _ours(event):
+            webhook = None if _ours(event) else await self._target(event)
+            if webhook is None or event.type not in webhook.events:
                 self.stats.skipped += 1
                 await self._ack(msg)
+                return
+            if attempt > self.settings.max_attempts:  # only its dead letter failed
+                reason = "every try failed (the last one's reason went with its process)"
+                tries = self.settings.max_attempts
+                await self._give_up(msg, event, webhook, tries, "exhausted", reason)
                 return
             secret = self.settings.secret_for(event.tenant)
             if secret is None:
@@ -288,6 +307,17 @@ class WebhookService:
             self._held.pop(_key(msg), None)
             self._room.set()
 
+    async def _target(self, event: Event) -> Webhook | None:
+        """The webhook of the event's turn, waiting while its ``loop_start`` is being
+        recorded elsewhere (:mod:`.targets`); ``None`` once the wait is over."""
+        assert self._targets is not None
+        found = await self._targets.wait(event, self._lookup_s)
+        if isinstance(found, Webhook) or found is None:
+            return found
+        log.info("turn %s has no loop_start recorded after %.0f s: no webhook",
+                 event.turn_id, self._lookup_s)  # fmt: skip
+        return None
+
     async def _settle(
         self, msg: Msg, event: Event, webhook: Webhook, attempt: int, result: Try
     ) -> None:
@@ -313,13 +343,17 @@ class WebhookService:
         await quietly(msg.nak(delay=delay))
 
     def _delivery_id(self, msg: Msg) -> str:
-        """The delivery's ``webhook-id``, the same on every try: the event's sequence in
-        its events stream, ``<partition>-<sequence>`` with partitions (each stream
-        numbers its events from 1, so a bare sequence would name several events)."""
-        seq = msg.metadata.sequence.stream
+        """The delivery's ``webhook-id``, the same on every try and from every replica:
+        when the events stream stored the event (Unix microseconds) and its sequence
+        there, ``<stored>-<sequence>``, or ``<stored>-<partition>-<sequence>`` with
+        partitions. A stream made again, or another deployment's, numbers its events
+        from 1 again: the time keeps their ids apart."""
+        meta = msg.metadata
+        stored = round(meta.timestamp.timestamp() * 1_000_000)
         if self.subjects.partitions == 1:
-            return str(seq)
-        return f"{self.subjects.events_streams.index(msg.metadata.stream)}-{seq}"
+            return f"{stored}-{meta.sequence.stream}"
+        partition = self.subjects.events_streams.index(meta.stream)
+        return f"{stored}-{partition}-{meta.sequence.stream}"
 
     def backoff(self, attempt: int) -> float:
         """The wait after try ``attempt`` failed: ``backoff_s`` doubled each try, up to
@@ -332,7 +366,34 @@ class WebhookService:
     async def _give_up(
         self, msg: Msg, event: Event, webhook: Webhook, attempt: int, failure: str, reason: str
     ) -> None:
-        """Dead-letter the event: its record, an ``error`` event on its session, its ack."""
+        """Dead-letter the event, trying again (``backoff_s`` doubling, up to
+        ``backoff_max_s``) until the dead letter is written; the receiver is not tried
+        again. At a stop the event is handed back, and the next process, finding its
+        tries spent, only dead-letters it."""
+        failed = 0
+        while True:
+            try:
+                message = await self._dead_letter(msg, event, webhook, attempt, reason)
+                break
+            except Exception as exc:
+                raise_if_cancelled()
+                failed += 1
+                delay = self.backoff(failed)
+                log.warning(
+                    "event %d (%s) not settled: its dead letter failed error=%r; again in %.1f s",
+                    msg.metadata.sequence.stream, event.type, exc, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+        DEAD.labels(failure).inc()
+        self.stats.dead_lettered += 1
+        log.error("%s", message)
+        await self._ack(msg)
+
+    async def _dead_letter(
+        self, msg: Msg, event: Event, webhook: Webhook, attempt: int, reason: str
+    ) -> str:
+        """Its record and an ``error`` event on its session (each deduplicated, so
+        written again harmlessly); what they say."""
         seq = msg.metadata.sequence.stream
         tries = f"{attempt} {'try' if attempt == 1 else 'tries'}"
         message = (
@@ -355,10 +416,7 @@ class WebhookService:
             lambda: acked(self.publisher, subject, payload, {"Nats-Msg-Id": msg_id}),
             f"publish {msg_id}",
         )
-        DEAD.labels(failure).inc()
-        self.stats.dead_lettered += 1
-        log.error("%s", message)
-        await self._ack(msg)
+        return message
 
     async def _ack(self, msg: Msg) -> None:
         """Ack, and wait for the server to confirm it: a delivery is final only then."""

@@ -2,7 +2,8 @@
 
 Each POST carries three headers::
 
-    webhook-id:        the event's stream sequence (the same on every try)
+    webhook-id:        <stored>-<sequence>: when the events stream stored the event
+                       (Unix µs) and its sequence (the same on every try)
     webhook-timestamp: when this try was signed, in Unix seconds
     webhook-signature: v1,<base64 of HMAC-SHA256(key, "<id>.<timestamp>.<body>")>
 

@@ -191,7 +191,7 @@ async def test_a_webhook_is_delivered_for_a_session_in_a_nonzero_partition(
             await receiver.wait(lambda r: len(r.delivered) >= 1, "the loop_end's delivery")
         [request] = receiver.delivered
         assert b'"loop_end"' in request.body and session.encode() in request.body
-        assert request.headers["webhook-id"].startswith("2-")  # <partition>-<sequence>
+        assert request.headers["webhook-id"].split("-")[1] == "2"  # <stored>-<partition>-<seq>
     finally:
         stop.set()
         await delivering

@@ -231,3 +231,53 @@ async def test_running_schedulers_fire_a_new_schedule_once_per_tick(nats_server)
 
 async def _at_least(runs, n: int) -> bool:
     return len(await runs()) >= n
+
+
+async def test_a_schedule_written_is_the_only_one_a_running_scheduler_reads_again(
+    nats_server,
+) -> None:
+    """Each scheduler follows the bucket through a watch: a write of one schedule reaches
+    it as that schedule, and it reads nothing of the others (no snapshot of the bucket,
+    no get of their keys)."""
+    nc = await connect_fast(nats_server.url)
+    await provision_short(nc)
+    own = await connect_fast(nats_server.url, name="scheduler")
+    snoop = await connect_fast(nats_server.url, name="snoop")
+    bucket = SUBJECTS.schedules_bucket
+    kv = await nc.jetstream().key_value(bucket)
+    yearly = {"cron": "0 0 1 1 *", "input": "x", "now": time.time()}
+    for name in ("a", "b", "c"):
+        schedule = new_schedule("acme", id=name, **yearly)
+        await kv.put(schedule.key, encode(schedule))
+    requests: list[tuple[str, bytes]] = []
+
+    async def seen(msg) -> None:
+        requests.append((msg.subject, msg.data))
+
+    await snoop.subscribe("$JS.API.>", cb=seen)
+    await snoop.flush()
+    scheduler = Scheduler(own, SUBJECTS, SchedulerSettings(), name="s0")
+    try:
+        scheduler.start()
+        await scheduler.ready.wait()
+        await wait_for(lambda: len(scheduler._following) == 3, what="three followed")
+
+        def stepped(name: str) -> bool:  # its task read its state, then sleeps a year
+            return any(f"acme.{name}.state" in s + d.decode() for s, d in requests)
+
+        await wait_for(lambda: all(map(stepped, "abc")), what="each task's first step")
+        written = len(requests)
+        new = new_schedule("acme", id="d", **yearly)
+        await kv.put(new.key, encode(new))  # a plain publish: no API request
+        await wait_for(lambda: "acme.d" in scheduler._following, what="the new one followed")
+        await own.flush()
+        await snoop.flush()
+    finally:
+        await scheduler.close()
+        for client in (snoop, own, nc):
+            await client.close()
+    after = [(s, d) for s, d in requests[written:] if bucket in s or bucket.encode() in d]
+    assert not [s for s, _ in after if s.startswith("$JS.API.CONSUMER.")]  # no snapshot
+    for subject, data in after:
+        text = subject + data.decode(errors="replace")
+        assert not [k for k in ("acme.a", "acme.b", "acme.c") if k in text], text

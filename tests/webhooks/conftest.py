@@ -93,3 +93,13 @@ async def consumer_settled(client: Client) -> bool:
     js = client.jetstream()
     info = await js.consumer_info(SUBJECTS.events_stream, SUBJECTS.webhooks_consumer)
     return not info.num_pending and not info.num_ack_pending
+
+
+async def assert_webhook_id(client: Client, webhook_id: str, seq: int) -> None:
+    """``webhook-id`` names event ``seq``: ``<stored>-<seq>``, when the stream stored it
+    (Unix µs; the client reads it to the µs, give or take one)."""
+    stored = await client.jetstream().get_msg(SUBJECTS.events_stream, seq)
+    assert stored.time is not None
+    when, _, sequence = webhook_id.partition("-")
+    assert sequence == str(seq), webhook_id
+    assert abs(int(when) - stored.time.timestamp() * 1_000_000) <= 1, webhook_id

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
+import pytest
 from nats.aio.client import Client
 from standardwebhooks.webhooks import Webhook as ReferenceVerifier
 
-from loopmesh.testing.durable import SUBJECTS, stream_events, wait_for
+from loopmesh.testing.durable import SUBJECTS, provision_short, stream_events, wait_for
 from schemas import Webhook
 from schemas.events import Error
 
 from .conftest import (
     SECRET,
+    assert_webhook_id,
     consumer_settled,
     delivering,
     documented_verify,
@@ -41,7 +45,11 @@ async def test_a_receiver_that_fails_first_gets_one_signed_delivery_per_loop_end
     end1, end2 = seqs[1], seqs[3]
     assert [r.answer for r in receiver.requests] == [500, HANG, 200, 200]
     # only the loop_ends (the default events): each the same event on every try
-    assert [r.headers["webhook-id"] for r in receiver.requests] == [str(end1)] * 3 + [str(end2)]
+    ids = [r.headers["webhook-id"] for r in receiver.requests]
+    id1, id2 = ids[0], ids[3]
+    assert ids == [id1] * 3 + [id2]
+    await assert_webhook_id(nc, id1, end1)
+    await assert_webhook_id(nc, id2, end2)
     js = nc.jetstream()
     for request, seq in zip(receiver.delivered, (end1, end2), strict=True):
         stored = await js.get_msg(SUBJECTS.events_stream, seq)
@@ -129,3 +137,51 @@ async def test_a_slow_receiver_holds_up_no_other_receiver(nc: Client, nats_url: 
         slow.release.set()
         await wait_for(lambda: service.stats.delivered == 7, what="every event delivered")
     assert len(slow.requests) == 6
+
+
+async def test_past_max_attempts_the_receiver_is_never_tried_again_while_dead_lettering_fails(
+    nc: Client, nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The dead-letter stream refuses the record (here: too large for it); the event is
+    handed back and only the dead letter is tried again, until it is written."""
+    js = nc.jetstream()
+    config = (await js.stream_info(SUBJECTS.deadletter_stream)).config
+    config.max_msg_size = 8
+    await js.update_stream(config)
+    caplog.set_level(logging.WARNING, logger="loopmesh.webhooks")
+    async with receiving(default=503) as receiver:
+        hook = Webhook(url=receiver.url)
+        async with delivering(nats_url, settings(max_attempts=2)) as service:
+            await publish(nc, *turn_events("t1", hook))
+            await wait_for(
+                lambda: caplog.text.count("not settled") >= 3,
+                what="three failed dead letters",
+            )
+            assert len(receiver.requests) == 2
+            config.max_msg_size = -1
+            await js.update_stream(config)
+            await wait_for(lambda: service.stats.dead_lettered == 1, what="the dead letter")
+            await wait_for(lambda: consumer_settled(nc), what="every event settled")
+    assert [r.answer for r in receiver.requests] == [503, 503]
+    (error,) = [e for e, _ in await stream_events(nc, "acme", "s1") if isinstance(e, Error)]
+    assert "given up after 2 tries: the receiver answered 503" in error.message
+
+
+async def test_a_recreated_events_stream_gives_the_same_sequence_a_new_webhook_id(
+    nc: Client, nats_url: str
+) -> None:
+    """A receiver that drops ids it has seen must not drop the events of a new stream
+    (or of another deployment) that reuse a sequence."""
+    async with receiving() as receiver:
+        hook = Webhook(url=receiver.url)
+        async with delivering(nats_url, settings()):  # the same service throughout
+            _, first = await publish(nc, *turn_events("t1", hook))
+            await receiver.wait(lambda r: len(r.delivered) == 1, "the first delivery")
+            await nc.jetstream().delete_stream(SUBJECTS.events_stream)
+            await provision_short(nc)
+            _, second = await publish(nc, *turn_events("t2", hook))
+            await receiver.wait(lambda r: len(r.delivered) == 2, "the second delivery")
+    assert first == second
+    one, two = (r.headers["webhook-id"] for r in receiver.delivered)
+    assert one != two
+    assert one.endswith(f"-{first}") and two.endswith(f"-{second}")

@@ -12,7 +12,11 @@ from loop_worker.config import LoopWorkerConfig
 from loopmesh.errors import ConfigError
 from loopmesh.settings import load
 from loopmesh.webhook import new_secret
+from schemas.streams import WEBHOOKS_ACK_WAIT_S
 from webhooks.cli import WebhooksConfig
+from webhooks.service import LOOKUP_MARGIN_S
+
+from .conftest import DOCS
 
 
 def test_secrets_come_from_the_environment_per_tenant() -> None:
@@ -63,3 +67,10 @@ def test_an_agents_webhook_url_is_checked_when_the_configuration_loads(tmp_path:
     path.write_text('[[agents]]\nname = "x"\nwebhook = { url = "https://h/x", event = [] }\n')
     with pytest.raises(ConfigError, match="unknown field `event`"):  # misspelt: refused
         load(LoopWorkerConfig, path, env={})
+
+
+def test_the_documented_promises_name_the_waits_the_service_uses() -> None:
+    promises = DOCS.read_text().split("## What the service promises", 1)[1].split("\n## ")[0]
+    text = " ".join(promises.split())
+    assert f"the consumer's AckWait ({WEBHOOKS_ACK_WAIT_S:g} s)" in text
+    assert f"up to the consumer's AckWait and {LOOKUP_MARGIN_S:g} s" in text
