@@ -159,6 +159,7 @@ class UsageLineView(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
     cost: float
     unpriced_calls: int = 0  # calls of a model with no price in [prices]
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
 
 class UsageDayView(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,6 +167,7 @@ class UsageDayView(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     cost: float
     lines: list[UsageLineView]
+    cached_tokens: int = 0
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,6 +179,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int
     cost: float
     calls: int
+    cached_tokens: int = 0  # of the prompt tokens, read from the providers' prompt caches
 
 
 class AgentList(msgspec.Struct, frozen=True, kw_only=True):

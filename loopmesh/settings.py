@@ -108,15 +108,22 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What a model's tokens cost per million, in the budgets' unit (``[prices."<model>"]``:
-    ``input`` for prompt tokens, ``output`` for completion tokens)."""
+    ``input`` for prompt tokens, ``cached_input`` for the prompt tokens the provider read
+    from its prompt cache, ``output`` for completion tokens)."""
 
     #: The cost of a million prompt tokens.
     input: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    #: The cost of a million prompt tokens read from the provider's cache (unset: ``input``).
+    cached_input: Annotated[float, msgspec.Meta(ge=0)] | None = None
     #: The cost of a million completion tokens.
     output: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
-    def of(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
+    def of(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """The cost of a reply; ``cached_tokens`` are a part of ``prompt_tokens``."""
+        cached = min(max(cached_tokens, 0), prompt_tokens)
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        fresh = (prompt_tokens - cached) * self.input + cached * cached_price
+        return (fresh + completion_tokens * self.output) / 1e6
 
 
 class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -35,6 +35,7 @@ class UsageLine(msgspec.Struct, kw_only=True):
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
     cost: float = 0.0
     unpriced_calls: int = 0  # calls of a model with no price: their cost is not in ``cost``
 
@@ -66,6 +67,10 @@ class UsageDay(msgspec.Struct, kw_only=True):
     @property
     def cost(self) -> float:
         return sum(line.cost for line in self.lines)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(line.cached_tokens for line in self.lines)
 
 
 _decode_day = msgspec.json.Decoder(UsageDay).decode
@@ -143,11 +148,14 @@ class Ledger:
             line.calls += 1
             line.prompt_tokens += usage.prompt_tokens
             line.completion_tokens += usage.completion_tokens
+            line.cached_tokens += usage.cached_tokens
             price = self._prices.get(event.model)
             if price is None:
                 line.unpriced_calls += 1
             else:
-                line.cost += price.of(usage.prompt_tokens, usage.completion_tokens)
+                line.cost += price.of(
+                    usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+                )
             stored.count_to(partition, seq)
         stored.lines = sorted(lines.values(), key=lambda line: (line.agent, line.model))
 

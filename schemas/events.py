@@ -42,9 +42,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """A reply's tokens as the provider counted them. ``cached_tokens``: the prompt tokens
+    it read from its prompt cache (``prompt_tokens_details.cached_tokens``), a part of
+    ``prompt_tokens``."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class TurnAccepted(Event, tag="turn_accepted", frozen=True, kw_only=True):

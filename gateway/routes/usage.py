@@ -38,7 +38,7 @@ class Usage:
         found = [d for d in await self.gateway.backend.usage(who.tenant) if d.day >= since]
         views = [
             api.UsageDayView(
-                day=d.day, tokens=d.tokens, cost=d.cost,
+                day=d.day, tokens=d.tokens, cost=d.cost, cached_tokens=d.cached_tokens,
                 lines=[api.UsageLineView(**msgspec.structs.asdict(line)) for line in d.lines],
             )
             for d in found
@@ -48,6 +48,7 @@ class Usage:
                 tenant=who.tenant, days=views, tokens=sum(d.tokens for d in found),
                 cost=sum(d.cost for d in found),
                 calls=sum(line.calls for d in found for line in d.lines),
+                cached_tokens=sum(d.cached_tokens for d in found),
             )
         )  # fmt: skip
 

@@ -105,7 +105,7 @@ class Meter:
         self.tokens += usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
         price = self.prices.get(model)
         if price is not None:
-            self.cost += price.of(usage.prompt_tokens, usage.completion_tokens)
+            self.cost += price.of(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
 
 def _n(value: float) -> str:

@@ -43,10 +43,15 @@ class Choice(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
 
 
+class PromptTokensDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int | None = None
+
+
 class ChunkUsage(msgspec.Struct, frozen=True):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class Chunk(msgspec.Struct, frozen=True):

@@ -187,11 +187,11 @@ class Inference:
         system = system_message(
             p,
             instructions=[self.settings.instructions, turn.instructions or ""],
+            tools=self.tools_text,
             summary=run.snapshot.summary,
         )
         current = turn_message(
             p,
-            tools=self.tools_text,
             plan=plan_section(p, run.snapshot.plan),
             context=self.context,
             user_input=turn.input,

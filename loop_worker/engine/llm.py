@@ -401,10 +401,12 @@ def _usage(chunk: Chunk) -> Usage | None:
     u = chunk.usage
     if u is None:
         return None
+    details = u.prompt_tokens_details
     return Usage(
         prompt_tokens=u.prompt_tokens or 0,
         completion_tokens=u.completion_tokens or 0,
         total_tokens=u.total_tokens or 0,
+        cached_tokens=(details.cached_tokens or 0) if details is not None else 0,
     )
 
 

@@ -1,13 +1,18 @@
 """Prompt assembly.
 
-The order follows the design documents::
+The order puts what changes least first, so that a provider's prompt cache (a cache of
+the longest prefix it has seen) covers as much of each request as it can::
 
     system     user instructions · agent-loop rules · capabilities · chain-of-thought ·
-               summary of evicted history
+               tool schemas and calling rules · summary of evicted history
     history    earlier turns, then this turn's assistant / tool messages
-    current    tool schemas and calling rules · planning context · retrieved context ·
-               the user's input            (takes the place of this turn's user message)
+    current    planning context · retrieved context · the user's input
+                                           (takes the place of this turn's user message)
     warning    an iteration warning as the limit nears (not stored)
+
+A request then begins as the session's previous ones did up to the last turn's user
+message (stored as the user wrote it, sent with the plan and context around it): the
+system message, while the offered tools and the summary stay, and every earlier turn.
 
 The static sections are data in ``prompts.toml``, read once.
 """
@@ -129,16 +134,18 @@ def compiled_patterns(patterns: Patterns) -> tuple[re.Pattern[str], re.Pattern[s
 # -- the system message ------------------------------------------------------------------
 
 
-def system_message(prompts: Prompts, *, instructions: Sequence[str], summary: str) -> ChatMessage:
+def system_message(
+    prompts: Prompts, *, instructions: Sequence[str], tools: str = "", summary: str
+) -> ChatMessage:
+    """``tools``: :func:`tools_section`'s text."""
     parts = [i.strip() for i in instructions if i and i.strip()]
     s = prompts.system
     parts += [s.agent_loop.strip(), s.capabilities.strip(), s.chain_of_thought.strip()]
+    if tools:
+        parts.append(tools)
     if summary:
         parts.append(s.summary.strip().format(summary=summary))
     return ChatMessage(role="system", content="\n\n".join(parts))
-
-
-# -- the current-turn message ------------------------------------------------------------
 
 
 def tools_section(
@@ -172,6 +179,9 @@ def tools_section(
     return "\n".join(lines)
 
 
+# -- the current-turn message ------------------------------------------------------------
+
+
 def plan_section(prompts: Prompts, plan: Sequence[PlanStep]) -> str:
     t = prompts.turn
     if not plan:
@@ -186,14 +196,13 @@ def plan_section(prompts: Prompts, plan: Sequence[PlanStep]) -> str:
 def turn_message(
     prompts: Prompts,
     *,
-    tools: str,
     plan: str,
     context: Sequence[str],
     user_input: str,
     parts: Sequence[ContentPart] = (),
 ) -> ChatMessage:
     t = prompts.turn
-    sections = [tools, plan]
+    sections = [plan]
     retrieved = [c.strip() for c in context if c and c.strip()]
     if retrieved:
         sections.append("\n\n".join([t.context_heading, *retrieved]))

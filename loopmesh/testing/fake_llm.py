@@ -6,8 +6,11 @@ chunks shaped like OpenAI's when ``stream`` is true, one JSON object otherwise);
 say) apart from the rest. ``GET /v1/models`` lists ``models``; ``POST /v1/embeddings``
 embeds with ``embedder`` (by default :func:`hashed_embeddings`, words hashed into 64
 dimensions: texts that share words are near) and keeps each request's inputs in
-``embeddings``. Replies are built with :func:`text`, :func:`tool_calls`, :func:`error`,
-:func:`hang`, :func:`cut`, :func:`empty` and :func:`auto`.
+``embeddings``. With ``prompt_cache=True`` it reports ``cached_tokens`` as a provider's
+prompt cache would: the tokens of the longest run of leading messages, under the same
+model and tools, that an earlier request began with. Replies are built with
+:func:`text`, :func:`tool_calls`, :func:`error`, :func:`hang`, :func:`cut`, :func:`empty`
+and :func:`auto`.
 ``python -m loopmesh.testing.fake_llm --port N [--script FILE.json]`` serves the
 same app in its own process, answering in ``auto`` mode once the script is spent.
 """
@@ -54,7 +57,7 @@ from loopmesh.testing.fake_replies import (
     text,
     tool_calls,
 )
-from loopmesh.testing.fake_stream import ReplyResponse
+from loopmesh.testing.fake_stream import ReplyResponse, message_tokens
 
 __all__ = [
     "Auto",
@@ -124,8 +127,11 @@ class FakeLLM:
         port: int = 0,
         models: tuple[str, ...] = ("fake-model",),
         embedder: Callable[[Sequence[str]], list[list[float]]] | None = None,
+        prompt_cache: bool = False,
     ) -> None:
         self.default = default
+        self.prompt_cache = prompt_cache
+        self._prefixes: set[bytes] = set()  # digests of every request's leading messages
         self.embedder = embedder or hashed_embeddings
         self.embeddings: list[list[str]] = []  # the inputs of each embeddings request
         self.models = models
@@ -238,7 +244,23 @@ class FakeLLM:
             ident=f"chatcmpl-{next(self._ids)}",
             closing=self._closing,
             on_disconnect=self._disconnected,
+            cached_tokens=self._cached_tokens(body) if self.prompt_cache else None,
         )
+
+    def _cached_tokens(self, body: dict[str, Any]) -> int:
+        """The tokens of the longest run of leading messages an earlier request with the
+        same model and tools began with; every run of this request's is kept."""
+        head = json.dumps([body.get("model"), body.get("tools")], sort_keys=True)
+        prefix = hashlib.sha256(head.encode())
+        tokens = cached = 0
+        for message in body.get("messages") or []:
+            prefix.update(json.dumps(message, sort_keys=True).encode())
+            digest = prefix.copy().digest()
+            tokens += message_tokens(message)
+            if digest in self._prefixes:
+                cached = tokens
+            self._prefixes.add(digest)
+        return cached
 
     async def _disconnected(self) -> None:
         async with self._changed:

@@ -3,7 +3,8 @@
 Chunks carry ``id``, ``object: chat.completion.chunk``, ``created``, the requested
 ``model`` and ``choices[0].delta`` (role first); the last choice chunk has the
 ``finish_reason``; then, when ``stream_options.include_usage`` asked for it, a usage
-chunk with empty ``choices``; then ``data: [DONE]``.
+chunk with empty ``choices``; then ``data: [DONE]``. ``cached_tokens`` (the server's
+prompt cache, when it keeps one) goes in the usage's ``prompt_tokens_details``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ class ReplyResponse(Response):
         ident: str,
         closing: asyncio.Event,
         on_disconnect: Callable[[], Awaitable[None]],
+        cached_tokens: int | None = None,
     ) -> None:
         self.reply = reply
+        self.cached_tokens = cached_tokens
         self.request = body
         self.ident = ident
         self.closing = closing
@@ -142,11 +145,14 @@ class ReplyResponse(Response):
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         return {**self._base(), "choices": [choice]}
 
-    def _usage(self, content: str, reply: Reply) -> dict[str, int]:
-        prompt = sum(len(str(m.get("content") or "")) for m in self.request.get("messages") or [])
+    def _usage(self, content: str, reply: Reply) -> dict[str, Any]:
+        p = prompt_tokens(self.request.get("messages") or [])
         out = len(content) + sum(len(n) + len(a) for n, a in getattr(reply, "calls", ()))
-        p, c = prompt // 4 + 1, out // 4 + 1
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        c = out // 4 + 1
+        usage: dict[str, Any] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(self.cached_tokens, p)}
+        return usage
 
     def _whole(self) -> dict[str, Any]:
         reply = self.reply
@@ -173,6 +179,15 @@ class ReplyResponse(Response):
             ],
             "usage": self._usage(content, reply),
         }
+
+
+def message_tokens(message: dict[str, Any]) -> int:
+    """The fake's count of a message's tokens: its text's length / 4."""
+    return len(str(message.get("content") or "")) // 4
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content") or "")) for m in messages) // 4 + 1
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -17,6 +17,7 @@ from loopmesh.exporter import Exporter, ExporterSettings
 from loopmesh.settings import NatsSettings, Price
 from loopmesh.testing.durable import stream_events, wait_for
 from loopmesh.testing.fake_llm import tool_calls
+from loopmesh.testing.fake_stream import message_tokens
 from schemas.events import BudgetReached, LLMResponse
 from tests.gateway.conftest import ACME_KEY, auth
 from tests.loop_worker.durable import Mesh, Watch, mesh_on, send_turn, turn
@@ -121,3 +122,55 @@ async def client(gateway_at) -> AsyncIterator[httpx.AsyncClient]:
         httpx.AsyncClient(base_url=gateway.url, headers=auth(ACME_KEY)) as c,
     ):
         yield c
+
+
+async def test_cached_prompt_tokens_are_counted_priced_and_shown_in_usage(
+    mesh: Mesh, nats_url: str, client: httpx.AsyncClient
+) -> None:
+    assert mesh.fake is not None
+    mesh.fake.prompt_cache = True  # reports the leading messages it saw before as cached
+    prices = {"fake-model": Price(input=2.0, cached_input=0.5, output=8.0)}
+    settings = ExporterSettings(metrics_port=0, durable="usage-cached")
+    exporter = Exporter(mesh.nc, NatsSettings(url=nats_url), settings, CollectorRegistry(), prices)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await mesh.loop_worker()
+        async with Watch(mesh.nc) as watch:
+            for n in (1, 2, 3):  # one session, turn after turn: each prompt begins as before
+                mesh.fake.script(tool_calls(ECHO), tool_calls(DONE))
+                await send_turn(mesh.nc, turn(f"t{n}", f"echo a lot, take {n}"))
+                await watch.wait("loop_end", f"t{n}", timeout=30)
+        events = [e for e, _ in await stream_events(mesh.nc, "acme", "s1")]
+        calls = [e for e in events if isinstance(e, LLMResponse) and e.usage is not None]
+        cached = [e.usage.cached_tokens for e in calls]
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:])  # the first call had no cache
+        sent = [r["messages"] for r in mesh.fake.requests]
+        # a turn's second call begins as its first did: all of the first is cached
+        assert cached[1] == sum(message_tokens(m) for m in sent[0])
+        # turn 3 begins as turn 2 did up to turn 2's user message (turn 2 sent it with the
+        # plan around it; it is stored as the user wrote it)
+        upto = next(i for i, m in enumerate(sent[4]) if m["content"] == "echo a lot, take 2")
+        assert cached[4] == sum(message_tokens(m) for m in sent[4][:upto])
+
+        async def counted() -> bool:
+            return (await usage(client))["calls"] == len(calls)
+
+        await wait_for(counted, timeout=20, what="the exporter to count every call")
+        body = await usage(client)
+        assert body["cached_tokens"] == sum(cached) > 0
+        [day] = body["days"]
+        assert day["cached_tokens"] == sum(cached) == day["lines"][0]["cached_tokens"]
+        cost = sum(
+            prices["fake-model"].of(
+                e.usage.prompt_tokens, e.usage.completion_tokens, e.usage.cached_tokens
+            )
+            for e in calls
+        )
+        uncached = sum(
+            prices["fake-model"].of(e.usage.prompt_tokens, e.usage.completion_tokens) for e in calls
+        )
+        assert body["cost"] == pytest.approx(cost) and cost < uncached
+    finally:
+        stop.set()
+        await task

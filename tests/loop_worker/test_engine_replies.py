@@ -360,7 +360,7 @@ async def test_text_format_describes_tools_in_the_prompt_and_runs_tool_blocks(
     assert (end.reason, end.content) == ("task_completion", "said hi")
     first = fake_llm.requests[0]
     assert "tools" not in first
-    assert 'server_name: "local", tool_name: "echo"' in last_user(first)
+    assert 'server_name: "local", tool_name: "echo"' in first["messages"][0]["content"]  # system
     result = fake_llm.requests[1]["messages"][-1]
     assert result["role"] == "user" and result["name"] == "loopmesh"
     assert 'tool_name="echo" status="ok">\nhi\n</tool_result>' in result["content"]

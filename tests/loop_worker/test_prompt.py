@@ -45,14 +45,15 @@ async def test_the_prompt_is_assembled_in_the_documented_order(fake_llm: FakeLLM
         PROMPTS.system.agent_loop.strip(),
         PROMPTS.system.capabilities.strip(),
         PROMPTS.system.chain_of_thought.strip(),
+        PROMPTS.turn.tools_heading,  # the tools are stable content: first, in the system
+        "`local__echo` (local.echo): Echo the text back.",
+        "### Calling tools",
     )
     assert order == sorted(order)
     u = user["content"]
+    assert PROMPTS.turn.tools_heading not in u
     order = positions(
         u,
-        PROMPTS.turn.tools_heading,
-        "`local__echo` (local.echo): Echo the text back.",
-        "### Calling tools",
         PROMPTS.turn.plan_heading,
         PROMPTS.turn.context_heading,
         "The report is about llamas.",
