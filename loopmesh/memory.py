@@ -37,17 +37,23 @@ class MemoryStore:
         self._js = js
         self.bucket = bucket
         self.timeout_s = timeout_s
+        self._kv: KeyValue | None = None
+
+    async def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self._js.key_value(self.bucket)
+        return self._kv
 
     async def put(self, memory: Memory) -> int:
         """Store ``memory`` (again, under the same id: the same key); its revision."""
-        kv = await self._js.key_value(self.bucket)
+        kv = await self._bucket()
         data = _encode(memory)
         return await retry(
             lambda: kv.put(memory.key, data), "store a memory", timeout=self.timeout_s
         )
 
     async def get(self, tenant: str, kind: str, name: str, id: str) -> Memory | None:
-        kv = await self._js.key_value(self.bucket)
+        kv = await self._bucket()
         try:
             entry = await kv.get(memory_key(tenant, kind, name, id))
         except NotFoundError:  # also KeyDeletedError
@@ -66,7 +72,7 @@ class MemoryStore:
         """Erase one memory (its history too); whether there was one."""
         if await self.get(tenant, kind, name, id) is None:
             return False
-        kv = await self._js.key_value(self.bucket)
+        kv = await self._bucket()
         key = memory_key(tenant, kind, name, id)
         await retry(_purge(kv, key), "erase a memory", timeout=self.timeout_s)
         return True
@@ -80,7 +86,7 @@ class MemoryStore:
         values = await kv_values(
             self._js, self.bucket, namespace_keys(tenant, kind, name), timeout=self.timeout_s
         )
-        kv = await self._js.key_value(self.bucket)
+        kv = await self._bucket()
         for key in values:
             await retry(_purge(kv, key), "erase a memory", timeout=self.timeout_s)
         if values:
