@@ -38,10 +38,13 @@ class MemoryStore:
         self.bucket = bucket
         self.timeout_s = timeout_s
         self._kv: KeyValue | None = None
+        self._opening = asyncio.Lock()
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:
-            self._kv = await self._js.key_value(self.bucket)
+            async with self._opening:
+                if self._kv is None:
+                    self._kv = await self._js.key_value(self.bucket)
         return self._kv
 
     async def put(self, memory: Memory) -> int:
