@@ -16,7 +16,9 @@ from starlette.responses import Response
 from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
+from schemas.memory import MemorySource, MemoryText
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
+from schemas.types import Token
 from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
 
 Id = Annotated[str, msgspec.Meta(description="1-64 characters from A-Z a-z 0-9 _ -")]
@@ -52,7 +54,8 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     an ``error`` event. ``webhook``: where to POST the turn's events (``url``, https
     unless ``[webhooks] allow_http``; ``events``, default ``["loop_end"]``), signed with
     the deployment's secret; a URL whose host is not public (and not in ``[webhooks]
-    allowlist``) is refused with 422 naming ``webhook.url``."""
+    allowlist``) is refused with 422 naming ``webhook.url``. ``user``: who the turn is
+    for, the namespace of the memories its agent keeps of them (``[loop.memory]``)."""
 
     input: str
     instructions: str | None = None
@@ -67,6 +70,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None = None
     agent: Id | None = None
     webhook: WebhookRequest | None = None
+    user: Id | None = None
 
 
 class CreateSchedule(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -188,6 +192,33 @@ class AgentList(msgspec.Struct, frozen=True, kw_only=True):
     as ``[loop]`` defines it, not provisioned)."""
 
     agents: list[AgentSpec]
+
+
+class MemoryView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A memory as ``/v1/memory`` shows it (without its vector)."""
+
+    id: str
+    kind: str  # user or agent
+    name: str  # the user's id or the agent's name
+    text: str
+    created_at: float
+    source: MemorySource | None = None
+
+
+class MemoryList(msgspec.Struct, frozen=True, kw_only=True):
+    memories: list[MemoryView]
+
+
+class MemoryNew(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/memory``: a memory of ``user`` or of ``agent`` (one of the two)."""
+
+    text: MemoryText
+    user: Token | None = None
+    agent: Token | None = None
+
+
+class MemoryErased(msgspec.Struct, frozen=True, kw_only=True):
+    erased: int
 
 
 class ScheduleRunView(msgspec.Struct, frozen=True, kw_only=True):

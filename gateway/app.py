@@ -24,6 +24,7 @@ from .routes.agents import Agents
 from .routes.controls import Controls
 from .routes.events import Events
 from .routes.health import Health
+from .routes.memory import MemoryRoutes
 from .routes.schedules import Schedules
 from .routes.sessions import Sessions
 from .routes.tools import Tools
@@ -47,6 +48,7 @@ def create_app(gateway: Gateway, mcp_app: ASGIApp | None = None) -> Starlette:
         *Tools(gateway).operations(),
         *Agents(gateway).operations(),
         *Usage(gateway).operations(),
+        *MemoryRoutes(gateway).operations(),
         *Schedules(gateway).operations(),
         *([mcp.operation(mcp_app)] if mcp_app is not None else []),
         *gateway.a2a.operations(),

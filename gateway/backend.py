@@ -30,6 +30,7 @@ from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
+from loopmesh.memory import MemoryStore
 from loopmesh.schedules import ScheduleStore, run_ends
 from loopmesh.settings import SchedulerSettings
 from loopmesh.usage import UsageDay, read_days
@@ -127,6 +128,11 @@ class Backend:
         if self._publisher is None:
             self._publisher = Publisher(self.nc)
         return self._publisher
+
+    async def memory(self) -> MemoryStore:
+        """The memory bucket ([loop.memory]); ``Unavailable`` while it is missing."""
+        await self._bucket(self.subjects.memory_bucket)
+        return MemoryStore(self.js, self.subjects.memory_bucket, timeout_s=self.timeout)
 
     # -- sessions ---------------------------------------------------------------------
 

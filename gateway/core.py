@@ -203,4 +203,5 @@ class Gateway:
             on_busy=body.on_busy,
             agent=check_id(body.agent, "agent") if body.agent is not None else None,
             webhook=body.webhook.plain() if body.webhook is not None else None,
+            user=check_id(body.user, "user") if body.user is not None else None,
         )  # fmt: skip

@@ -68,6 +68,7 @@ from schemas.streams import (
     agents_bucket,
     embeddings_bucket,
     limits_bucket,
+    memory_bucket,
     schedules_bucket,
 )
 
@@ -88,6 +89,7 @@ from .engine.protocols import LLM
 from .errors import LeaseLostError
 from .lease import Leases
 from .limiter import SharedLimiter
+from .memory import NatsMemories
 from .share import FairShare
 from .sink import JetStreamEvents
 from .store import KVSessionStore
@@ -191,6 +193,7 @@ class LoopWorker:
             if prefilter.enabled
             else None
         )
+        self.memories = NatsMemories(nc, self.subjects.memory_bucket, config.loop.memory)
         self.engine = Engine(
             settings=config.loop,
             llm=traced_llm(llm, config.llm.model),  # chat spans, while tracing is on
@@ -205,6 +208,7 @@ class LoopWorker:
             usage=self._usage,
             agent_calls=self.agent_calls,
             agents=self.agents,
+            memories=self.memories,
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}
@@ -273,6 +277,7 @@ class LoopWorker:
             if self.scheduler is not None:
                 await self.scheduler.close()
             await self.agents.close()
+            await self.memories.aclose()
             await self.tools.close()
             await self.controls.close()
             await self.publisher.close()
@@ -322,6 +327,9 @@ class LoopWorker:
             )
             done += "\n" + await ensure_bucket(
                 self._js, schedules_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
+            )
+            done += "\n" + await ensure_bucket(
+                self._js, memory_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
             )
             if self.limiter is not None:
                 done += "\n" + await ensure_bucket(

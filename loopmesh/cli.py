@@ -53,6 +53,7 @@ COMMANDS: dict[str, str] = {
     "tools": "loopmesh.commands.tools",
     "agents": "loopmesh.commands.agents",
     "schedules": "loopmesh.commands.schedules",
+    "memory": "loopmesh.commands.memory",
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
     "nats-agents": "nats_agents.cli",

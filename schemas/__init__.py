@@ -19,7 +19,7 @@ from .ids import (
 from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
 from .subjects import Subjects, catalog_key, session_key
-from .types import AGENTS_SERVER, BUILTIN_SERVER, SCHEMA_VERSION, Parent, Token
+from .types import AGENTS_SERVER, BUILTIN_SERVER, MEMORY_SERVER, SCHEMA_VERSION, Parent, Token
 from .webhook import WEBHOOK_EVENTS, Webhook
 from .wire import (
     ApprovalDecision,
@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_AGENT",
     "EVENT_NAMES",
     "EVENT_TYPES",
+    "MEMORY_SERVER",
     "SCHEMA_VERSION",
     "WEBHOOK_EVENTS",
     "AgentSpec",

@@ -14,7 +14,7 @@ names it, is exactly today's ``[loop]``. Field names are those of ``[loop]`` and
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -84,6 +84,10 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     agents: Annotated[tuple[Token, ...], msgspec.Meta(max_length=MAX_NAMES)] = ()
     #: Where its turns' events are POSTed when a turn names no webhook of its own.
     webhook: Webhook | None = None
+    #: Its memory across sessions: ``off``, ``tools`` (the ``memory.*`` tools) or
+    #: ``auto`` (those, and the nearest memories recalled into each turn's prompt),
+    #: instead of ``[loop.memory] mode``.
+    memory: Literal["off", "tools", "auto"] | None = None
     #: The agents bucket's revision of the definition: set by the bucket, refused in
     #: configuration.
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -159,7 +159,17 @@ def definitions(
             schedules_bucket(s, replicas=replicas),
             limits_bucket(s, replicas=replicas),
             *a2a_buckets(s, ttl_s=events_max_age_s, replicas=replicas),
+            memory_bucket(s, replicas=replicas),
         ),
+    )
+
+
+def memory_bucket(subjects: Subjects, *, replicas: int = 1) -> KVDef:
+    """Agents' memories across sessions ([loop.memory]); they never expire by age."""
+    return KVDef(
+        bucket=subjects.memory_bucket,
+        replicas=replicas,
+        description="agents' memories by <tenant>.<user|agent>.<name>.<id>",
     )
 
 

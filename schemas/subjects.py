@@ -322,6 +322,10 @@ class Subjects:
     def limits_bucket(self) -> str:
         return f"{self.prefix}-limits"
 
+    @property
+    def memory_bucket(self) -> str:
+        return f"{self.prefix}-memory"
+
 
 @functools.lru_cache(maxsize=16_384)
 def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times

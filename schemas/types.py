@@ -34,6 +34,9 @@ class Parent(msgspec.Struct, frozen=True, kw_only=True):
 
 #: The server name of the tools that call agents (``agents.<name>``).
 AGENTS_SERVER = "agents"
+#: The server name of the memory tools (``memory.save``, ``memory.search``,
+#: ``memory.forget``): they run in the loop worker, on the tenant's memory bucket.
+MEMORY_SERVER = "memory"
 #: The server name of the loop's own tools (``task_completion``, ``ask_question``,
 #: ``converse``, ``update_plan``): they end a turn or plan it, and run in the loop worker.
 BUILTIN_SERVER = "loop"

@@ -158,6 +158,9 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: already in it is refused: a cycle).
     parent: Parent | None = None
     chain: Annotated[tuple[Token, ...], msgspec.Meta(max_length=16)] = ()
+    #: Who the turn is for, as the deployment names its users: the namespace of the
+    #: memories its agent keeps of them (``[loop.memory]``). ``None``: the agent's own.
+    user: Token | None = None
     #: Where to POST this turn's events (``schemas.webhook``); ``None``: its agent's
     #: webhook, if its definition names one. The URL is checked when the turn is
     #: accepted; a turn whose URL is refused gets an ``error`` event (code

@@ -16,6 +16,7 @@ tools (allowlists)         every list that is set: ``[loop]``, the agent's, the 
                            most restrictive wins)
 approval_tools             the agent's and ``[loop]``'s together (a call waits if either names it)
 webhook                    the turn's, else the agent's (recorded in ``loop_start``)
+memory                     the agent's, else ``[loop.memory] mode``
 ========================== =================================================================
 
 The fallback models reach the LLM through :data:`TURN_FALLBACKS`, which the engine sets for
@@ -79,6 +80,8 @@ def resolve(spec: AgentSpec, settings: LoopSettings, model: str) -> Agent:
     changes: dict[str, Any] = {
         field: value for field in _OVER_LOOP if (value := getattr(spec, field)) is not None
     }
+    if spec.memory is not None:
+        changes["memory"] = msgspec.structs.replace(settings.memory, mode=spec.memory)
     if spec.approval_tools:
         changes["approval_tools"] = tuple(
             dict.fromkeys((*settings.approval_tools, *spec.approval_tools))

@@ -21,6 +21,7 @@ from .protocols import (
     AgentCalls,
     Agents,
     EventSink,
+    Memories,
     SessionStore,
     ToolDispatcher,
     ToolSelector,
@@ -51,6 +52,7 @@ class TurnKit:
         usage: UsageToday | None = None,
         agents: Agents | None = None,
         agent_calls: AgentCalls | None = None,
+        memories: Memories | None = None,
     ) -> None:
         self.settings = settings
         #: What models' tokens cost ([prices]) and the tenants' spend today, for the
@@ -61,6 +63,8 @@ class TurnKit:
         self.agents: Agents = agents if agents is not None else StaticAgents()
         #: How a turn runs the agents its agent calls (``None``: it cannot call any).
         self.agent_calls = agent_calls
+        #: The tenants' memories across sessions (``None``: ``[loop.memory]`` is unserved).
+        self.memories = memories
         self._agents: dict[AgentSpec, Agent] = {}
         self.llm = llm
         self.tools = tools

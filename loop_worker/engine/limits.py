@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from schemas import AGENTS_SERVER, ToolSpec, Turn, WireError
+from schemas import AGENTS_SERVER, MEMORY_SERVER, ToolSpec, Turn, WireError
 
 from .prompt import BUILTIN_SERVER
 from .scope import End
@@ -54,7 +54,7 @@ class Limits:
         )
 
     def allows(self, spec: ToolSpec) -> bool:
-        if spec.server in (BUILTIN_SERVER, AGENTS_SERVER):  # the agent's own callees
+        if spec.server in (BUILTIN_SERVER, AGENTS_SERVER, MEMORY_SERVER):  # the agent's own
             return True
         names = {f"{spec.server}.{spec.name}", spec.name}
         return all(names.intersection(allow) for allow in self.allowlists)

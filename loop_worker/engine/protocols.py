@@ -26,6 +26,7 @@ from schemas import (
     Turn,
 )
 from schemas.events import Event, LoopEnd, Usage
+from schemas.memory import Memory
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +106,27 @@ class AgentCalls(Protocol):
 
     async def cancel(self, child: Turn, reason: str) -> None:
         """Cancel ``child`` (its caller was cancelled), whether it runs or waits."""
+        ...
+
+
+class Memories(Protocol):
+    """A tenant's memories across sessions (``[loop.memory]``), by namespace: ``(kind,
+    name)``, ``("user", <Turn.user>)`` or ``("agent", <name>)``."""
+
+    async def save(self, memory: Memory) -> Memory:
+        """Store ``memory`` (embedded here); saving the same id again replaces it. Raises
+        ``ValueError`` when the namespace is full."""
+        ...
+
+    async def search(
+        self, tenant: str, spaces: Sequence[tuple[str, str]], query: str, k: int
+    ) -> list[tuple[float, Memory]]:
+        """The ``k`` memories of ``spaces`` nearest ``query`` (cosine similarity), nearest
+        first."""
+        ...
+
+    async def forget(self, tenant: str, spaces: Sequence[tuple[str, str]], id: str) -> bool:
+        """Erase memory ``id`` from whichever of ``spaces`` holds it; whether one did."""
         ...
 
 

@@ -46,6 +46,7 @@ from .nudges import echoes_loop
 from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
 from .prompt import BUILTIN_SERVER, builtin_specs, loop_message
+from .recall import Recall, memory_specs
 from .scope import End, TurnCancelled, TurnDeadline, TurnInterrupted, TurnScope
 from .tokens import TokenCounter
 from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
@@ -211,9 +212,16 @@ class TurnRun:
                 await scope.emit(HookErrorEvent, hook=hook, message=message, fatal=True)
                 return End("error", error=f"the before_turn hook {hook} failed: {message}")
         callees = await self._callees()
-        specs = [*builtin_specs(e.prompts), *callees, *(await scope.race(e.tools.tools()))]
+        mode = self.settings.memory.mode
+        recall = None
+        if mode != "off" and e.memories is not None:
+            recall = Recall(e.memories, self.settings.memory, self.turn, self.agent.name)
+        specs = [
+            *builtin_specs(e.prompts), *callees, *(memory_specs(mode) if recall else ()),
+            *(await scope.race(e.tools.tools())),
+        ]  # fmt: skip
         names = ToolNames(specs, builtin_server=BUILTIN_SERVER)
-        context = await self._context()
+        context = await self._context(recall if mode == "auto" else None)
         inference = Inference(
             llm=e.llm,
             hooks=e.hooks,
@@ -237,6 +245,7 @@ class TurnRun:
             parallel=self.limits.max_parallel_tools,
             agent=self.agent.name,
             agent_calls=e.agent_calls,
+            memory=recall,
         )
         if self._orchestrated():
             end = await self._orchestrate(inference, runner, names)
@@ -498,20 +507,25 @@ class TurnRun:
             call_id=call.call_id, server=call.server, tool=call.tool, content="delivered"
         )
 
-    async def _context(self) -> list[str]:
-        """The retrieved-context section: the turn's passages, then the retrievers'
-        (bounded in tokens). A retriever that fails is reported, and the turn goes on."""
+    async def _context(self, recall: Recall | None) -> list[str]:
+        """The retrieved-context section: the turn's passages, then the retrievers' and
+        the memories ``recall`` finds (bounded in tokens). A retriever or a recall that
+        fails is reported, and the turn goes on."""
         turn, scope = self.turn, self.scope
         own = list(turn.context)
         if legacy := turn.metadata.get("context"):
             own.insert(0, Passage(text=legacy))
-        try:
-            found = await scope.race(self.e.hooks.retrieve(turn))
-        except (TurnCancelled, TurnDeadline):
-            raise
-        except Exception as exc:
-            await scope.emit(HookErrorEvent, hook="retrieve", message=describe(exc))
-            found = []
+        found: list[Passage] = []
+        sources = [("retrieve", self.e.hooks.retrieve(turn))]
+        if recall is not None:
+            sources.append(("recall", recall.passages()))
+        for hook, source in sources:
+            try:
+                found += await scope.race(source)
+            except (TurnCancelled, TurnDeadline):
+                raise
+            except Exception as exc:
+                await scope.emit(HookErrorEvent, hook=hook, message=describe(exc))
         counter = self._counter()
         kept = bound(found, self.settings.retrieved_max_tokens, counter.count_text_cached)
         return [passage_text(p) for p in [*own, *kept]]

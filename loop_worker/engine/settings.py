@@ -201,6 +201,36 @@ class BudgetSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         )
 
 
+MemoryMode = Literal["off", "tools", "auto"]
+
+
+class MemorySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``[loop.memory]``: a memory that outlives a session, per tenant, kept in JetStream.
+    ``tools`` offers the model ``memory.save``, ``memory.search`` and ``memory.forget``;
+    ``auto`` also recalls the memories nearest a turn's input into the prompt's
+    retrieved-context section. A memory belongs to the turn's user (``Turn.user``) or,
+    without one, to the agent. Embeddings come from ``embeddings_base_url`` (an
+    OpenAI-compatible ``/v1/embeddings``), else from the bundled MiniLM, run in process
+    (the ``memory`` extra). An agent's ``memory`` sets the mode for its turns."""
+
+    #: ``off``, ``tools`` or ``auto`` (see above).
+    mode: MemoryMode = "off"
+    #: Memories recalled into the prompt in ``auto`` mode, nearest first.
+    recall: Annotated[int, msgspec.Meta(ge=0, le=32)] = 3
+    #: The least cosine similarity of a recalled memory (and of a search's results).
+    min_score: Annotated[float, msgspec.Meta(ge=-1, le=1)] = 0.2
+    #: The most memories a namespace (one user's, one agent's) holds; a save past it fails.
+    max_per_namespace: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 10_000
+    #: An OpenAI-compatible ``/v1/embeddings`` base URL (unset: the bundled MiniLM).
+    embeddings_base_url: str | None = None
+    #: The embeddings model at ``embeddings_base_url``.
+    embeddings_model: str = "text-embedding-3-small"
+    #: The embeddings endpoint's API key.
+    embeddings_api_key: str | None = None
+    #: One embeddings request's limit.
+    timeout_s: Positive = 10.0
+
+
 class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[loop]``: how the loop workers run a turn, and the defaults of a turn's limits
     (a turn, or its agent, may set its own)."""
@@ -281,6 +311,7 @@ class LoopSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     step_retries: Count = 1
     prefilter: PrefilterSettings = PrefilterSettings()
     budget: BudgetSettings = BudgetSettings()
+    memory: MemorySettings = MemorySettings()
     #: ``constrained``, for small models that pick tools badly: every reply is exactly
     #: one tool call, chosen then filled in by two grammar-constrained calls.
     tool_choice_strategy: Literal["auto", "constrained"] = "auto"

@@ -20,6 +20,7 @@ import msgspec
 from schemas import (
     AGENTS_SERVER,
     DEFAULT_AGENT,
+    MEMORY_SERVER,
     Parent,
     ToolCall,
     ToolCallRequest,
@@ -48,6 +49,7 @@ from .memory import truncate
 from .parser import ToolNames, parse_arguments, parse_text_calls, safe_function_name
 from .prompt import BUILTIN_SERVER, Prompts
 from .protocols import AgentCalls, ToolDispatcher
+from .recall import Recall
 from .scope import TurnScope
 from .settings import LoopSettings
 
@@ -182,9 +184,11 @@ class ToolRunner:
         parallel: int | None = None,
         agent: str = DEFAULT_AGENT,
         agent_calls: AgentCalls | None = None,
+        memory: Recall | None = None,
     ) -> None:
         self.agent = agent  # the turn's: who calls, when a call is an agent's
         self.agent_calls = agent_calls
+        self.memory = memory  # the memory tools' (``None``: not offered)
         self.scope = scope
         self.settings = settings
         self.tools = tools
@@ -271,6 +275,8 @@ class ToolRunner:
                 return await self.hooks.after_tool(request, refusal)
         if request.server == AGENTS_SERVER:
             result = await self._call_agent(call, request)
+        elif request.server == MEMORY_SERVER and self.memory is not None:
+            result = await self.memory.call(request)
         else:
             result = await self.tools.call(request)
         return await self.hooks.after_tool(request, result)

@@ -27,7 +27,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import SessionEvent, Submitted
+from .transport import MemoryItem, SessionEvent, Submitted
 
 __all__ = [
     "Client",
@@ -35,6 +35,7 @@ __all__ = [
     "ClientError",
     "ClientSettings",
     "InvalidRequest",
+    "MemoryItem",
     "NotFound",
     "NotSetUp",
     "RateLimited",

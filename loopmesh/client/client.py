@@ -28,12 +28,13 @@ from schemas import (
     new_id,
 )
 from schemas.events import Error, Event, LoopEnd, LoopStart
+from schemas.memory import MAX_MEMORY_CHARS
 
 from .config import ClientConfig
-from .errors import TurnRefused
+from .errors import InvalidRequest, TurnRefused
 from .gateway import GatewayTransport
 from .nats import NatsTransport
-from .transport import SessionEvent, Submitted, Transport
+from .transport import MemoryItem, SessionEvent, Submitted, Transport
 
 
 class TurnOptions(TypedDict, total=False):
@@ -63,6 +64,8 @@ class TurnOptions(TypedDict, total=False):
     on_busy: Literal["enqueue", "reject", "interrupt", "rollback"] | None
     #: Where to POST the turn's events, signed (``schemas.Webhook``: ``url``, ``events``).
     webhook: Webhook | None
+    #: Who the turn is for: the namespace of the memories its agent keeps of them.
+    user: str | None
 
 
 class Client:
@@ -288,6 +291,34 @@ class Client:
         """The named agents, ``default`` first, each with its revision (docs/AGENTS.md)."""
         return await (await self._ready()).agents()
 
+    # -- memory -------------------------------------------------------------------------
+
+    async def memories(
+        self, *, user: str | None = None, agent: str | None = None
+    ) -> list[MemoryItem]:
+        """The memories kept of ``user`` (or by ``agent``), oldest first ([loop.memory])."""
+        kind, name = _namespace(user, agent)
+        return await (await self._ready()).memories(kind, name)
+
+    async def remember(
+        self, text: str, *, user: str | None = None, agent: str | None = None
+    ) -> MemoryItem:
+        """Add a memory of ``user`` (or of ``agent``); loop workers embed it as they load it."""
+        kind, name = _namespace(user, agent)
+        if not text.strip() or len(text) > MAX_MEMORY_CHARS:
+            raise InvalidRequest(f"`text` must be 1 to {MAX_MEMORY_CHARS} characters", field="text")
+        return await (await self._ready()).remember(kind, name, text)
+
+    async def forget(self, id: str, *, user: str | None = None, agent: str | None = None) -> bool:
+        """Delete memory ``id`` of ``user`` (or of ``agent``); whether there was one."""
+        kind, name = _namespace(user, agent)
+        return await (await self._ready()).forget(kind, name, check_token(id, "id"))
+
+    async def erase_memories(self, *, user: str | None = None, agent: str | None = None) -> int:
+        """Erase every memory of ``user`` (or of ``agent``), all trace of them; how many."""
+        kind, name = _namespace(user, agent)
+        return await (await self._ready()).erase_memories(kind, name)
+
     # -- inside -----------------------------------------------------------------------------
 
     async def _ready(self) -> Transport:
@@ -321,6 +352,7 @@ class Client:
             context=tuple(options.get("context") or ()), parts=tuple(options.get("parts") or ()),
             on_busy=options.get("on_busy"), webhook=options.get("webhook"),
             agent=check_token(agent, "agent") if agent is not None else None,
+            user=check_token(user, "user") if (user := options.get("user")) is not None else None,
         )  # fmt: skip
 
 
@@ -332,3 +364,11 @@ def _refused(submitted: Submitted, error: Error, end: LoopEnd) -> TurnRefused:
         turn_id=submitted.turn_id, session=submitted.session, code=error.code, event=error,
         end=end,
     )  # fmt: skip
+
+
+def _namespace(user: str | None, agent: str | None) -> tuple[str, str]:
+    if (user is None) == (agent is None):
+        raise InvalidRequest("give exactly one of `user` and `agent`", field="user")
+    if user is not None:
+        return "user", check_token(user, "user")
+    return "agent", check_token(agent or "", "agent")

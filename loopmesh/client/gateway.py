@@ -30,7 +30,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import SessionEvent, Submitted
+from .transport import MemoryItem, SessionEvent, Submitted
 
 log = logging.getLogger("loopmesh.client")
 
@@ -38,7 +38,7 @@ log = logging.getLogger("loopmesh.client")
 #: ``PostTurn``); the others a turn has are set by the gateway, or by agents and ``[loop]``.
 TURN_FIELDS = (
     "input", "instructions", "model", "max_iterations", "tools", "mode", "planner_model",
-    "executor_model", "context", "parts", "on_busy", "agent", "webhook",
+    "executor_model", "context", "parts", "on_busy", "agent", "webhook", "user",
 )  # fmt: skip
 
 #: What the gateway sends besides events (no ``id``): see docs/GATEWAY.md.
@@ -59,6 +59,14 @@ class _Posted(msgspec.Struct):
     turn_id: str
     session: str
     events_url: str
+
+
+class _Memories(msgspec.Struct):
+    memories: list[MemoryItem]
+
+
+class _Erased(msgspec.Struct):
+    erased: int
 
 
 class _Agents(msgspec.Struct):
@@ -168,6 +176,25 @@ class GatewayTransport:
     async def agents(self) -> list[AgentSpec]:
         r = await self._request("GET", "/v1/agents", None)
         return msgspec.json.decode(r.content, type=_Agents).agents
+
+    async def memories(self, kind: str, name: str) -> list[MemoryItem]:
+        r = await self._request("GET", f"/v1/memory?{kind}={name}", None)
+        return msgspec.json.decode(r.content, type=_Memories).memories
+
+    async def remember(self, kind: str, name: str, text: str) -> MemoryItem:
+        r = await self._request("POST", "/v1/memory", {kind: name, "text": text})
+        return msgspec.json.decode(r.content, type=MemoryItem)
+
+    async def forget(self, kind: str, name: str, id: str) -> bool:
+        try:
+            await self._request("DELETE", f"/v1/memory/{id}?{kind}={name}", None)
+        except NotFound:
+            return False
+        return True
+
+    async def erase_memories(self, kind: str, name: str) -> int:
+        r = await self._request("DELETE", f"/v1/memory?{kind}={name}", None)
+        return msgspec.json.decode(r.content, type=_Erased).erased
 
     # -- answers ------------------------------------------------------------------------
 

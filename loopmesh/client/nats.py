@@ -26,15 +26,17 @@ from loopmesh.aio import quietly
 from loopmesh.controls import send_control
 from loopmesh.errors import NatsConnectError, NatsTlsError, ProvisionError
 from loopmesh.jetstream import ordered_subscribe
+from loopmesh.memory import MemoryStore
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
-from schemas import AgentSpec, Control, Subjects, Turn
+from schemas import AgentSpec, Control, Subjects, Turn, new_id
 from schemas.agents import default_agent
+from schemas.memory import Memory, MemorySource
 
 from .errors import ClientError, NotSetUp, Unauthorized, Unavailable
-from .transport import SessionEvent, Submitted
+from .transport import MemoryItem, SessionEvent, Submitted
 
 T = TypeVar("T")
 
@@ -153,6 +155,31 @@ class NatsTransport:
             return [default_agent()]  # no bucket yet: only the deployment's [loop]
         return list(found.values())
 
+    def _memory(self) -> MemoryStore:
+        return MemoryStore(
+            self.nc.jetstream(), self.subjects.memory_bucket, timeout_s=self._timeout
+        )
+
+    async def memories(self, kind: str, name: str) -> list[MemoryItem]:
+        found = await self._call("read memories", self._memory().list(self.tenant, kind, name))
+        return [_item(m) for m in found]
+
+    async def remember(self, kind: str, name: str, text: str) -> MemoryItem:
+        memory = Memory(
+            id=new_id(), tenant=self.tenant, kind=kind, name=name, text=text,  # type: ignore[arg-type]
+            created_at=time.time(), source=MemorySource(by="api"),
+        )  # fmt: skip
+        await self._call("store a memory", self._memory().put(memory))
+        return _item(memory)
+
+    async def forget(self, kind: str, name: str, id: str) -> bool:
+        return await self._call(
+            "erase a memory", self._memory().delete(self.tenant, kind, name, id)
+        )
+
+    async def erase_memories(self, kind: str, name: str) -> int:
+        return await self._call("erase memories", self._memory().erase(self.tenant, kind, name))
+
     # -- connecting -----------------------------------------------------------------------
 
     async def _connect(self, deadline: float) -> Client:
@@ -227,3 +254,9 @@ def _refused_credentials(cause: BaseException | None) -> bool:
     if isinstance(cause, nats.errors.AuthorizationError):
         return True
     return cause is not None and "authorization violation" in str(cause).lower()
+
+
+def _item(m: Memory) -> MemoryItem:
+    return MemoryItem(
+        id=m.id, kind=m.kind, name=m.name, text=m.text, created_at=m.created_at, source=m.source
+    )

@@ -10,6 +10,7 @@ import msgspec
 
 from schemas import AgentSpec, Control, DecodeError, Turn
 from schemas.events import Event, decode_event
+from schemas.memory import MemorySource
 
 
 class SessionEvent(msgspec.Struct, frozen=True):
@@ -42,6 +43,18 @@ class Submitted(msgspec.Struct, frozen=True):
     since: int
 
 
+class MemoryItem(msgspec.Struct, frozen=True, kw_only=True):
+    """A memory an agent keeps across sessions (``schemas.memory``), as a client reads it:
+    ``kind`` ``user`` or ``agent``, ``name`` the user's id or the agent's name."""
+
+    id: str
+    kind: str
+    name: str
+    text: str
+    created_at: float = 0.0
+    source: MemorySource | None = None
+
+
 class Transport(Protocol):
     """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
 
@@ -66,3 +79,11 @@ class Transport(Protocol):
     async def send(self, control: Control) -> None: ...
 
     async def agents(self) -> list[AgentSpec]: ...
+
+    async def memories(self, kind: str, name: str) -> list[MemoryItem]: ...
+
+    async def remember(self, kind: str, name: str, text: str) -> MemoryItem: ...
+
+    async def forget(self, kind: str, name: str, id: str) -> bool: ...
+
+    async def erase_memories(self, kind: str, name: str) -> int: ...

@@ -295,3 +295,23 @@ def test_a_turns_options_are_what_the_gateways_turn_body_takes():
     assert set(TURN_FIELDS) == set(PostTurn.__struct_fields__)
     ids = {"session", "turn_id"}  # the path and the Idempotency-Key
     assert set(TurnOptions.__annotations__) - ids == set(TURN_FIELDS) - {"input"}
+
+
+async def test_memories_are_added_listed_forgotten_and_erased(client: Client) -> None:
+    ada = await client.remember("Ada keeps bees.", user="ada")
+    await client.remember("Ada plays the cello.", user="ada")
+    await client.remember("I answer briefly.", agent="default")
+    assert ada.kind == "user" and ada.name == "ada" and ada.source is not None
+    assert [m.text for m in await client.memories(user="ada")] == [
+        "Ada keeps bees.",
+        "Ada plays the cello.",
+    ]
+    assert await client.forget(ada.id, user="ada") is True
+    assert await client.forget(ada.id, user="ada") is False
+    assert await client.erase_memories(user="ada") == 1
+    assert await client.memories(user="ada") == []
+    assert [m.text for m in await client.memories(agent="default")] == ["I answer briefly."]
+    with pytest.raises(InvalidRequest, match="exactly one of `user` and `agent`"):
+        await client.memories()
+    with pytest.raises(InvalidRequest, match="text"):
+        await client.remember("", user="ada")

@@ -384,3 +384,29 @@ async def _stream_lookups_failed(server: NatsServer) -> None:
                 return
             await asyncio.sleep(0.1)
     raise AssertionError(f"no failed JetStream API request: {jsz.get('api')}")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_memory_adds_lists_forgets_and_erases_a_users_memories(
+    transport: str, mesh: Mesh, gateway: GatewayServer
+):
+    where = via(transport, mesh, gateway)
+    code, lines = await loopmesh("memory", "add", "Ada keeps bees.", "--user", "ada", *where)
+    assert code == 0 and len(lines) == 1 and lines[0].startswith("remembered ")
+    kept = lines[0].removeprefix("remembered ")
+    await loopmesh("memory", "add", "Ada plays the cello.", "--user", "ada", *where)
+    code, lines = await loopmesh("memory", "--user", "ada", *where)
+    assert code == 0 and [line.split("  ")[2] for line in lines] == [
+        "Ada keeps bees.", "Ada plays the cello.",
+    ]  # fmt: skip
+    assert lines[0].startswith(kept + "  ")
+    assert await loopmesh("memory", "forget", kept, "--user", "ada", *where) == (
+        0,
+        [f"forgot {kept}"],
+    )
+    code, lines = await loopmesh("memory", "forget", kept, "--user", "ada", *where)
+    assert (code, lines) == (1, [f"no memory {kept}"])
+    assert await loopmesh("memory", "erase", "--user", "ada", *where) == (0, ["erased 1 memories"])
+    assert await loopmesh("memory", "--user", "ada", *where) == (0, ["no memories"])
+    code, lines = await loopmesh("memory", *where)
+    assert code == 2 and "exactly one of --user and --agent" in lines[-1]
