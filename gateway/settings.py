@@ -88,7 +88,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     nats_timeout_s: Positive = 5.0
     #: An MCP tool call (``/mcp``) waits this long for its turn's end.
     mcp_timeout_s: Positive = 900.0
-    #: The base URL A2A agent cards advertise (unset: the URL the card was asked at).
+    #: The base URL A2A agent cards advertise (unset: ``http://`` and the address the
+    #: gateway took the request on, never its ``Host`` header); set it behind a proxy.
     public_url: PublicUrl | None = None
     #: A2A push-notification hosts that may be private (the format of
     #: ``[tool_worker] http_allowlist``).

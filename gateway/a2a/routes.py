@@ -99,7 +99,7 @@ class A2A:
 
     async def card(self, request: Request) -> Response:
         agent = await self.agent(request)
-        base = self.settings.public_url or str(request.base_url).rstrip("/")
+        base = self.settings.public_url or listening_at(request)
         card = agent_card(agent, base, keys=not self.settings.no_auth)
         return JSONResponse(MessageToDict(card))
 
@@ -137,6 +137,16 @@ class A2A:
                        200, api.JsonRpcResponse, api.JsonRpcRequest, params=(AGENT,),
                        errors=(401, 404, 413, 422, 429, 503), tags=("a2a",)), self.rpc),
         ]  # fmt: skip
+
+
+def listening_at(request: Request) -> str:
+    """The base URL of the address ``request`` arrived at: the gateway's own socket, never
+    the request's ``Host`` or ``X-Forwarded-*`` headers (a shared cache would keep a card
+    whose URL a client chose, and send the next callers' keys there). The gateway serves
+    plain HTTP; behind a proxy, ``[gateway] public_url`` says the address callers use."""
+    host, port = request.scope["server"]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
 
 
 def _streaming(body: bytes) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from a2a.client import A2ACardResolver
 from a2a.client import Client as A2AClient
 from a2a.types import (
     CancelTaskRequest,
@@ -112,6 +113,16 @@ async def test_the_client_resolves_the_default_agents_card_and_a_named_agents(
             card["supportedInterfaces"][0]["url"] == "https://agents.example.com/mesh/a2a/default"
         )
         assert "securitySchemes" not in card  # no keys, none to ask for
+
+
+async def test_a_forged_host_header_never_reaches_the_card(gateway_at: GatewayFactory):
+    forged = {"Host": "evil.example.com", "X-Forwarded-Proto": "https",
+              "X-Forwarded-Host": "evil.example.com"}  # fmt: skip
+    async with gateway_at() as gw, httpx.AsyncClient(headers=forged) as http:
+        card = await A2ACardResolver(http, gw.url).get_agent_card()
+        assert card.supported_interfaces[0].url == f"{gw.url}/a2a/default"
+        card = await A2ACardResolver(http, f"{gw.url}/a2a/default").get_agent_card()
+        assert card.supported_interfaces[0].url == f"{gw.url}/a2a/default"
 
 
 # -- a task is a turn ------------------------------------------------------------------
