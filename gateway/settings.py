@@ -74,7 +74,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     rate_per_s: Positive = 20.0
     #: Requests per key in a burst.
     rate_burst: AtLeastOne = 40
-    #: Open SSE streams per key.
+    #: Long-lived calls open per key: SSE event streams, A2A streams, subscriptions and
+    #: sends, MCP tool calls (each until it is answered); past it, 429 (MCP: a JSON-RPC
+    #: error).
     max_streams_per_key: AtLeastOne = 16
     #: Events held for one SSE client; a client that falls further behind is cut.
     stream_buffer: AtLeastOne = 1_000

@@ -15,7 +15,9 @@ path                                      key       what
 Before the SDK sees a request, the gateway does what it does for every request: the API
 key (401 without one: no key, no task), the key's rate limit (429), the agent (404 if
 nobody defined it), the body's size (413 past ``max_body_bytes``) and, for the two
-streaming methods, the key's cap on open streams (429). What the SDK answers after that
+streaming methods and ``SendMessage``, the key's cap on long-lived calls (429,
+``max_streams_per_key``: each holds a slot until it is answered). What the SDK answers
+after that
 is the protocol's: a JSON-RPC result or error (``-32602`` invalid params, ``-32001``
 task not found, ...), or an SSE stream of them.
 """
@@ -50,6 +52,10 @@ from .push import PushConfigStore, PushSender
 
 #: The JSON-RPC methods whose answer is a stream.
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+#: The methods that hold a slot of the key's ``max_streams_per_key`` while they run: the
+#: streams, and a send, whose answer (unless it asks to return at once) waits for the
+#: turn.
+HOLDING = STREAMING | {"SendMessage"}
 
 
 class _Method(msgspec.Struct):
@@ -110,8 +116,12 @@ class A2A:
         scope = dict(request.scope)
         scope[SCOPE_KEY] = Caller(who.tenant, who.key, agent.name)
         inner = Request(scope, _replay(body, request))
-        if not _streaming(body):
+        method = _method(body)
+        if method not in HOLDING:
             return await self._dispatch(inner)
+        if method not in STREAMING:  # answered once the turn ends (or asks for input)
+            with self.slots.held(who.key):
+                return await self._dispatch(inner)
         self.slots.acquire(who.key)
         try:
             response = await self._dispatch(inner)
@@ -149,11 +159,11 @@ def listening_at(request: Request) -> str:
     return f"http://{shown}:{port}"
 
 
-def _streaming(body: bytes) -> bool:
+def _method(body: bytes) -> object:
     try:
-        return _method_of.decode(body).method in STREAMING
+        return _method_of.decode(body).method
     except msgspec.DecodeError:
-        return False  # the SDK answers it with the protocol's parse error
+        return None  # the SDK answers it with the protocol's parse error
 
 
 def _replay(body: bytes, request: Request) -> Callable[[], Any]:
