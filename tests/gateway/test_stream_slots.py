@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -18,25 +20,26 @@ from nats.aio.client import Client
 
 from gateway.server import GatewayServer
 from loopmesh.testing.durable import SUBJECTS, wait_for
-from schemas import Turn, encode
+from schemas import Turn, decode, encode
 from schemas.events import LoopEnd
 from tests.gateway.a2a_client import a2a_client, follow, message
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, GatewayFactory, auth
-from tests.gateway.test_api import turns_in_stream
 from tests.gateway.test_mcp import connected
 
 SETTING = "max_streams_per_key"
+T = TypeVar("T")
 
 
-async def published_turn(nc: Client, nats_url: str, n: int) -> Turn:
-    """The ``n``-th turn in the turns stream, once it is there."""
+async def published_turn(nc: Client) -> Turn:
+    """The one turn of the turns stream, once it is there."""
+    js = nc.jetstream()
 
     async def there() -> bool:
-        info = await nc.jetstream().stream_info(SUBJECTS.turns_stream)
-        return info.state.messages >= n
+        return (await js.stream_info(SUBJECTS.turns_stream)).state.messages == 1
 
-    await wait_for(there, timeout=20, what=f"turn {n} published")
-    return (await turns_in_stream(nats_url))[n - 1][0]
+    await wait_for(there, timeout=20, what="the call's turn published")
+    info = await js.stream_info(SUBJECTS.turns_stream)
+    return decode((await js.get_msg(SUBJECTS.turns_stream, info.state.first_seq)).data, Turn)
 
 
 async def end(nc: Client, turn: Turn) -> None:
@@ -99,55 +102,39 @@ async def sessions(gw: GatewayServer) -> None:
             assert (await http.post("/v1/sessions", json={"session": "s1"})).status_code == 201
 
 
+async def held(gw: GatewayServer, nc: Client, call: Awaitable[T]) -> T:
+    """Run ``call`` (the key's one slot), check that each other long-lived call of the
+    key is refused while it waits for its turn, then end the turn; the call's answer,
+    once the slot is back."""
+    waiting = asyncio.ensure_future(call)
+    turn = await published_turn(nc)
+    await event_stream_refused(gw)
+    await mcp_call_refused(gw)
+    await a2a_send_refused(gw)
+    await other_key_not_counted(gw)
+    await end(nc, turn)
+    answer = await waiting
+    await slot_free(gw)
+    return answer
+
+
 async def test_an_mcp_tool_call_holds_a_slot_until_its_turn_ends(
-    gateway_at: GatewayFactory, nats_url: str, nc: Client
+    gateway_at: GatewayFactory, nc: Client
 ):
     async with gateway_at(max_streams_per_key=1) as gw:
         await sessions(gw)
         async with connected(gw) as mcp:
-            call = asyncio.create_task(mcp.call_tool("default", {"input": "hi"}))
-            turn = await published_turn(nc, nats_url, 1)
-            await event_stream_refused(gw)
-            await mcp_call_refused(gw)
-            await a2a_send_refused(gw)
-            await other_key_not_counted(gw)
-            await end(nc, turn)
-            result = await call
+            result = await held(gw, nc, mcp.call_tool("default", {"input": "hi"}))
         assert not result.is_error and result.structured_content is not None
         assert result.structured_content["answer"] == "done"
-        await slot_free(gw)
 
 
-async def test_a_blocking_a2a_send_holds_a_slot_until_its_turn_ends(
-    gateway_at: GatewayFactory, nats_url: str, nc: Client
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_an_a2a_send_holds_a_slot_until_its_turn_ends(
+    gateway_at: GatewayFactory, nc: Client, streaming: bool
 ):
     async with gateway_at(max_streams_per_key=1) as gw:
         await sessions(gw)
-        async with a2a_client(gw.url, ACME_KEY, streaming=False) as client:
-            send = asyncio.create_task(follow(client.send_message(message("hi"))))
-            turn = await published_turn(nc, nats_url, 1)
-            await event_stream_refused(gw)
-            await mcp_call_refused(gw)
-            await a2a_send_refused(gw)
-            await other_key_not_counted(gw)
-            await end(nc, turn)
-            got = await send
+        async with a2a_client(gw.url, ACME_KEY, streaming=streaming) as client:
+            got = await held(gw, nc, follow(client.send_message(message("hi"))))
         assert got.state == TaskState.TASK_STATE_COMPLETED
-        await slot_free(gw)
-
-
-async def test_an_a2a_stream_holds_a_slot_until_its_turn_ends(
-    gateway_at: GatewayFactory, nats_url: str, nc: Client
-):
-    async with gateway_at(max_streams_per_key=1) as gw:
-        await sessions(gw)
-        async with a2a_client(gw.url, ACME_KEY) as client:
-            stream = asyncio.create_task(follow(client.send_message(message("hi"))))
-            turn = await published_turn(nc, nats_url, 1)
-            await event_stream_refused(gw)
-            await mcp_call_refused(gw)
-            await a2a_send_refused(gw)
-            await end(nc, turn)
-            got = await stream
-        assert got.state == TaskState.TASK_STATE_COMPLETED
-        await slot_free(gw)
