@@ -98,6 +98,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     push_allowlist: tuple[str, ...] = ()
     #: One A2A push notification's limit.
     push_timeout_s: Positive = 10.0
+    #: A2A push notifications waiting per task while its webhooks are slow; past it, the
+    #: oldest that is not a task's final state is dropped.
+    push_queue: AtLeastOne = 64
     #: An A2A cancel waits this long for the turn to end.
     a2a_cancel_wait_s: Positive = 10.0
     #: An A2A task whose gateway went away is written back from its turn's events

@@ -82,8 +82,9 @@ class A2A:
         self.slots = slots
         push_store = PushConfigStore(backend)
         self.push = PushSender(
-            push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s
-        )
+            push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s,
+            queue=settings.push_queue,
+        )  # fmt: skip
         self.handler = Handler(backend, settings, handler_card(), push_store, self.push, on_turn)
         (route,) = create_jsonrpc_routes(
             self.handler, rpc_url="/a2a/{agent}", context_builder=ContextBuilder()
