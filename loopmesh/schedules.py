@@ -107,6 +107,8 @@ def shortest_gap(cron: str, under: float) -> float | None:
     ``under`` seconds, else ``None``: the closest two of a day's ticks, and the last of a
     day and the first of the next when the expression has two days in a row. Measured in
     wall-clock time: a change of the clocks can bring two ticks closer once."""
+    if under <= 1:
+        return None  # cron's resolution: no two ticks are closer than a second
     fields = cron.split()
     days = fields[-3:]
     every_day = CronSim(" ".join([*fields[:-3], "*", "*", "*"]), _DAY - timedelta(seconds=1))

@@ -203,7 +203,6 @@ class PushSender(BasePushNotificationSender):
         self.egress = Egress(Allowlist(allowlist, setting="push_allowlist"), setting=SETTING)
         self.timeout_s = timeout_s
         self.queue = queue
-        self.dropped = 0  # intermediate updates dropped for a full queue, since the start
         self.client = httpx.AsyncClient(
             transport=PinnedTransport(self.egress),
             timeout=timeout_s,
@@ -225,7 +224,6 @@ class PushSender(BasePushNotificationSender):
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._deliveries.discard)
         if len(waiting) >= self.queue and _drop_oldest_intermediate(waiting):
-            self.dropped += 1
             log.info("A2A push update dropped: its webhooks are slow task=%s", task_id)
         waiting.append(copy)
 

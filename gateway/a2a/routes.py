@@ -155,7 +155,7 @@ def listening_at(request: Request) -> str:
     the request's ``Host`` or ``X-Forwarded-*`` headers (a shared cache would keep a card
     whose URL a client chose, and send the next callers' keys there). The gateway serves
     plain HTTP; behind a proxy, ``[gateway] public_url`` says the address callers use."""
-    host, port = request.scope["server"]
+    host, port = request.scope["server"]  # uvicorn's: the socket's own address
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
 
