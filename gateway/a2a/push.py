@@ -211,10 +211,13 @@ class PushSender(BasePushNotificationSender):
         )
         self._waiting: dict[str, deque[PushNotificationEvent]] = {}
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._closed = False
         super().__init__(self.client, store)
 
     async def send_notification(self, task_id: str, event: PushNotificationEvent) -> None:
         """Queue ``event`` for the task's webhooks and return at once."""
+        if self._closed:
+            return
         copy = type(event)()
         copy.CopyFrom(event)  # the SDK goes on with its own
         waiting = self._waiting.get(task_id)
@@ -265,6 +268,7 @@ class PushSender(BasePushNotificationSender):
     async def aclose(self) -> None:
         """Stop delivering (what waits is dropped: a gateway that stops delivers nothing
         more) and close the HTTP client."""
+        self._closed = True
         deliveries = list(self._deliveries)
         for delivery in deliveries:
             delivery.cancel()
