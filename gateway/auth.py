@@ -1,4 +1,4 @@
-"""API keys, tenants, and the per-key limits (request rate, open event streams).
+"""API keys, tenants, and the per-key limits (request rate, long-lived calls open).
 
 A key is looked up by its SHA-256, so the configuration holds no usable secret. In
 no-auth mode every request is the one principal ``local`` of tenant ``local``.
@@ -6,9 +6,11 @@ no-auth mode every request is the one principal ``local`` of tenant ``local``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .errors import RateLimited, Unauthorized
@@ -86,20 +88,35 @@ class RateLimiter:
 
 
 class StreamSlots:
-    """Counts each key's open event streams against a cap."""
+    """Counts each key's long-lived calls against a cap (``[gateway]
+    max_streams_per_key``): whatever holds a feed or a consumer until a turn ends or the
+    client goes (an SSE event stream, an A2A stream, subscription or blocking send, an
+    MCP tool call) takes a slot for as long as it is open."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._open: dict[str, int] = {}
 
     def acquire(self, key: str) -> None:
+        """Take a slot of ``key``; :class:`RateLimited` (429) when all are taken."""
         n = self._open.get(key, 0)
         if n >= self.cap:
             raise RateLimited(
-                f"this key has {n} event streams open, the most allowed; close one first",
+                f"this key has {n} streams and calls open (event streams, A2A streams and "
+                f"sends, MCP tool calls), the most allowed ([gateway] max_streams_per_key "
+                f"= {self.cap}); close one first",
                 retry_after=1,
             )
         self._open[key] = n + 1
+
+    @contextlib.contextmanager
+    def held(self, key: str) -> Iterator[None]:
+        """A slot of ``key`` for the ``with`` block."""
+        self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release(key)
 
     def release(self, key: str) -> None:
         n = self._open.get(key, 0) - 1

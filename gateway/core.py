@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from loopmesh import tracing
 from loopmesh.errors import InvalidWebhook
-from loopmesh.settings import Tenants
+from loopmesh.settings import Tenants, TenantSettings
 from loopmesh.webhook import WebhookSettings, check_webhook
 from schemas import DEFAULT_AGENT, SessionSnapshot, Turn
 
@@ -69,7 +69,7 @@ class Gateway:
         self.settings = settings
         self.on_busy = on_busy  # [loop] on_busy: a turn's default
         self.webhooks = webhooks or WebhookSettings()  # a turn's webhook URL is checked
-        self.tenants = tenants or {}  # [tenants]: each one's max_backlog
+        self.tenants = tenants or {}  # [tenants]: max_backlog, min_schedule_interval_s
         self.backend = backend
         self.keys = Keys(settings)
         self.limiter = RateLimiter(settings.rate_per_s, settings.rate_burst)
@@ -145,11 +145,15 @@ class Gateway:
         self.metrics.turns.inc()
         return last
 
+    def tenant(self, tenant: str) -> TenantSettings:
+        """``[tenants."<tenant>"]``, else ``[tenants."*"]``, else the defaults."""
+        return self.tenants.get(tenant) or self.tenants.get("*") or TenantSettings()
+
     async def _room_in_backlog(self, tenant: str) -> None:
         """Refuse the turn (429 ``backlog_full``) when the tenant has ``max_backlog``
         turns waiting for a loop worker or more; nothing is published then."""
-        limits = self.tenants.get(tenant) or self.tenants.get("*")
-        if limits is None or not limits.max_backlog:
+        limits = self.tenant(tenant)
+        if not limits.max_backlog:
             return
         waiting = await self.backend.turns_waiting(tenant)
         if waiting >= limits.max_backlog:

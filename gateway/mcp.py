@@ -71,7 +71,7 @@ from . import api
 from .auth import Principal
 from .checks import check_id, field_of
 from .core import Gateway
-from .errors import GatewayError, Unavailable, Unprocessable
+from .errors import GatewayError, RateLimited, Unavailable, Unprocessable
 from .fanout import Item
 from .openapi import Operation, Param
 
@@ -222,6 +222,22 @@ class McpEndpoint:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         who = _principal(ctx)
+        slots = self.gateway.slots
+        try:  # the call holds a feed until its turn ends: a slot of the key's
+            slots.acquire(who.key)
+        except RateLimited as exc:
+            raise MCPError(
+                code=types.INVALID_REQUEST, message=exc.message,
+                data={"code": exc.code, "retry_after": exc.retry_after},
+            ) from None  # fmt: skip
+        try:
+            return await self._call(ctx, who, params)
+        finally:
+            slots.release(who.key)
+
+    async def _call(
+        self, ctx: ServerRequestContext[Any], who: Principal, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
         request = ctx.request
         assert isinstance(request, Request)  # the HTTP transports always carry it
         agent = await self._agent(params.name)

@@ -28,7 +28,7 @@ _STATUS_TEXT = {
     413: "body over the size limit",
     421: "a Host header that is not a loopback one (no-auth mode)",
     422: "a value out of bounds or an invalid id: `field` names it",
-    429: "over the key's rate limit (see Retry-After) or its cap on open streams",
+    429: "over the key's rate limit (see Retry-After) or its cap on long-lived calls",
     503: "NATS did not answer in time",
 }
 

@@ -74,7 +74,9 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     rate_per_s: Positive = 20.0
     #: Requests per key in a burst.
     rate_burst: AtLeastOne = 40
-    #: Open SSE streams per key.
+    #: Long-lived calls open per key: SSE event streams, A2A streams, subscriptions and
+    #: sends, MCP tool calls (each until it is answered); past it, 429 (MCP: a JSON-RPC
+    #: error).
     max_streams_per_key: AtLeastOne = 16
     #: Events held for one SSE client; a client that falls further behind is cut.
     stream_buffer: AtLeastOne = 1_000
@@ -88,13 +90,17 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     nats_timeout_s: Positive = 5.0
     #: An MCP tool call (``/mcp``) waits this long for its turn's end.
     mcp_timeout_s: Positive = 900.0
-    #: The base URL A2A agent cards advertise (unset: the URL the card was asked at).
+    #: The base URL A2A agent cards advertise (unset: ``http://`` and the address the
+    #: gateway took the request on, never its ``Host`` header); set it behind a proxy.
     public_url: PublicUrl | None = None
     #: A2A push-notification hosts that may be private (the format of
     #: ``[tool_worker] http_allowlist``).
     push_allowlist: tuple[str, ...] = ()
     #: One A2A push notification's limit.
     push_timeout_s: Positive = 10.0
+    #: A2A push notifications waiting per task while its webhooks are slow; past it, the
+    #: oldest that is not a task's final state is dropped.
+    push_queue: AtLeastOne = 64
     #: An A2A cancel waits this long for the turn to end.
     a2a_cancel_wait_s: Positive = 10.0
     #: An A2A task whose gateway went away is written back from its turn's events

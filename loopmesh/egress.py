@@ -10,8 +10,12 @@ in (a cluster's internal services, the NATS monitoring port, the cloud metadata 
 (``[tool_worker] http_allowlist``, ``[webhooks] allowlist``, ``[gateway]
 push_allowlist``). By default only globally routable
 unicast addresses are reachable: loopback, private, link-local, unique-local, shared
-(CGNAT), multicast, unspecified and reserved addresses are refused, also when they hide
-inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4).
+(CGNAT), multicast, unspecified and reserved addresses are refused, and so are the
+ranges Python's ``ipaddress`` still calls global although no public host may hold them
+(:data:`SPECIAL`: IPv6 site-local ``fec0::/10``, the 6bone's ``3ffe::/16``, IPv6
+documentation ``3fff::/20``, the 6to4 relay anycast ``192.88.99.0/24``), also when they
+hide inside an IPv6 address (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``,
+6to4).
 
 The check is made on the addresses the connection will use: :meth:`Egress.check`
 resolves the host once, refuses the URL if *any* address is refused, and returns the
@@ -50,6 +54,13 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _ULA = ipaddress.IPv6Network("fc00::/7")
+#: Ranges refused by name, that ``ipaddress`` counts as global.
+SPECIAL: tuple[tuple[str, Network], ...] = (
+    ("site-local", ipaddress.IPv6Network("fec0::/10")),  # deprecated (RFC 3879)
+    ("6bone", ipaddress.IPv6Network("3ffe::/16")),  # returned (RFC 3701)
+    ("documentation", ipaddress.IPv6Network("3fff::/20")),  # RFC 9637
+    ("6to4 relay anycast", ipaddress.IPv4Network("192.88.99.0/24")),  # deprecated (RFC 7526)
+)
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
 
 
@@ -74,6 +85,7 @@ def refusal(address: Address) -> str | None:
         ("link-local", address.is_link_local),
         ("multicast", address.is_multicast),
         ("unique-local", isinstance(address, ipaddress.IPv6Address) and address in _ULA),
+        *((name, address in network) for name, network in SPECIAL),
         ("private", address.is_private),
         ("reserved", address.is_reserved),
         ("non-global", not address.is_global),

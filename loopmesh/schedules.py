@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -96,6 +96,60 @@ def check_cron(cron: str, tz: ZoneInfo) -> str:
     return cron
 
 
+#: The day whose ticks :func:`shortest_gap` reads (the time fields tick alike every day).
+_DAY = datetime(2000, 1, 1, tzinfo=UTC)
+#: Days of a cron expression read at most to find two in a row.
+_DAYS_READ = 400
+
+
+def shortest_gap(cron: str, under: float) -> float | None:
+    """The time between two consecutive ticks of ``cron`` (checked) when it can be under
+    ``under`` seconds, else ``None``: the closest two of a day's ticks, and the last of a
+    day and the first of the next when the expression has two days in a row. Measured in
+    wall-clock time: a change of the clocks can bring two ticks closer once."""
+    if under <= 1:
+        return None  # cron's resolution: no two ticks are closer than a second
+    fields = cron.split()
+    days = fields[-3:]
+    every_day = CronSim(" ".join([*fields[:-3], "*", "*", "*"]), _DAY - timedelta(seconds=1))
+    last = None
+    for at in every_day:  # a day's ticks, then the next day's first
+        if last is not None:
+            gap = (at - last).total_seconds()
+            if gap < under and (at.day == last.day or _two_days_in_a_row(days)):
+                return gap
+        if at.day != _DAY.day:
+            break
+        last = at
+    return None
+
+
+def _two_days_in_a_row(days: list[str]) -> bool:
+    """Whether the day fields (day-of-month month day-of-week) match two consecutive days
+    within their first :data:`_DAYS_READ` days from 2000."""
+    last = None
+    for i, at in enumerate(CronSim(" ".join(["0", "0", *days]), _DAY - timedelta(seconds=1))):
+        if last is not None and at - last == timedelta(days=1):
+            return True
+        if i >= _DAYS_READ:
+            break
+        last = at
+    return False
+
+
+def check_interval(cron: str, tenant: str, min_interval_s: float) -> None:
+    """:class:`ScheduleError` (field ``cron``) when ``cron`` (checked) ticks closer than
+    ``min_interval_s``, tenant ``tenant``'s ``min_schedule_interval_s``."""
+    gap = shortest_gap(cron, min_interval_s)
+    if gap is not None:
+        raise ScheduleError(
+            "cron",
+            f"{cron[:80]!r} ticks {gap:g} s apart, more often than tenant {tenant}'s schedules "
+            f'may ([tenants."{tenant}"], or else [tenants."*"], '
+            f"min_schedule_interval_s = {min_interval_s:g})",
+        )
+
+
 def ticks(schedule: Schedule, after: float) -> Iterator[float]:
     """The schedule's ticks after ``after`` (seconds since the epoch), in order."""
     start = datetime.fromtimestamp(after, zone(schedule.timezone))
@@ -128,9 +182,11 @@ def new_schedule(
     policy: str = "skip",
     catch_up_s: float = 3600.0,
     max_input_chars: int = MAX_INPUT_CHARS,
+    min_interval_s: float = 0.0,
     now: float | None = None,
 ) -> Schedule:
-    """A new schedule of ``tenant``, every field checked; :class:`ScheduleError` names
+    """A new schedule of ``tenant``, every field checked (``cron`` ticks at least
+    ``min_interval_s`` apart, :func:`check_interval`); :class:`ScheduleError` names
     the first that is wrong. (That ``agent`` is defined is for the caller to check: it
     reads the agents bucket.)"""
     for field, value in (("id", id), ("agent", agent), ("session", session)):
@@ -139,6 +195,7 @@ def new_schedule(
                 field, f"{value[:80]!r} must be 1-64 characters from A-Z a-z 0-9 _ -"
             )
     check_cron(cron, zone(timezone))
+    check_interval(cron, tenant, min_interval_s)
     if not input.strip():
         raise ScheduleError("input", "must not be empty")
     limit = min(max_input_chars, MAX_INPUT_CHARS)

@@ -129,7 +129,7 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[tenants."<name>"]``: one tenant's share of the fleet; ``[tenants."*"]`` is every
     tenant not named. Read by the loop workers (weight, max_active_turns) and the
-    gateway (max_backlog); set the same in every process."""
+    gateway (max_backlog, min_schedule_interval_s); set the same in every process."""
 
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
@@ -140,6 +140,9 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: Turns of the tenant waiting in the turns stream past which the gateway refuses
     #: another (429 ``backlog_full``; 0: no limit).
     max_backlog: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: The shortest time between two ticks of one of the tenant's schedules, in seconds:
+    #: the gateway refuses a faster cron expression (422; 0: no minimum).
+    min_schedule_interval_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
 
 
 Tenants = dict[str, TenantSettings]

@@ -5,8 +5,8 @@ bucket, so a changed definition shows at once; the card's ``version`` is the
 definition's revision), where it is served (``<base>/a2a/<agent>``, JSON-RPC, protocol
 1.0), what it can do (streaming, push notifications) and, unless the gateway runs
 without keys, how to authenticate: HTTP ``Bearer`` with a gateway API key. Its one
-skill is the agent itself. ``<base>`` is ``[gateway] public_url``, or else the URL the
-card was asked at.
+skill is the agent itself. ``<base>`` is ``[gateway] public_url``, or else the address
+the gateway took the request on (its socket's, never the request's ``Host`` header).
 
 Cards are public, as A2A means them to be (a client reads the card to learn how to
 authenticate); everything else at ``/a2a/<agent>`` needs a key.

@@ -8,7 +8,14 @@ dispatch reads them all. At most :data:`MAX_CONFIGS` per task.
 
 **Delivery** is the SDK's (:class:`~a2a.server.tasks.BasePushNotificationSender`): every
 update of a task that this gateway stores is POSTed to each of its webhooks, with the
-configuration's token (``X-A2A-Notification-Token``) and credentials, best effort. The
+configuration's token (``X-A2A-Notification-Token``) and credentials, best effort, in
+order, one update at a time per task. The task never waits for it: an update goes into
+the task's queue of at most ``[gateway] push_queue`` updates, delivered by a task of its
+own, and a full queue drops its oldest *intermediate* update (a status while the task
+works, an artifact chunk) to make room. A final state (completed, failed, cancelled,
+rejected, input or auth required) is never dropped, so a receiver that falls behind
+misses chunks, never the end; ``GetTask`` reads the whole task. A webhook that does not
+answer within ``push_timeout_s`` holds its task's queue that long. The
 HTTP client connects through :class:`loopmesh.egress.PinnedTransport`: a webhook whose
 host is, or resolves to, a private, loopback, link-local or otherwise non-public address
 is refused unless ``[gateway] push_allowlist`` names it, both when it is registered (an
@@ -26,14 +33,17 @@ expect); this is the minimum the A2A SDK asks for.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 import httpx
 import msgspec
 from a2a.server.context import ServerCallContext
 from a2a.server.tasks import BasePushNotificationSender, PushNotificationConfigStore
-from a2a.types import TaskPushNotificationConfig
+from a2a.server.tasks.push_notification_sender import PushNotificationEvent
+from a2a.types import TaskArtifactUpdateEvent, TaskPushNotificationConfig, TaskState
 from a2a.utils.errors import InvalidParamsError
 from google.protobuf.json_format import MessageToJson, Parse, ParseError
 from nats.js.errors import KeyWrongLastSequenceError
@@ -44,6 +54,9 @@ from schemas import is_token
 
 from ..backend import Backend
 from .caller import caller_of
+from .projection import RUNNING
+
+log = logging.getLogger("loopmesh.gateway.a2a")
 
 MAX_CONFIGS = 16
 #: How long a task's configurations are reused for its deliveries before being read
@@ -175,20 +188,56 @@ def _tenant(context: ServerCallContext) -> str:
 
 class PushSender(BasePushNotificationSender):
     """The SDK's sender, on an HTTP client that only reaches what the egress rule
-    allows; :meth:`check_url` is the same rule for a webhook being registered."""
+    allows, behind a bounded queue per task (``queue`` updates; the module's docstring
+    says what is dropped); :meth:`check_url` is the same rule for a webhook being
+    registered."""
 
     def __init__(
-        self, store: PushConfigStore, *, allowlist: tuple[str, ...], timeout_s: float
+        self,
+        store: PushConfigStore,
+        *,
+        allowlist: tuple[str, ...],
+        timeout_s: float,
+        queue: int = 64,
     ) -> None:
         self.egress = Egress(Allowlist(allowlist, setting="push_allowlist"), setting=SETTING)
         self.timeout_s = timeout_s
+        self.queue = queue
         self.client = httpx.AsyncClient(
             transport=PinnedTransport(self.egress),
             timeout=timeout_s,
             follow_redirects=False,
             trust_env=False,
         )
+        self._waiting: dict[str, deque[PushNotificationEvent]] = {}
+        self._deliveries: set[asyncio.Task[None]] = set()
+        self._closed = False
         super().__init__(self.client, store)
+
+    async def send_notification(self, task_id: str, event: PushNotificationEvent) -> None:
+        """Queue ``event`` for the task's webhooks and return at once."""
+        if self._closed:
+            return
+        copy = type(event)()
+        copy.CopyFrom(event)  # the SDK goes on with its own
+        waiting = self._waiting.get(task_id)
+        if waiting is None:
+            waiting = self._waiting[task_id] = deque()
+            delivery = asyncio.create_task(self._deliver(task_id, waiting), name="a2a-push")
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
+        if len(waiting) >= self.queue and _drop_oldest_intermediate(waiting):
+            log.info("A2A push update dropped: its webhooks are slow task=%s", task_id)
+        waiting.append(copy)
+
+    async def _deliver(self, task_id: str, waiting: deque[PushNotificationEvent]) -> None:
+        """POST the task's updates in order until none waits."""
+        try:
+            while waiting:
+                await super().send_notification(task_id, waiting.popleft())  # never raises
+        finally:
+            if self._waiting.get(task_id) is waiting:
+                del self._waiting[task_id]
 
     async def check_url(self, url: str) -> bool:
         """Whether a webhook may be registered at ``url``; a refusal raises
@@ -217,4 +266,29 @@ class PushSender(BasePushNotificationSender):
         return True
 
     async def aclose(self) -> None:
+        """Stop delivering (what waits is dropped: a gateway that stops delivers nothing
+        more) and close the HTTP client."""
+        self._closed = True
+        deliveries = list(self._deliveries)
+        for delivery in deliveries:
+            delivery.cancel()
+        await asyncio.gather(*deliveries, return_exceptions=True)
         await self.client.aclose()
+
+
+def _drop_oldest_intermediate(waiting: deque[PushNotificationEvent]) -> bool:
+    """Remove the oldest update of ``waiting`` that is not a final state; whether there
+    was one."""
+    for i, event in enumerate(waiting):
+        if not _final(event):
+            del waiting[i]
+            return True
+    return False
+
+
+def _final(event: PushNotificationEvent) -> bool:
+    """Whether ``event`` says the task's turn has ended (or waits for its client)."""
+    if isinstance(event, TaskArtifactUpdateEvent):
+        return False
+    state = event.status.state
+    return state != TaskState.TASK_STATE_UNSPECIFIED and state not in RUNNING

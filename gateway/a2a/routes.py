@@ -15,7 +15,9 @@ path                                      key       what
 Before the SDK sees a request, the gateway does what it does for every request: the API
 key (401 without one: no key, no task), the key's rate limit (429), the agent (404 if
 nobody defined it), the body's size (413 past ``max_body_bytes``) and, for the two
-streaming methods, the key's cap on open streams (429). What the SDK answers after that
+streaming methods and ``SendMessage``, the key's cap on long-lived calls (429,
+``max_streams_per_key``: each holds a slot until it is answered). What the SDK answers
+after that
 is the protocol's: a JSON-RPC result or error (``-32602`` invalid params, ``-32001``
 task not found, ...), or an SSE stream of them.
 """
@@ -50,6 +52,10 @@ from .push import PushConfigStore, PushSender
 
 #: The JSON-RPC methods whose answer is a stream.
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
+#: The methods that hold a slot of the key's ``max_streams_per_key`` while they run: the
+#: streams, and a send, whose answer (unless it asks to return at once) waits for the
+#: turn.
+HOLDING = STREAMING | {"SendMessage"}
 
 
 class _Method(msgspec.Struct):
@@ -76,8 +82,9 @@ class A2A:
         self.slots = slots
         push_store = PushConfigStore(backend)
         self.push = PushSender(
-            push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s
-        )
+            push_store, allowlist=settings.push_allowlist, timeout_s=settings.push_timeout_s,
+            queue=settings.push_queue,
+        )  # fmt: skip
         self.handler = Handler(backend, settings, handler_card(), push_store, self.push, on_turn)
         (route,) = create_jsonrpc_routes(
             self.handler, rpc_url="/a2a/{agent}", context_builder=ContextBuilder()
@@ -99,7 +106,7 @@ class A2A:
 
     async def card(self, request: Request) -> Response:
         agent = await self.agent(request)
-        base = self.settings.public_url or str(request.base_url).rstrip("/")
+        base = self.settings.public_url or listening_at(request)
         card = agent_card(agent, base, keys=not self.settings.no_auth)
         return JSONResponse(MessageToDict(card))
 
@@ -110,8 +117,12 @@ class A2A:
         scope = dict(request.scope)
         scope[SCOPE_KEY] = Caller(who.tenant, who.key, agent.name)
         inner = Request(scope, _replay(body, request))
-        if not _streaming(body):
+        method = _method(body)
+        if method not in HOLDING:
             return await self._dispatch(inner)
+        if method not in STREAMING:  # answered once the turn ends (or asks for input)
+            with self.slots.held(who.key):
+                return await self._dispatch(inner)
         self.slots.acquire(who.key)
         try:
             response = await self._dispatch(inner)
@@ -139,11 +150,21 @@ class A2A:
         ]  # fmt: skip
 
 
-def _streaming(body: bytes) -> bool:
+def listening_at(request: Request) -> str:
+    """The base URL of the address ``request`` arrived at: the gateway's own socket, never
+    the request's ``Host`` or ``X-Forwarded-*`` headers (a shared cache would keep a card
+    whose URL a client chose, and send the next callers' keys there). The gateway serves
+    plain HTTP; behind a proxy, ``[gateway] public_url`` says the address callers use."""
+    host, port = request.scope["server"]  # uvicorn's: the socket's own address
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def _method(body: bytes) -> object:
     try:
-        return _method_of.decode(body).method in STREAMING
+        return _method_of.decode(body).method
     except msgspec.DecodeError:
-        return False  # the SDK answers it with the protocol's parse error
+        return None  # the SDK answers it with the protocol's parse error
 
 
 def _replay(body: bytes, request: Request) -> Callable[[], Any]:

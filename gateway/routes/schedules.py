@@ -42,6 +42,7 @@ class Schedules:
                 agent=body.agent or "default", session=body.session, input=body.input,
                 policy=body.policy, catch_up_s=body.catch_up_s,
                 max_input_chars=g.settings.max_input_chars,
+                min_interval_s=g.tenant(who.tenant).min_schedule_interval_s,
             )  # fmt: skip
         except ScheduleError as exc:
             raise Unprocessable(str(exc), field=exc.field) from None

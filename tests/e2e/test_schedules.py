@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -55,7 +56,7 @@ async def state(nc: Client) -> ScheduleState | None:
 
 
 async def test_a_schedule_fires_once_per_tick_while_a_worker_and_a_gateway_are_killed(
-    nats_server,
+    nats_server, tmp_path: Path
 ) -> None:
     nc = await connect_fast(nats_server.url)
     await provision_short(nc)
@@ -66,7 +67,9 @@ async def test_a_schedule_fires_once_per_tick_while_a_worker_and_a_gateway_are_k
             env = [worker_env(nats_server.url, llm.base_url, name=f"w{i}") for i in range(3)]
             workers = [Proc("-m", "loop_worker", env=e) for e in env]
             command = ("-m", "loopmesh", "gateway", "--nats-url", nats_server.url, "--port", "0")
-            keyed = {"LOOPMESH_GATEWAY__API_KEYS": keys}
+            config = tmp_path / "loopmesh.toml"  # schedules may tick every second
+            config.write_text('[tenants."*"]\nmin_schedule_interval_s = 0\n')
+            keyed = {"LOOPMESH_GATEWAY__API_KEYS": keys, "LOOPMESH_CONFIG": str(config)}
             gateways = [Proc(*command, env=keyed) for _ in range(2)]
             procs += workers + gateways
             for proc in procs:

@@ -138,10 +138,13 @@ def answer(task: Task) -> str:
 
 class Webhook:
     """An HTTP server on loopback that records what is POSTed to it (push
-    notifications): ``async with Webhook() as hook``, then ``hook.url``."""
+    notifications): ``async with Webhook() as hook``, then ``hook.url``. While ``open``
+    is clear it records each POST as it arrives and answers none (a stalled receiver)."""
 
     def __init__(self) -> None:
         self.received: list[tuple[dict[str, str], bytes]] = []
+        self.open = asyncio.Event()
+        self.open.set()
         self._changed = asyncio.Condition()
         self._server: asyncio.Server | None = None
         self.url = ""
@@ -170,6 +173,7 @@ class Webhook:
                 async with self._changed:
                     self.received.append((headers, body))
                     self._changed.notify_all()
+                await self.open.wait()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

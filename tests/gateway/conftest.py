@@ -16,7 +16,7 @@ from nats.aio.client import Client
 from gateway.auth import key_hash
 from gateway.server import GatewayServer
 from gateway.settings import ApiKey, GatewayConfig, GatewaySettings
-from loopmesh.settings import NatsSettings
+from loopmesh.settings import NatsSettings, Tenants
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short
 from schemas import encode
 from schemas.events import ContentDelta
@@ -87,15 +87,16 @@ GatewayFactory = Callable[..., AbstractAsyncContextManager[GatewayServer]]
 @pytest.fixture
 def gateway_at(nats_url: str) -> GatewayFactory:
     """``async with gateway_at(**settings) as gw``: a gateway with the two tenants' keys
-    (unless given other settings) on a free port."""
+    (unless given other settings) on a free port; ``tenants``: its ``[tenants]``."""
 
-    def make(**settings: Any) -> GatewayServer:
+    def make(*, tenants: Tenants | None = None, **settings: Any) -> GatewayServer:
         settings.setdefault("port", 0)
         if not settings.get("no_auth"):
             settings.setdefault("api_keys", KEYS)
         config = GatewayConfig(
             nats=NatsSettings(url=nats_url, reconnect_wait_s=0.05),
             gateway=GatewaySettings(**settings),
+            tenants=tenants or {},
         )
         return GatewayServer(config)
 

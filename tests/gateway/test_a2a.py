@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from a2a.client import A2ACardResolver
 from a2a.client import Client as A2AClient
 from a2a.types import (
     CancelTaskRequest,
@@ -112,6 +113,16 @@ async def test_the_client_resolves_the_default_agents_card_and_a_named_agents(
             card["supportedInterfaces"][0]["url"] == "https://agents.example.com/mesh/a2a/default"
         )
         assert "securitySchemes" not in card  # no keys, none to ask for
+
+
+async def test_a_forged_host_header_never_reaches_the_card(gateway_at: GatewayFactory):
+    forged = {"Host": "evil.example.com", "X-Forwarded-Proto": "https",
+              "X-Forwarded-Host": "evil.example.com"}  # fmt: skip
+    async with gateway_at() as gw, httpx.AsyncClient(headers=forged) as http:
+        card = await A2ACardResolver(http, gw.url).get_agent_card()
+        assert card.supported_interfaces[0].url == f"{gw.url}/a2a/default"
+        card = await A2ACardResolver(http, f"{gw.url}/a2a/default").get_agent_card()
+        assert card.supported_interfaces[0].url == f"{gw.url}/a2a/default"
 
 
 # -- a task is a turn ------------------------------------------------------------------
@@ -429,6 +440,41 @@ async def test_push_notifications_reach_an_allowed_webhook_and_a_private_one_is_
                 ListTaskPushNotificationConfigsRequest(task_id=got.task_id)
             )
             assert list(configs.configs) == []
+
+
+async def test_a_stalled_push_receiver_never_holds_the_task_and_gets_its_end(
+    mesh: Mesh, gateway_at: GatewayFactory
+):
+    assert mesh.fake is not None
+    reply = text(ANSWER, chunk_size=2)
+    mesh.fake.script(reply, reply)  # the first is retracted by the loop's reminder
+    async with Webhook() as hook:
+        hook.open.clear()  # it reads each notification and answers none
+        async with (
+            gateway_at(push_allowlist=("127.0.0.1",), push_timeout_s=600, push_queue=2) as gw,
+            a2a_client(gw.url, ACME_KEY) as client,
+        ):
+            request = message("say it slowly")
+            push = TaskPushNotificationConfig(id="slow", url=hook.url, token="t")
+            request.configuration.CopyFrom(
+                SendMessageConfiguration(task_push_notification_config=push)
+            )
+            got = await follow(client.send_message(request), timeout=30)
+            assert got.state == TaskState.TASK_STATE_COMPLETED  # the stream never waited
+            assert len(got.events) > 4, got.kinds  # more updates than the queue holds
+            assert len(hook.received) <= 1  # the first, unanswered, or not yet there
+            hook.open.set()
+
+            def completed(received: list[tuple[dict[str, str], bytes]]) -> bool:
+                return any(b"TASK_STATE_COMPLETED" in body for _, body in received)
+
+            await hook.wait(completed)
+        # the one in flight, then at most the queue's 2: the oldest updates dropped,
+        # the end kept, once, and last
+        bodies = [body for _, body in hook.received]
+        assert len(bodies) <= 3, bodies
+        assert bodies and b"TASK_STATE_COMPLETED" in bodies[-1]
+        assert sum(b"TASK_STATE_COMPLETED" in body for body in bodies) == 1
 
 
 # -- the JavaScript SDK ------------------------------------------------------------------

@@ -204,7 +204,9 @@ async def test_open_streams_per_key_are_capped_and_a_closed_one_frees_its_slot(g
             assert r.status_code == 429
             assert r.json()["error"] == {
                 "code": "rate_limited",
-                "message": "this key has 2 event streams open, the most allowed; close one first",
+                "message": "this key has 2 streams and calls open (event streams, A2A streams "
+                "and sends, MCP tool calls), the most allowed ([gateway] max_streams_per_key "
+                "= 2); close one first",
             }
             assert r.headers["retry-after"] == "1"
             # another key's streams are counted apart

@@ -6,18 +6,20 @@ loop worker runs here: a run's turn stays in the stream)."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 from nats.aio.client import Client
 
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.agents import apply_agents
-from loopmesh.settings import NatsSettings, SchedulerSettings
+from loopmesh.settings import NatsSettings, SchedulerSettings, TenantSettings
 from loopmesh.testing.durable import SUBJECTS, wait_for
 from schemas import AgentSpec, encode
 from schemas.events import LoopEnd
-from tests.gateway.conftest import ACME_KEY, API_POLL_S, GLOBEX_KEY, KEYS, auth
+from tests.gateway.conftest import ACME_KEY, API_POLL_S, GLOBEX_KEY, KEYS, GatewayFactory, auth
 from tests.gateway.test_api import turns_in_stream
 
 EVERY_SECOND = "* * * * * *"
@@ -41,6 +43,68 @@ async def test_a_bad_field_is_a_422_naming_it(client: httpx.AsyncClient) -> None
     assert r.status_code == 400 and r.json()["error"]["field"] == "policy"
     r = await client.post("/v1/schedules", json={**good, "when": "now"})
     assert r.status_code == 400 and r.json()["error"]["field"] == "when"
+
+
+@pytest.mark.parametrize(
+    ("cron", "gap"),
+    [
+        (EVERY_SECOND, "1 s"),
+        ("*/10 * * * * *", "10 s"),  # an interval written as a step
+        ("0,30 * * * * *", "30 s"),  # and as a list
+        ("0 0,59 * * * *", None),  # :59:00, then the next hour's :00:00: 60 s
+        ("30,59 59 * * * *", "29 s"),  # :59:30 and :59:59 of every hour
+        ("59 59 23 * * *", None),  # once a day
+        ("0 * * * * *", None),  # every minute: the default minimum
+        ("* * * * *", None),  # five fields: every minute too
+    ],
+)
+async def test_a_schedule_firing_more_often_than_the_tenants_minimum_is_a_422_naming_it(
+    client: httpx.AsyncClient, cron: str, gap: str | None
+) -> None:
+    r = await client.post("/v1/schedules", json={"cron": cron, "input": "x"})
+    if gap is None:
+        assert r.status_code == 201, r.text
+        return
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["field"] == "cron"
+    assert f"ticks {gap} apart" in error["message"], error
+    assert "min_schedule_interval_s = 60" in error["message"], error
+    assert '[tenants."acme"]' in error["message"] and '[tenants."*"]' in error["message"]
+    assert (await client.get("/v1/schedules")).json() == {"schedules": []}
+
+
+async def test_the_minimum_between_ticks_is_each_tenants_setting(nats_url: str) -> None:
+    config = GatewayConfig(
+        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=KEYS),
+        scheduler=SchedulerSettings(enabled=False),
+        tenants={
+            "globex": TenantSettings(min_schedule_interval_s=7200),
+            "*": TenantSettings(min_schedule_interval_s=0),
+        },
+    )
+    async with (
+        GatewayServer(config) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as acme,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(GLOBEX_KEY)) as globex,
+    ):
+        r = await acme.post("/v1/schedules", json={"cron": EVERY_SECOND, "input": "x"})
+        assert r.status_code == 201, r.text  # "*": no minimum
+        for cron, status in [
+            ("0 0 */2 * * *", 201),  # every two hours
+            ("0 0 */3 * * 1", 201),
+            ("0 0 0,23 * * *", 422),  # 23:00 to the next day's 00:00: one hour
+            ("0 0 0,23 * * 1", 201),  # on Mondays only: 23:00 to the next Monday
+            ("0 0 0,23 * * 1,2", 422),  # Monday 23:00 to Tuesday 00:00
+            ("0 0 0,23 1,L * *", 422),  # the month's last day, then the next one's first
+            ("0 0 0,23 1 * *", 201),  # the first of the month only
+        ]:
+            r = await globex.post("/v1/schedules", json={"cron": cron, "input": "x"})
+            assert r.status_code == status, (cron, r.text)
+            if status == 422:
+                assert "ticks 3600 s apart" in r.text, r.text
+                assert "min_schedule_interval_s = 7200" in r.text
 
 
 async def test_a_schedule_is_created_listed_read_paused_resumed_and_deleted(
@@ -127,9 +191,21 @@ async def test_a_session_of_another_agent_is_refused(client: httpx.AsyncClient, 
     assert (await client.get("/v1/sessions/s2")).json()["agent"] == "calc"
 
 
+@pytest.fixture
+async def every_second(gateway_at: GatewayFactory) -> AsyncIterator[httpx.AsyncClient]:
+    """Tenant acme's client of a gateway whose tenants' schedules may tick every second."""
+    no_minimum = {"*": TenantSettings(min_schedule_interval_s=0)}
+    async with (
+        gateway_at(tenants=no_minimum) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as client,
+    ):
+        yield client
+
+
 async def test_runs_are_listed_with_what_became_of_them(
-    client: httpx.AsyncClient, nc: Client, nats_url: str
+    every_second: httpx.AsyncClient, nc: Client, nats_url: str
 ):
+    client = every_second
     body = {"id": "often", "cron": EVERY_SECOND, "input": "tick", "session": "s1"}
     r = await client.post("/v1/schedules", json=body)
     assert r.status_code == 201

@@ -116,3 +116,38 @@ async def test_an_agents_webhook_is_not_shown_to_tenants(client: httpx.AsyncClie
     assert r.status_code == 200 and r.json()["webhook"] is None
     listed = {a["name"]: a for a in (await client.get("/v1/agents")).json()["agents"]}
     assert listed["hooked"]["webhook"] is None
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("[fec0::1]", "site-local"),
+        ("[feff:ffff::1]", "site-local"),
+        ("[3ffe:b00::1]", "6bone"),
+        ("[3fff:1::1]", "documentation"),
+        ("192.88.99.1", "6to4 relay anycast"),
+        ("[2002:c058:6301::1]", "6to4 relay anycast"),  # 6to4 of 192.88.99.1
+        ("[::ffff:0:808:808]", "reserved"),  # SIIT's ::ffff:0:0/96
+        ("[100::1]", "private"),  # discard-only
+        ("[2001:db8::1]", "private"),  # documentation, as Python knows it
+    ],
+)
+async def test_deprecated_and_special_addresses_are_refused_without_an_allowlist(
+    nats_url: str, nc: Client, address: str, kind: str
+):
+    config = GatewayConfig(
+        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=KEYS),
+        webhooks=WebhookSettings(allow_http=True),  # no allowlist: public addresses only
+    )
+    async with (
+        GatewayServer(config) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as c,
+    ):
+        r = await post(c, {"url": f"http://{address}/hook"})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["field"] == "webhook.url"
+        assert kind in error["message"]
+    info = await nc.jetstream().stream_info(SUBJECTS.turns_stream)
+    assert info.state.messages == 0  # nothing published
