@@ -49,6 +49,7 @@ from schemas import (
     session_key,
 )
 from schemas.agents import default_agent
+from schemas.events import Event
 from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
 
@@ -158,6 +159,15 @@ class Backend:
             await self._call("read the tenant's backlog", js.stream_info(stream, filter_))
         ).state
         return sum((state.subjects or {}).values())
+
+    async def publish_event(self, event: Event, msg_id: str) -> None:
+        """Store ``event`` in its session's events (deduplicated by ``msg_id``)."""
+        subject = self.subjects.event(event.tenant, event.session, event.type)
+        stream = self.subjects.events_stream_of(event.tenant, event.session)
+        await self._call(
+            f"publish a {event.type} event",
+            self.js.publish(subject, encode(event), stream=stream, headers={"Nats-Msg-Id": msg_id}),
+        )
 
     async def unfinished(self, tenant: str, session: str) -> list[Queued]:
         """The session's turns in the turns stream that have not ended."""

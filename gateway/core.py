@@ -22,6 +22,7 @@ from loopmesh.errors import InvalidWebhook
 from loopmesh.settings import Tenants, TenantSettings
 from loopmesh.webhook import WebhookSettings, check_webhook
 from schemas import DEFAULT_AGENT, SessionSnapshot, Turn
+from schemas.events import TurnQueued
 
 from . import api
 from .a2a import A2A
@@ -135,7 +136,7 @@ class Gateway:
                     f"session {session} is busy with turn {names}; this turn asked "
                     "on_busy=reject (enqueue waits, interrupt stops the running turn)"
                 )
-        await self._room_in_backlog(tenant)
+        ahead = await self._room_in_backlog(tenant)
         await self.backend.create_session(tenant, session, turn.agent or DEFAULT_AGENT)
         _, last = await self.backend.events_bounds(tenant, session)
         with turn_span(request, turn, route):  # continues the caller's traceparent; off: a no-op
@@ -143,25 +144,29 @@ class Gateway:
             if await self.backend.publish_turn(turn, tracing.forward(request.headers)):
                 return 0  # a retry: the turn may have run already; its events from the start
         self.metrics.turns.inc()
+        if ahead:  # it waits behind the tenant's turns no loop worker holds yet: say so
+            queued = TurnQueued(
+                tenant=tenant, session=session, turn_id=turn.id, ts=time.time(), ahead=ahead
+            )
+            await self.backend.publish_event(queued, f"{turn.msg_id}:queued")
         return last
 
     def tenant(self, tenant: str) -> TenantSettings:
         """``[tenants."<tenant>"]``, else ``[tenants."*"]``, else the defaults."""
         return self.tenants.get(tenant) or self.tenants.get("*") or TenantSettings()
 
-    async def _room_in_backlog(self, tenant: str) -> None:
-        """Refuse the turn (429 ``backlog_full``) when the tenant has ``max_backlog``
-        turns waiting for a loop worker or more; nothing is published then."""
+    async def _room_in_backlog(self, tenant: str) -> int:
+        """How many of the tenant's turns wait for a loop worker; refuse the turn (429
+        ``backlog_full``) when they are ``max_backlog`` or more: nothing is published then."""
         limits = self.tenant(tenant)
-        if not limits.max_backlog:
-            return
         waiting = await self.backend.turns_waiting(tenant)
-        if waiting >= limits.max_backlog:
+        if limits.max_backlog and waiting >= limits.max_backlog:
             raise BacklogFull(
                 f"tenant {tenant} has {waiting} turns waiting, its limit "
                 f"([tenants] max_backlog = {limits.max_backlog}); try again once some have run",
                 retry_after=1,
             )
+        return waiting
 
     def turn(self, who: Principal, session: str, turn_id: str, body: api.PostTurn) -> Turn:
         s = self.settings

@@ -56,6 +56,15 @@ class TurnAccepted(Event, tag="turn_accepted", frozen=True, kw_only=True):
     input: str = ""
 
 
+class TurnQueued(Event, tag="turn_queued", frozen=True, kw_only=True):
+    """A turn that waits for a loop worker: the gateway accepted it behind ``ahead`` turns
+    of its tenant that no loop worker holds yet (the tenant is at its ``[tenants]
+    max_active_turns``, or the fleet is busy). Its ``turn_accepted`` follows when a
+    loop worker takes it."""
+
+    ahead: int = 0
+
+
 class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):
     """``agent`` and ``agent_revision``: the named agent whose definition runs the turn,
     and the agents bucket's revision of it (0: the ``default`` agent, not provisioned).
@@ -372,6 +381,7 @@ class RolledBack(Event, tag="rolled_back", frozen=True, kw_only=True):
 
 AnyEvent = (
     TurnAccepted
+    | TurnQueued
     | LoopStart
     | LoopIteration
     | LLMRequest
