@@ -1,0 +1,238 @@
+"""What a partition run records as it happens, and the checks made over it.
+
+:class:`Observer` (one connection of the test, on the host's side of every cut) keeps:
+
+- which turns each loop worker runs (its ``loop_start`` seen, no ``loop_end`` yet), so
+  that a worker is cut in the middle of one;
+- every session snapshot stored, in order (a KV watch of the sessions bucket: it keeps
+  one revision per key, so its history is gone by the end of the run);
+- the rate-limit leader key's every revision (who led, renewed when) and every answer
+  sent to an ask on ``limits.ask`` (the asks and their replies are plain NATS messages,
+  which this connection hears as well).
+
+:func:`zombies` and :func:`two_leaders` judge them. The leader check stands apart from
+the rest: it judges only what the wire shows (an ask answered by two leaders), so it
+holds whatever fencing the leader uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from loopmesh.testing.durable import SUBJECTS, kv_read
+from schemas import SessionSnapshot, decode
+from schemas.events import AnyEvent, Event
+from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A cut the nemesis made: what, whom (a worker's or node's name), from when to
+    when (wall clock), the turns the cut loop worker was running, the calls (ledger
+    labels) the cut tool worker was running."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
+    turns: tuple[tuple[str, str], ...] = ()
+    calls: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        running = f", running {['/'.join(t) for t in self.turns]}" if self.turns else ""
+        if self.calls:
+            running += f", in calls {list(self.calls)}"
+        return f"{self.kind} {self.target} for {self.end - self.start:.2f}s{running}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer to an ask: its reply subject, the ask's id, granted or not."""
+
+    reply: str
+    ask: str
+    granted: bool
+    at: float
+
+
+@dataclass
+class Observer:
+    nc: Client
+    tenant: str
+    snapshots: list[tuple[str, SessionSnapshot | None]] = field(default_factory=list)
+    leader_revisions: list[tuple[int, str, float]] = field(default_factory=list)
+    running_by: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    _asks: dict[str, str] = field(default_factory=dict)  # reply subject -> ask id
+    _replies: list[tuple[str, bytes, float]] = field(default_factory=list)
+    _subs: list[Subscription] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start(self) -> None:
+        nc, js = self.nc, self.nc.jetstream()
+        prefix = SUBJECTS.prefix
+        self._subs = [
+            await nc.subscribe(f"{prefix}.events.{self.tenant}.>", cb=self._on_event),
+            await nc.subscribe(SUBJECTS.limits_ask, cb=self._on_ask),
+            await nc.subscribe("_INBOX.>", cb=self._on_reply),
+        ]
+        sessions = await js.key_value(SUBJECTS.sessions_bucket)
+        limits = await js.key_value(SUBJECTS.limits_bucket)
+        self._tasks = [
+            asyncio.create_task(self._watch(await sessions.watchall(), self._on_snapshot)),
+            asyncio.create_task(self._watch(await limits.watch("leader"), self._on_leader)),
+        ]
+
+    async def close(self) -> None:
+        """Stop listening (idempotent)."""
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs = []
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    @property
+    def answers(self) -> list[Answer]:
+        out = []
+        for reply, data, at in self._replies:
+            ask = self._asks.get(reply)
+            if ask is None:
+                continue
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                out.append(Answer(reply, ask, decode(data, LimitAnswer).granted, at))
+        return out
+
+    async def running(self, worker: str, *, timeout: float) -> tuple[tuple[str, str], ...]:
+        """The turns ``worker`` runs, once it runs one (none after ``timeout``)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not self.running_by.get(worker):
+                    self._changed.clear()
+                    await self._changed.wait()
+        return tuple(sorted(self.running_by.get(worker, ())))
+
+    async def leader(self) -> str:
+        """The owner of the rate-limit leader key now ("" if none)."""
+        data = await kv_read(self.nc, SUBJECTS.limits_bucket, "leader")
+        return decode(data, LeaderRecord).owner if data else ""
+
+    def terms(self) -> str:
+        """The leader key's history as terms: owner, and its first and last revision."""
+        terms: list[list[object]] = []
+        for revision, owner, _ in self.leader_revisions:
+            if terms and terms[-1][0] == owner:
+                terms[-1][2] = revision
+            else:
+                terms.append([owner, revision, revision])
+        return ", ".join(f"{o or '(free)'} r{a}-r{b}" for o, a, b in terms)
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event: Event = decode(msg.data, AnyEvent)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        turn = (event.session, event.turn_id)
+        if event.type == "loop_start":
+            for turns in self.running_by.values():
+                turns.discard(turn)
+            self.running_by.setdefault(getattr(event, "worker", ""), set()).add(turn)
+            self._changed.set()
+        elif event.type == "loop_end":
+            for turns in self.running_by.values():
+                turns.discard(turn)
+
+    async def _on_ask(self, msg: Msg) -> None:
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            if msg.reply:
+                self._asks[msg.reply] = decode(msg.data, LimitAsk).id
+
+    async def _on_reply(self, msg: Msg) -> None:
+        if len(msg.data) < 256:  # a LimitAnswer is short; publish acks and the rest pass
+            self._replies.append((msg.subject, msg.data, time.time()))
+
+    def _on_snapshot(self, key: str, value: bytes | None, revision: int) -> None:
+        snap = None
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            snap = decode(value, SessionSnapshot) if value else None
+        self.snapshots.append((key, snap))
+
+    def _on_leader(self, key: str, value: bytes | None, revision: int) -> None:
+        owner, at = "", 0.0
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            if value:
+                record = decode(value, LeaderRecord)
+                owner, at = record.owner, record.at
+        self.leader_revisions.append((revision, owner, at))
+
+    async def _watch(self, watcher: object, on: object) -> None:
+        async for entry in watcher:  # type: ignore[attr-defined]
+            if entry is not None:  # None marks the end of the initial values
+                on(entry.key, entry.value, entry.revision)  # type: ignore[operator]
+
+
+def zombies(
+    cuts: Sequence[Cut],
+    events: Mapping[str, Sequence[tuple[Event, str]]],
+    snapshots: Sequence[tuple[str, SessionSnapshot | None]],
+) -> list[str]:
+    """Writes for a turn by a worker that no longer held it:
+
+    - an event of a turn that a cut loop worker was running, stored after that turn's
+      ``loop_end`` (the worker came back and wrote for a turn another worker ended);
+    - a session snapshot that goes back: fewer turns than one stored before it, or the
+      turn in progress again after a snapshot that ended it.
+    """
+    found = []
+    for cut in cuts:
+        for session, turn_id in cut.turns:
+            stored = [(e, m) for e, m in events.get(session, ()) if e.turn_id == turn_id]
+            ends = [n for n, (e, _) in enumerate(stored) if e.type == "loop_end"]
+            if ends:
+                after = [f"{e.type} {m}" for e, m in stored[ends[0] + 1 :]]
+                if after:
+                    found.append(
+                        f"{session}/{turn_id} (cut on {cut.target}): {after} after loop_end"
+                    )
+    by_session: dict[str, list[SessionSnapshot]] = defaultdict(list)
+    for key, snap in snapshots:
+        if snap is not None:
+            by_session[key].append(snap)
+    for key, snaps in by_session.items():
+        most, ended = 0, set()
+        for snap in snaps:
+            if snap.turns < most:
+                found.append(f"{key}: snapshot of {snap.turns} turns after one of {most}")
+            if snap.status != "idle" and snap.turn_id in ended:
+                found.append(f"{key}: turn {snap.turn_id} {snap.status} again after it ended")
+            most = max(most, snap.turns)
+            if snap.status == "idle" and snap.turn_id:
+                ended.add(snap.turn_id)
+    return found
+
+
+def two_leaders(answers: Sequence[Answer]) -> list[str]:
+    """Asks answered more than once with a grant among the answers: each leader answers
+    an ask once, so two answers to one request are two leaders serving the same window."""
+    by_reply: dict[str, list[Answer]] = defaultdict(list)
+    for answer in answers:
+        by_reply[answer.reply].append(answer)
+    return [
+        f"ask {a[0].ask} answered {len(a)} times ({['grant' if x.granted else 'wait' for x in a]})"
+        for a in by_reply.values()
+        if len(a) > 1 and any(x.granted for x in a)
+    ]

@@ -1,0 +1,56 @@
+"""The partition run's own checks on records made by hand: a write for a turn after
+it ended, a snapshot that goes back, and an ask answered by two leaders are named; a
+clean record passes."""
+
+from schemas import SessionSnapshot
+
+from .observed import Answer, Cut, two_leaders, zombies
+from .test_checker import turn_events
+
+CUT = Cut("cut_loop_worker", "lw0-1", 1.0, 5.0, turns=(("c0", "t0"),))
+
+
+def snap(turn: str, status: str, turns: int) -> tuple[str, SessionSnapshot]:
+    s = SessionSnapshot(tenant="chaos", session="c0", turn_id=turn, status=status, turns=turns)
+    return ("chaos.c0", s)
+
+
+def test_a_clean_record_has_no_zombie():
+    snaps = [snap("t0", "running", 0), snap("t0", "idle", 1), snap("t1", "running", 1)]
+    assert zombies([CUT], {"c0": turn_events()}, snaps) == []
+
+
+def test_an_event_of_a_cut_turn_stored_after_its_loop_end_is_a_zombie_write():
+    events = turn_events()
+    events.append((events[1][0], "c0.t0:2:loop_iteration:1"))
+    found = zombies([CUT], {"c0": events}, [])
+    assert found == [
+        "c0/t0 (cut on lw0-1): ['loop_iteration c0.t0:2:loop_iteration:1'] after loop_end"
+    ]
+
+
+def test_a_snapshot_that_goes_back_is_a_zombie_write():
+    back = [snap("t0", "idle", 1), snap("t0", "running", 0)]
+    assert zombies([], {}, back) == [
+        "chaos.c0: snapshot of 0 turns after one of 1",
+        "chaos.c0: turn t0 running again after it ended",
+    ]
+
+
+def test_an_ask_answered_by_two_leaders_with_a_grant_is_named():
+    once = [Answer("_INBOX.a.1", "x", True, 1.0), Answer("_INBOX.a.2", "y", False, 1.0)]
+    assert two_leaders(once) == []
+    twice = [*once, Answer("_INBOX.a.1", "x", True, 1.1)]
+    assert two_leaders(twice) == ["ask x answered 2 times (['grant', 'grant'])"]
+
+
+def test_an_effect_run_again_under_its_idempotency_key_is_excused_in_a_partition_run():
+    from .checker import check
+    from .test_checker import TURN, run, snapshot
+
+    again = [run(pid=7, end=10.0) | {"key": "k"}, run(pid=8, end=14.0) | {"key": "k"}]
+    v = check([TURN], {"c0": turn_events()}, again, [], {"c0": snapshot()}, same_key=True)
+    assert v.ok and v.reruns == 1
+    other = [again[0], again[1] | {"key": "k2"}]
+    v = check([TURN], {"c0": turn_events()}, other, [], {"c0": snapshot()}, same_key=True)
+    assert not v.ok and "applied 2 times" in v.duplicates[0]
