@@ -100,7 +100,8 @@ async def run(
                 await asyncio.gather(sending, nemesis())
                 verdict, stored = await judge(nc, workers, accepted, deadline_s, same_key=True)
                 await observer.close()
-                verdict.zombies = zombies(cuts, stored, observer.snapshots)
+                runs = [json.loads(line) for line in ledger.read_text().splitlines() if line]
+                verdict.zombies = zombies(cuts, stored, observer.snapshots, accepted, runs)
                 answers = observer.answers
                 verdict.leaders = two_leaders(answers)
                 outcome.observed = {
@@ -148,6 +149,8 @@ async def _apply(
         turns: tuple[tuple[str, str], ...] = ()
         if kind == "cut_loop_worker":  # in the middle of a turn
             turns = await observer.running(name, timeout=10.0)
+        else:  # the leader is a loop worker: its turns are watched as well
+            turns = await observer.running(name, timeout=0.0)
         member = slots[f"lw{i}"]
         start = time.time()
         net.isolate(member)

@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -30,9 +31,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from loopmesh.testing.durable import SUBJECTS, kv_read
-from schemas import SessionSnapshot, decode
-from schemas.events import AnyEvent, Event
+from schemas import DecodeError, SessionSnapshot, decode
+from schemas.events import Event, decode_event
 from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk
+
+from .checker import Accepted
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,8 @@ class Observer:
 
     async def _on_event(self, msg: Msg) -> None:
         try:
-            event: Event = decode(msg.data, AnyEvent)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            event = decode_event(msg.data)
+        except DecodeError:
             return
         turn = (event.session, event.turn_id)
         if event.type == "loop_start":
@@ -189,15 +192,34 @@ def zombies(
     cuts: Sequence[Cut],
     events: Mapping[str, Sequence[tuple[Event, str]]],
     snapshots: Sequence[tuple[str, SessionSnapshot | None]],
+    accepted: Sequence[Accepted] = (),
+    ledger: Iterable[Mapping[str, Any]] = (),
 ) -> list[str]:
     """Writes for a turn by a worker that no longer held it:
 
     - an event of a turn that a cut loop worker was running, stored after that turn's
       ``loop_end`` (the worker came back and wrote for a turn another worker ended);
     - a session snapshot that goes back: fewer turns than one stored before it, or the
-      turn in progress again after a snapshot that ended it.
+      turn in progress again after a snapshot that ended it;
+    - a tool call that started after its turn's ``loop_end`` was emitted (a request
+      sent again for a turn that had ended; one machine, one clock).
     """
     found = []
+    ended = {
+        (e.session, e.turn_id): e.ts
+        for stored in events.values()
+        for e, _ in stored
+        if e.type == "loop_end"
+    }
+    turn_of = {a.label: (a.session, a.turn_id) for a in accepted}
+    for run in ledger:
+        turn = turn_of.get(str(run["label"]))
+        end = ended.get(turn) if turn is not None else None
+        if end is not None and float(run["start"]) > end:
+            found.append(
+                f"{run['label']}: a call started {float(run['start']) - end:.3f}s after its "
+                f"turn's loop_end (pid {run['pid']})"
+            )
     for cut in cuts:
         for session, turn_id in cut.turns:
             stored = [(e, m) for e, m in events.get(session, ()) if e.turn_id == turn_id]

@@ -2,8 +2,11 @@
 it ended, a snapshot that goes back, and an ask answered by two leaders are named; a
 clean record passes."""
 
+import msgspec
+
 from schemas import SessionSnapshot
 
+from .checker import Accepted
 from .observed import Answer, Cut, two_leaders, zombies
 from .test_checker import turn_events
 
@@ -26,6 +29,20 @@ def test_an_event_of_a_cut_turn_stored_after_its_loop_end_is_a_zombie_write():
     found = zombies([CUT], {"c0": events}, [])
     assert found == [
         "c0/t0 (cut on lw0-1): ['loop_iteration c0.t0:2:loop_iteration:1'] after loop_end"
+    ]
+
+
+def test_a_call_started_after_its_turns_loop_end_is_a_zombie_write():
+    events = turn_events()
+    end = events[-1][0]
+    assert end.type == "loop_end"
+    events[-1] = (msgspec.structs.replace(end, ts=10.0), events[-1][1])
+    turn = Accepted("c0", "t0", "c0-t0")
+    before = {"label": "c0-t0", "pid": 7, "start": 9.0, "end": 9.5}
+    assert zombies([], {"c0": events}, [], [turn], [before]) == []
+    after = before | {"start": 10.5, "end": 11.0}
+    assert zombies([], {"c0": events}, [], [turn], [after]) == [
+        "c0-t0: a call started 0.500s after its turn's loop_end (pid 7)"
     ]
 
 
