@@ -6,7 +6,9 @@ NATS node and every worker in a network namespace of its own on one switch
 of them leads the limiter. The nemesis (:func:`.nemesis.cut_schedule`) applies one
 of each cut, then heals it:
 
-- ``cut_node``: a node cut from the other two (clients still reach it);
+- ``cut_node``: a node cut from the other two (clients still reach it): the one the
+  rate-limit leader is connected to, whose renewals must then cross the cut while the
+  asks of that node's other clients still reach it;
 - ``cut_loop_worker``: a loop worker cut from everyone while it runs a turn, longer than
   its lease TTL and AckWait, so that the other worker takes the turn over;
 - ``cut_tool_worker``: a tool worker cut from everyone during a call;
@@ -27,6 +29,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
+from loopmesh.cluster import ClusterNode
 from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
@@ -130,15 +135,19 @@ async def _apply(
     observer: Observer,
 ) -> Cut:
     kind, i, hold = action.kind, action.target, action.hold
-    if kind == "cut_node":
-        node = cluster.nodes[i]
+    if kind == "cut_node":  # the leader's, if it leads: its asks still reach it
+        owner = await observer.leader()
+        k = next((k for k in range(2) if _name(workers, k) == owner), None)
+        found = await _node_of(cluster, slots[f"lw{k}"].address) if k is not None else None
+        node = found or cluster.nodes[i]
         member = cluster.members[node.name]
         others = [cluster.members[n.name] for n in cluster.nodes if n is not node]
         start = time.time()
         net.cut(member, others)
         await asyncio.sleep(hold)
         net.heal(member)
-        cut = Cut(kind, node.name, start, time.time())
+        target = f"{node.name} (the limiter leader's)" if found else node.name
+        cut = Cut(kind, target, start, time.time())
         await cluster.wait_ready()
         return cut
     if kind == "cut_loop_worker" or kind == "cut_limiter_leader":
@@ -168,6 +177,19 @@ async def _apply(
     await asyncio.sleep(hold)
     net.heal(member)
     return Cut(kind, f"tool worker #{i} (pid {pid})", start, time.time(), calls=calls)
+
+
+async def _node_of(cluster: PartitionedCluster, address: str) -> ClusterNode | None:
+    """The node a client at ``address`` is connected to (None: none, or no answer)."""
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        for node in cluster.nodes:
+            try:
+                connz = (await http.get(f"{node.monitor_url}/connz")).json()
+            except (httpx.HTTPError, ValueError):
+                continue
+            if any(c.get("ip") == address for c in connz.get("connections") or ()):
+                return node
+    return None
 
 
 def _name(workers: Workers, i: int) -> str:

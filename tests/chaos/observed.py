@@ -197,20 +197,29 @@ def zombies(
 ) -> list[str]:
     """Writes for a turn by a worker that no longer held it:
 
-    - an event of a turn that a cut loop worker was running, stored after that turn's
-      ``loop_end`` (the worker came back and wrote for a turn another worker ended);
+    - an event stored after its turn's ``loop_end``: nobody holds a turn that ended (in
+      a run without paused nodes, which forward what they held when they resume, only
+      a worker that lost the turn writes one; its ``loop_start`` names it);
     - a session snapshot that goes back: fewer turns than one stored before it, or the
       turn in progress again after a snapshot that ended it;
     - a tool call that started after its turn's ``loop_end`` was emitted (a request
       sent again for a turn that had ended; one machine, one clock).
     """
     found = []
-    ended = {
-        (e.session, e.turn_id): e.ts
-        for stored in events.values()
-        for e, _ in stored
-        if e.type == "loop_end"
-    }
+    ended: dict[tuple[str, str], float] = {}
+    for session, stored in events.items():
+        for n, (event, _) in enumerate(stored):
+            turn = (session, event.turn_id)
+            if event.type == "loop_end" and turn not in ended:
+                ended[turn] = event.ts
+                after = [
+                    f"{e.type} {m}" + (f" by {w}" if (w := getattr(e, "worker", "")) else "")
+                    for e, m in stored[n + 1 :]
+                    if e.turn_id == event.turn_id
+                ]
+                if after:
+                    found.append(f"{session}/{event.turn_id}{_cut_on(turn, cuts)}: {after} "
+                                 "stored after its loop_end")  # fmt: skip
     turn_of = {a.label: (a.session, a.turn_id) for a in accepted}
     for run in ledger:
         turn = turn_of.get(str(run["label"]))
@@ -220,16 +229,6 @@ def zombies(
                 f"{run['label']}: a call started {float(run['start']) - end:.3f}s after its "
                 f"turn's loop_end (pid {run['pid']})"
             )
-    for cut in cuts:
-        for session, turn_id in cut.turns:
-            stored = [(e, m) for e, m in events.get(session, ()) if e.turn_id == turn_id]
-            ends = [n for n, (e, _) in enumerate(stored) if e.type == "loop_end"]
-            if ends:
-                after = [f"{e.type} {m}" for e, m in stored[ends[0] + 1 :]]
-                if after:
-                    found.append(
-                        f"{session}/{turn_id} (cut on {cut.target}): {after} after loop_end"
-                    )
     by_session: dict[str, list[SessionSnapshot]] = defaultdict(list)
     for key, snap in snapshots:
         if snap is not None:
@@ -245,6 +244,12 @@ def zombies(
             if snap.status == "idle" and snap.turn_id:
                 ended.add(snap.turn_id)
     return found
+
+
+def _cut_on(turn: tuple[str, str], cuts: Sequence[Cut]) -> str:
+    """`` (running on <worker> when it was cut)``, if a cut worker was running it."""
+    on = [c.target for c in cuts if turn in c.turns]
+    return f" (running on {', '.join(on)} when it was cut)" if on else ""
 
 
 def two_leaders(answers: Sequence[Answer]) -> list[str]:

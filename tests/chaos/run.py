@@ -358,6 +358,7 @@ def _trail(verdict: Verdict, stored: dict[str, list[tuple[Event, str]]]) -> str:
             worker = getattr(event, "worker", "")
             said = getattr(event, "message", "") if event.type in ("tool_error", "error") else ""
             lines.append(
-                f"    {event.turn_id} {event.iteration} {event.type} {msg_id} {worker} {said}"
+                f"    {event.ts:.3f} {event.turn_id} {event.iteration} {event.type} {msg_id} "
+                f"{worker} {said}"
             )
     return "\n".join(lines)

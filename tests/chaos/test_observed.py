@@ -23,12 +23,16 @@ def test_a_clean_record_has_no_zombie():
     assert zombies([CUT], {"c0": turn_events()}, snaps) == []
 
 
-def test_an_event_of_a_cut_turn_stored_after_its_loop_end_is_a_zombie_write():
+def test_an_event_stored_after_its_turns_loop_end_is_a_zombie_write():
     events = turn_events()
-    events.append((events[1][0], "c0.t0:2:loop_iteration:1"))
-    found = zombies([CUT], {"c0": events}, [])
-    assert found == [
-        "c0/t0 (cut on lw0-1): ['loop_iteration c0.t0:2:loop_iteration:1'] after loop_end"
+    start = msgspec.structs.replace(events[0][0], worker="lw0-1")
+    events.append((start, "c0.t0:loop_start:r2"))
+    assert zombies([], {"c0": events}, []) == [
+        "c0/t0: ['loop_start c0.t0:loop_start:r2 by lw0-1'] stored after its loop_end"
+    ]
+    assert zombies([CUT], {"c0": events}, []) == [
+        "c0/t0 (running on lw0-1 when it was cut): ['loop_start c0.t0:loop_start:r2 by "
+        "lw0-1'] stored after its loop_end"
     ]
 
 
