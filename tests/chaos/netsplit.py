@@ -80,7 +80,7 @@ async def run(
                 cluster.url, llm.base_url, ledger,
                 launchers={k: m.launcher for k, m in slots.items()}, loop_env=loop_env,
             )  # fmt: skip
-            observer = Observer(nc, TENANT)
+            observer = Observer(nc, TENANT, cluster.urls)
             cuts: list[Cut] = []
             try:
                 await provision(nc, cluster)
@@ -108,11 +108,12 @@ async def run(
                 runs = [json.loads(line) for line in ledger.read_text().splitlines() if line]
                 verdict.zombies = zombies(cuts, stored, observer.snapshots, accepted, runs)
                 answers = observer.answers
-                verdict.leaders = two_leaders(answers)
+                verdict.leaders = two_leaders(answers, observer.takeovers)
                 outcome.observed = {
                     "snapshots": len(observer.snapshots),
                     "answers": len(answers),
                     "grants": sum(a.granted for a in answers),
+                    "asks answered twice": len(answers) - len({a.reply for a in answers}),
                     "leader terms": observer.terms(),
                 }
                 outcome.verdict = verdict

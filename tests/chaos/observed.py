@@ -8,21 +8,27 @@
   one revision per key, so its history is gone by the end of the run);
 - the rate-limit leader key's every revision (who led, renewed when) and every answer
   sent to an ask on ``limits.ask`` (the asks and their replies are plain NATS messages,
-  which this connection hears as well).
+  which any connection hears). The answers are heard on one connection per node, each
+  pinned to its node: an answer reaches the connection on its publisher's node at once,
+  even while that node is cut from the others, so its earliest arrival is when it was
+  sent (or, from a worker cut from everyone, when it got out).
 
 :func:`zombies` and :func:`two_leaders` judge them. The leader check stands apart from
-the rest: it judges only what the wire shows (an ask answered by two leaders), so it
-holds whatever fencing the leader uses.
+the rest, so that it can follow the leader's fencing: today it judges what the wire
+shows (both leaders subscribe to every ask; one answers an ask once), against the terms
+the leader key's history gives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -30,7 +36,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from loopmesh.testing.durable import SUBJECTS, kv_read
+from loopmesh.testing.durable import SUBJECTS, connect_fast, kv_read
 from schemas import DecodeError, SessionSnapshot, decode
 from schemas.events import Event, decode_event
 from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk
@@ -72,11 +78,14 @@ class Answer:
 class Observer:
     nc: Client
     tenant: str
+    node_urls: Sequence[str] = ()  # a connection each hears the limiter's asks and answers
     snapshots: list[tuple[str, SessionSnapshot | None]] = field(default_factory=list)
     leader_revisions: list[tuple[int, str, float]] = field(default_factory=list)
     running_by: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     _asks: dict[str, str] = field(default_factory=dict)  # reply subject -> ask id
-    _replies: list[tuple[str, bytes, float]] = field(default_factory=list)
+    #: per node connection: reply subject -> arrivals (time, payload)
+    _replies: list[dict[str, list[tuple[float, bytes]]]] = field(default_factory=list)
+    _pinned: list[Client] = field(default_factory=list)
     _subs: list[Subscription] = field(default_factory=list)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -84,11 +93,17 @@ class Observer:
     async def start(self) -> None:
         nc, js = self.nc, self.nc.jetstream()
         prefix = SUBJECTS.prefix
-        self._subs = [
-            await nc.subscribe(f"{prefix}.events.{self.tenant}.>", cb=self._on_event),
-            await nc.subscribe(SUBJECTS.limits_ask, cb=self._on_ask),
-            await nc.subscribe("_INBOX.>", cb=self._on_reply),
-        ]
+        self._subs = [await nc.subscribe(f"{prefix}.events.{self.tenant}.>", cb=self._on_event)]
+        for url in self.node_urls or [""]:
+            pinned = await connect_fast(url, name="chaos observer") if url else nc
+            if url:
+                self._pinned.append(pinned)
+            heard: dict[str, list[tuple[float, bytes]]] = defaultdict(list)
+            self._replies.append(heard)
+            self._subs += [
+                await pinned.subscribe(SUBJECTS.limits_ask, cb=self._on_ask),
+                await pinned.subscribe("_INBOX.>", cb=partial(self._on_reply, heard)),
+            ]
         sessions = await js.key_value(SUBJECTS.sessions_bucket)
         limits = await js.key_value(SUBJECTS.limits_bucket)
         self._tasks = [
@@ -108,16 +123,33 @@ class Observer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        for pinned in self._pinned:
+            await pinned.close()
+        self._pinned = []
 
     @property
     def answers(self) -> list[Answer]:
+        """Every answer to an ask: as many as the connection that heard the most heard,
+        the n-th at its earliest n-th arrival."""
         out = []
-        for reply, data, at in self._replies:
+        for reply in {r for heard in self._replies for r in heard}:
             ask = self._asks.get(reply)
             if ask is None:
                 continue
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                out.append(Answer(reply, ask, decode(data, LimitAnswer).granted, at))
+            heard = [h[reply] for h in self._replies if reply in h]
+            for n in range(max(len(h) for h in heard)):
+                at, data = min(h[n] for h in heard if len(h) > n)
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    out.append(Answer(reply, ask, decode(data, LimitAnswer).granted, at))
+        return out
+
+    @property
+    def takeovers(self) -> list[tuple[float, str]]:
+        """When each leader term began (its leader's clock as it took the key) and whose."""
+        out: list[tuple[float, str]] = []
+        for _, owner, at in self.leader_revisions:
+            if owner and (not out or out[-1][1] != owner):
+                out.append((at, owner))
         return out
 
     async def running(self, worker: str, *, timeout: float) -> tuple[tuple[str, str], ...]:
@@ -164,9 +196,9 @@ class Observer:
             if msg.reply:
                 self._asks[msg.reply] = decode(msg.data, LimitAsk).id
 
-    async def _on_reply(self, msg: Msg) -> None:
+    async def _on_reply(self, heard: dict[str, list[tuple[float, bytes]]], msg: Msg) -> None:
         if len(msg.data) < 256:  # a LimitAnswer is short; publish acks and the rest pass
-            self._replies.append((msg.subject, msg.data, time.time()))
+            heard[msg.subject].append((time.time(), msg.data))
 
     def _on_snapshot(self, key: str, value: bytes | None, revision: int) -> None:
         snap = None
@@ -252,14 +284,27 @@ def _cut_on(turn: tuple[str, str], cuts: Sequence[Cut]) -> str:
     return f" (running on {', '.join(on)} when it was cut)" if on else ""
 
 
-def two_leaders(answers: Sequence[Answer]) -> list[str]:
-    """Asks answered more than once with a grant among the answers: each leader answers
-    an ask once, so two answers to one request are two leaders serving the same window."""
+def two_leaders(answers: Sequence[Answer], takeovers: Sequence[tuple[float, str]]) -> list[str]:
+    """Asks granted by two leaders within one leader term. Both leaders hear every ask,
+    and a leader answers an ask once, so two answers to one request came from two
+    leaders. A second answer in a later term is not two leaders at once: an ask held in
+    a cut node's socket reaches the next leader after the heal, when its asker has gone
+    on with the first leader's grant. ``takeovers``: when each term began."""
     by_reply: dict[str, list[Answer]] = defaultdict(list)
     for answer in answers:
         by_reply[answer.reply].append(answer)
-    return [
-        f"ask {a[0].ask} answered {len(a)} times ({['grant' if x.granted else 'wait' for x in a]})"
-        for a in by_reply.values()
-        if len(a) > 1 and any(x.granted for x in a)
-    ]
+    found = []
+    for heard in by_reply.values():
+        heard.sort(key=lambda a: a.at)
+        for first, second in itertools.pairwise(heard):
+            if not (first.granted or second.granted):
+                continue
+            if any(first.at < at <= second.at for at, _ in takeovers):
+                continue  # a term began between them
+            term = max((t for t in takeovers if t[0] <= first.at), default=(0.0, "?"))
+            found.append(
+                f"ask {first.ask} answered twice {second.at - first.at:.3f}s apart in the "
+                f"term of {term[1]} ({'grant' if first.granted else 'wait'}, "
+                f"{'grant' if second.granted else 'wait'})"
+            )
+    return found

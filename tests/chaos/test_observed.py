@@ -58,11 +58,16 @@ def test_a_snapshot_that_goes_back_is_a_zombie_write():
     ]
 
 
-def test_an_ask_answered_by_two_leaders_with_a_grant_is_named():
+def test_an_ask_granted_twice_within_one_leader_term_is_named():
+    terms = [(0.0, "lw0-1"), (5.0, "lw1-2")]
     once = [Answer("_INBOX.a.1", "x", True, 1.0), Answer("_INBOX.a.2", "y", False, 1.0)]
-    assert two_leaders(once) == []
-    twice = [*once, Answer("_INBOX.a.1", "x", True, 1.1)]
-    assert two_leaders(twice) == ["ask x answered 2 times (['grant', 'grant'])"]
+    assert two_leaders(once, terms) == []
+    twice = [*once, Answer("_INBOX.a.1", "x", True, 1.25)]
+    assert two_leaders(twice, terms) == [
+        "ask x answered twice 0.250s apart in the term of lw0-1 (grant, grant)"
+    ]
+    across = [*once, Answer("_INBOX.a.1", "x", True, 6.0)]  # held in a cut node's socket
+    assert two_leaders(across, terms) == []
 
 
 def test_an_effect_run_again_under_its_idempotency_key_is_excused_in_a_partition_run():
