@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
+from loopmesh.testing import netns
 from loopmesh.testing.netns import IP, Switch, unavailable
 
-pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"{unavailable()}")
+WHY = unavailable()
 
 PORT = 9000
 
@@ -27,6 +28,16 @@ def namespaces() -> str:
     return subprocess.run([IP, "netns", "list"], capture_output=True, text=True).stdout
 
 
+def test_a_machine_without_root_or_ip_is_told_why(monkeypatch):
+    monkeypatch.setattr(netns.sys, "platform", "linux")
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert unavailable() == "network namespaces need root (ip netns add)"
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns, "IP", "/nonexistent/ip")
+    assert unavailable() == "/nonexistent/ip not found (Debian's iproute2)"
+
+
+@pytest.mark.skipif(bool(WHY), reason=f"no network namespaces here: {WHY}")
 def test_cuts_isolations_and_heals_on_the_switch():
     with Switch() as net:
         a, b, c = net.member("a"), net.member("b"), net.member("c")
