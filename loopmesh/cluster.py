@@ -151,9 +151,7 @@ class NatsCluster:
         """Start every node but those named in ``down`` (a node yet to join: start it
         with ``node.start()``); return once the cluster is ready."""
         for attempt in range(1, _START_ATTEMPTS + 1):
-            ports = free_ports(3 * len(self.nodes), self.nodes[0].host)
-            for i, node in enumerate(self.nodes):
-                node.port, node.monitor_port, node.route_port = ports[3 * i : 3 * i + 3]
+            self.assign_ports()
             try:
                 await asyncio.gather(*(n.start() for n in self.nodes if n.name not in down))
                 await self.wait_ready()
@@ -167,6 +165,13 @@ class NatsCluster:
             except BaseException:
                 await self.stop()
                 raise
+
+    def assign_ports(self) -> None:
+        """Give each node its client, monitor and route ports: free ones, drawn again at
+        each attempt to start."""
+        ports = free_ports(3 * len(self.nodes), self.nodes[0].host)
+        for i, node in enumerate(self.nodes):
+            node.port, node.monitor_port, node.route_port = ports[3 * i : 3 * i + 3]
 
     async def wait_placeable(self, replicas: int = 0, timeout: float = _PLACEMENT_S) -> None:
         """Until the meta leader places a stream of ``replicas`` (default: every node): a

@@ -92,6 +92,9 @@ class NatsServer:
         self.tls = tls
         self.start_timeout = start_timeout
         self.log_file = self.store_dir / "nats-server.log"
+        #: A command prefix the server runs under (``ip netns exec <ns>``, in a test of
+        #: network partitions); it must exec the server, so that :attr:`pid` is its.
+        self.launcher: tuple[str, ...] = ()
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -118,6 +121,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.log_file.write_bytes(b"")
         args = [
+            *self.launcher,
             binary, "-js", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
             "-sd", str(self.store_dir), "-l", str(self.log_file),
             *(self.tls.args() if self.tls else ()), *self.extra_args,

@@ -49,7 +49,7 @@ async def skip_without_msg_ttl(url: str) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--chaos", action="store_true",
-        help="also run seeds 2 and 3 of the chaos run (tests/chaos; seed 1 always runs)",
+        help="also seeds 2 and 3 of the chaos and partition runs (tests/chaos; seed 1 always)",
     )  # fmt: skip
 
 

@@ -7,5 +7,10 @@ recorded) are apart, so the checker serves a longer soak run too.
 
     python -m tests.chaos --seeds 3          # three seeds; a failure prints its seed
     python -m tests.chaos --seed 1234        # replay one
-    pytest tests/chaos                       # CI: seed 1 (with --chaos also 2 and 3)
+    python -m tests.chaos --netsplit --seeds 3   # network partitions instead (root)
+    pytest tests/chaos                       # CI: seed 1 of each (with --chaos also 2 and 3)
+
+:mod:`.netsplit` is the same workload with every node and worker in a network
+namespace of its own, and a nemesis that cuts links instead of killing processes
+(:mod:`loopmesh.testing.netns`).
 """

@@ -18,6 +18,12 @@ killed and when, and the final session snapshots, and says what went wrong:
   turn over and ended it (docs/ARCHITECTURE.md, "On a cluster");
 - **checkpoints**: a session whose last snapshot is not idle at its last turn, with
   every turn counted and nothing pending.
+
+A partition run (:mod:`.netsplit`, ``same_key=True``) excuses an effect applied again
+under the call's idempotency key (a tool worker cut off during a call finishes it
+unheard, and the call runs again elsewhere), and adds what :mod:`.observed` finds:
+**zombies** (writes for a turn by a worker that no longer held it) and **leaders** (two
+rate-limit leaders answering the same ask).
 """
 
 from __future__ import annotations
@@ -63,22 +69,28 @@ class Verdict:
     reruns: int = 0  # executions excused: in flight at a tool-worker kill
     late: list[str] = field(default_factory=list)
     crashes: list[str] = field(default_factory=list)  # workers that died unkilled (the run's)
+    zombies: list[str] = field(default_factory=list)  # a partition run's
+    leaders: list[str] = field(default_factory=list)  # a partition run's
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicates or self.gaps or self.checkpoints or self.crashes)
+        return not self.problems()
 
     def summary(self) -> str:
         return (
             f"turns {self.turns}, ended {self.ended}, lost {len(self.lost)}, "
             f"duplicates {len(self.duplicates)}, gaps {len(self.gaps)}, "
             f"checkpoint mismatches {len(self.checkpoints)}, crashes {len(self.crashes)}, "
-            f"reruns in flight at a tool-worker kill {self.reruns}, "
-            f"late events after a loop_end {len(self.late)}"
+            f"reruns excused {self.reruns}, "
+            f"late events after a loop_end {len(self.late)}, zombie writes "
+            f"{len(self.zombies)}, asks answered by two leaders {len(self.leaders)}"
         )
 
     def problems(self) -> list[str]:
-        return [*self.lost, *self.duplicates, *self.gaps, *self.checkpoints, *self.crashes]
+        return [
+            *self.lost, *self.duplicates, *self.gaps, *self.checkpoints, *self.crashes,
+            *self.zombies, *self.leaders,
+        ]  # fmt: skip
 
 
 def check(
@@ -87,6 +99,8 @@ def check(
     ledger: Iterable[Mapping[str, Any]],
     kills: Iterable[Kill],
     snapshots: Mapping[str, SessionSnapshot | None],
+    *,
+    same_key: bool = False,
 ) -> Verdict:
     """The verdict over one run (see the module's docstring)."""
     v = Verdict(turns=len(accepted))
@@ -124,6 +138,8 @@ def check(
         if completed and not done:
             v.gaps.append(f"{turn.session}/{turn.turn_id}: call completed, effect never seen")
         excused = [r for r in done[:-1] if _in_flight_at_kill(r, killed)]
+        if same_key and len({r.get("key") for r in done}) == 1:
+            excused = done[:-1]  # run again under one idempotency key
         v.reruns += len(excused)
         if len(done) - len(excused) > 1:
             pids = [r["pid"] for r in done]

@@ -52,3 +52,25 @@ def schedule(seed: int, *, lease_ttl_s: float, span_s: float) -> list[Action]:
         target = rng.randrange(3 if kind.endswith("node") else 2)
         actions.append(Action(round(at, 2), kind, target, round(hold, 2)))
     return actions
+
+
+#: A partition run's faults, one of each (:mod:`.netsplit`): a node cut from the
+#: other two; a loop worker, a tool worker and the rate-limit leader cut from everyone.
+CUTS = ("cut_node", "cut_loop_worker", "cut_tool_worker", "cut_limiter_leader")
+
+
+def cut_schedule(seed: int, *, longest_ttl_s: float, span_s: float) -> list[Action]:
+    """The cuts of a partition run, in order. Each lasts longer than ``longest_ttl_s``
+    (the lease TTL, AckWait, the limiter leader's TTL: the one that applies must lapse)
+    and ends before the next starts."""
+    rng = random.Random(seed)
+    kinds = list(CUTS)
+    rng.shuffle(kinds)
+    step = span_s / len(kinds)
+    actions = []
+    for n, kind in enumerate(kinds):
+        hold = longest_ttl_s + rng.uniform(0.5, 1.5)
+        at = 1.0 + n * step + rng.uniform(0.0, max(0.0, step - hold - 1.0))
+        target = rng.randrange(3 if kind == "cut_node" else 2)
+        actions.append(Action(round(at, 2), kind, target, round(hold, 2)))
+    return actions

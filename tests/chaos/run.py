@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class Outcome:
     elapsed_s: float = 0.0
     logs: str = ""
     trail: str = ""  # the stored events of the sessions with a problem
+    observed: dict[str, object] = field(default_factory=dict)  # a partition run's counts
 
     def report(self) -> str:
         lines = [
@@ -58,6 +60,7 @@ class Outcome:
             f"in {self.elapsed_s:.0f}s",
             f"  {self.verdict.summary()}",
             *(f"  nemesis {d}" for d in self.done),
+            *(f"  observed {k}: {v}" for k, v in self.observed.items()),
             *(f"  problem: {p}" for p in self.verdict.problems()[:40]),
             *(f"  late: {p}" for p in self.verdict.late[:10]),
         ]
@@ -66,11 +69,22 @@ class Outcome:
         return "\n".join(lines)
 
 
-class _Workers:
+class Workers:
     """The loop and tool workers, each slot restartable."""
 
-    def __init__(self, url: str, llm_url: str, ledger: Path) -> None:
+    def __init__(
+        self,
+        url: str,
+        llm_url: str,
+        ledger: Path,
+        launchers: dict[str, tuple[str, ...]] | None = None,
+        loop_env: dict[str, str] | None = None,
+    ) -> None:
         self.url, self.llm_url, self.ledger = url, llm_url, ledger
+        #: A command prefix per slot (``lw0``, ``tw1``...): its worker runs under it
+        #: (``ip netns exec``, in a partition run).
+        self.launchers = launchers or {}
+        self.loop_env = loop_env or {}
         self.loop: list[Proc | None] = [None, None]
         self.tool: list[Proc | None] = [None, None]
         self.generation = 0
@@ -94,14 +108,14 @@ class _Workers:
         env = worker_env(
             self.url, self.llm_url, name=f"lw{i}-{self.generation}", replicas=3,
             lease_ttl_s=LEASE_TTL_S,
-        )  # fmt: skip
-        proc = Proc("-m", "loop_worker", env=env)
+        ) | self.loop_env  # fmt: skip
+        proc = self._proc(f"lw{i}", "-m", "loop_worker", env=env)
         self.loop[i] = proc
         await proc.start("loop worker ready", timeout=90)
 
     async def start_tool(self, i: int) -> None:
-        proc = Proc(
-            "-m", "tool_worker", "--nats-url", self.url, "--no-provision",
+        proc = self._proc(
+            f"tw{i}", "-m", "tool_worker", "--nats-url", self.url, "--no-provision",
             "--module", "tests.chaos.tools",
             env={
                 "LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_NATS__REPLICAS": "3",
@@ -110,6 +124,12 @@ class _Workers:
         )  # fmt: skip
         self.tool[i] = proc
         await proc.start("serving pool=default", timeout=90)
+
+    def _proc(self, slot: str, *args: str, env: dict[str, str]) -> Proc:
+        launcher = self.launchers.get(slot)
+        if launcher is None:
+            return Proc(*args, env=env)
+        return Proc(*launcher[1:], sys.executable, *args, env=env, python=launcher[0])
 
     async def kill(self, kind: str, i: int) -> int:
         slots = self.loop if kind == "loop" else self.tool
@@ -126,6 +146,12 @@ class _Workers:
         slots[i] = None
         return pid
 
+    async def start(self) -> None:
+        """Start both loop workers and both tool workers."""
+        await asyncio.gather(
+            *(self.start_loop(i) for i in range(2)), *(self.start_tool(i) for i in range(2))
+        )
+
     def logs(self) -> str:
         out: list[str] = []
         for proc in [*self.dead, *self.loop, *self.tool]:
@@ -136,7 +162,12 @@ class _Workers:
                 out.append(proc.output(last=100_000))
         return "\n".join(out)
 
-    async def close(self) -> None:
+    async def close(self, root: Path, outcome: Outcome) -> None:
+        """Stop every worker; leave their output under ``root`` (``workers.log``, for a
+        replay) and its end in ``outcome``."""
+        logs = self.logs()
+        (root / "workers.log").write_text(logs)
+        outcome.logs = logs[-20_000:]
         for proc in [*self.loop, *self.tool]:
             if proc is not None:
                 await proc.terminate(timeout=10)
@@ -168,30 +199,12 @@ async def run(
     cluster = NatsCluster(root / "cluster", ready_timeout=120.0)
     async with cluster, FakeLLM(default=auto()) as llm:
         nc = await connect_fast(cluster.url, name="chaos")
-        workers = _Workers(cluster.url, llm.base_url, ledger)
+        workers = Workers(cluster.url, llm.base_url, ledger)
         try:
-            await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=3)
-            for stream in await nc.jetstream().streams_info():  # each elects its leader
-                await cluster.leader_of(stream.config.name or "")
-            await asyncio.gather(
-                *(workers.start_loop(i) for i in range(2)),
-                *(workers.start_tool(i) for i in range(2)),
-            )
+            await provision(nc, cluster)
+            await workers.start()
             t0 = time.monotonic()
             accepted: list[Accepted] = []
-
-            async def workload() -> None:
-                for n in range(turns):
-                    session, turn_id = f"c{n % sessions}", f"t{n // sessions}"
-                    label = f"{session}-{turn_id}"
-                    args = {"ledger": str(ledger), "label": label, "seconds": tool_seconds}
-                    turn = Turn(
-                        id=turn_id, tenant=TENANT, session=session,
-                        input=f"call local__record {json.dumps(args)}", created_at=time.time(),
-                    )  # fmt: skip
-                    await retry(lambda t=turn: send_turn(nc, t), f"send {label}", timeout=60)
-                    accepted.append(Accepted(session, turn_id, label))
-                    await asyncio.sleep(span_s / turns)
 
             async def nemesis() -> None:
                 for action in actions:
@@ -201,30 +214,79 @@ async def run(
                     outcome.done.append(f"{at:6.2f}s {done}")
                     say(f"seed {seed}: {at:6.2f}s {done}")
 
-            await asyncio.gather(workload(), nemesis())
-            await _until_ended(nc, accepted, deadline_s)
-            workers.check_alive()
-            stored = {s: await _events(nc, s) for s in {a.session for a in accepted}}
-            outcome.verdict = check(
-                accepted,
-                stored,
-                [json.loads(line) for line in ledger.read_text().splitlines() if line],
-                workers.kills,
-                {s: await _snapshot(nc, s) for s in {a.session for a in accepted}},
-            )
-            outcome.verdict.crashes = workers.crashed
+            sending = send_turns(
+                nc, ledger, accepted, turns=turns, sessions=sessions, span_s=span_s,
+                tool_seconds=tool_seconds,
+            )  # fmt: skip
+            await asyncio.gather(sending, nemesis())
+            outcome.verdict, stored = await judge(nc, workers, accepted, deadline_s)
             outcome.trail = _trail(outcome.verdict, stored)
         finally:
-            logs = workers.logs()
-            (root / "workers.log").write_text(logs)  # every worker's output, for a replay
-            outcome.logs = logs[-20_000:]
-            await workers.close()
+            await workers.close(root, outcome)
             await nc.close()
     outcome.elapsed_s = time.monotonic() - started
     return outcome
 
 
-async def _apply(action: Action, cluster: NatsCluster, workers: _Workers) -> str:
+async def provision(nc: Client, cluster: NatsCluster) -> None:
+    """Every stream and bucket, R3 with the run's short lease TTL, each with its leader."""
+    await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=3)
+    for stream in await nc.jetstream().streams_info():  # each elects its leader
+        await cluster.leader_of(stream.config.name or "")
+
+
+async def send_turns(
+    nc: Client,
+    ledger: Path,
+    accepted: list[Accepted],
+    *,
+    turns: int,
+    sessions: int,
+    span_s: float,
+    tool_seconds: float,
+) -> None:
+    """Send ``turns`` turns over ``sessions`` sessions, ``span_s / turns`` apart, each
+    with one call of the ledger's tool; note each one the stream accepted."""
+    for n in range(turns):
+        session, turn_id = f"c{n % sessions}", f"t{n // sessions}"
+        label = f"{session}-{turn_id}"
+        args = {"ledger": str(ledger), "label": label, "seconds": tool_seconds}
+        turn = Turn(
+            id=turn_id, tenant=TENANT, session=session,
+            input=f"call local__record {json.dumps(args)}", created_at=time.time(),
+        )  # fmt: skip
+        await retry(lambda t=turn: send_turn(nc, t), f"send {label}", timeout=60)
+        accepted.append(Accepted(session, turn_id, label))
+        await asyncio.sleep(span_s / turns)
+
+
+async def judge(
+    nc: Client,
+    workers: Workers,
+    accepted: list[Accepted],
+    deadline_s: float,
+    *,
+    same_key: bool = False,
+) -> tuple[Verdict, dict[str, list[tuple[Event, str]]]]:
+    """Wait for every accepted turn's end (or the deadline), then check what was
+    recorded; the verdict, and the stored events it judged."""
+    await _until_ended(nc, accepted, deadline_s)
+    workers.check_alive()
+    sessions = {a.session for a in accepted}
+    stored = {s: await _events(nc, s) for s in sessions}
+    verdict = check(
+        accepted,
+        stored,
+        [json.loads(line) for line in workers.ledger.read_text().splitlines() if line],
+        workers.kills,
+        {s: await _snapshot(nc, s) for s in sessions},
+        same_key=same_key,
+    )
+    verdict.crashes = workers.crashed
+    return verdict, stored
+
+
+async def _apply(action: Action, cluster: NatsCluster, workers: Workers) -> str:
     kind, i = action.kind, action.target
     if kind in ("kill_loop_worker", "kill_tool_worker"):
         which = "loop" if kind == "kill_loop_worker" else "tool"
@@ -296,6 +358,7 @@ def _trail(verdict: Verdict, stored: dict[str, list[tuple[Event, str]]]) -> str:
             worker = getattr(event, "worker", "")
             said = getattr(event, "message", "") if event.type in ("tool_error", "error") else ""
             lines.append(
-                f"    {event.turn_id} {event.iteration} {event.type} {msg_id} {worker} {said}"
+                f"    {event.ts:.3f} {event.turn_id} {event.iteration} {event.type} {msg_id} "
+                f"{worker} {said}"
             )
     return "\n".join(lines)
