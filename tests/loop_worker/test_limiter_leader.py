@@ -1,0 +1,180 @@
+"""The rate-limit leader's key on a real nats-server (one, or a 3-node cluster): a renew
+whose reply is lost or late, and calls when no leader answers. What a write's reply does
+is injected (a :class:`KV` whose writes of the leader key commit, then fail or wait);
+every write and read is real."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import nats.errors
+import pytest
+from nats.aio.client import Client
+
+from loop_worker.engine.settings import LimitSettings, ModelLimits
+from loop_worker.errors import LimiterUnavailableError
+from loop_worker.limiter import SharedLimiter
+from loop_worker.limiter_leader import LEADER_KEY, LimiterLeader
+from loopmesh.jetstream import KV, Publisher, open_kv
+from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
+from schemas import encode
+from schemas.limits import LeaderRecord
+from tests.conftest import BOTH, durable_nc
+from tests.loop_worker.test_ratelimit import MODEL, leading, limiters
+
+nc = durable_nc()
+
+TTL_S = 3.0
+SETTINGS = LimitSettings(models={MODEL: ModelLimits(rpm=6000)})
+
+
+class LostReply(KV):
+    """Once armed, the next write of the leader key commits, then raises the timeout a
+    lost reply would."""
+
+    armed = False
+    committed = 0  # the revision it wrote
+
+    async def update(self, key: str, value: bytes, last: int, *, timeout: float = 5.0) -> int:
+        revision = await super().update(key, value, last, timeout=timeout)
+        if key == LEADER_KEY and self.armed:
+            self.armed, self.committed = False, revision
+            raise nats.errors.TimeoutError
+        return revision
+
+
+class LateReply(KV):
+    """Once armed, the next write of the leader key commits (``committed`` is set), and
+    its reply comes when the test sets ``release``; the write after it is not sent
+    before the test sets ``resume``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.armed = False
+        self.committed = asyncio.Event()
+        self.revision = 0
+        self.release = asyncio.Event()
+        self.resume = asyncio.Event()
+        self._hold_next = False
+
+    async def update(self, key: str, value: bytes, last: int, *, timeout: float = 5.0) -> int:
+        if key == LEADER_KEY and self._hold_next:
+            await self.resume.wait()
+        revision = await super().update(key, value, last, timeout=timeout)
+        if key == LEADER_KEY and self.armed:
+            self.armed, self.revision = False, revision
+            self.committed.set()
+            await self.release.wait()
+            self._hold_next = True
+        return revision
+
+
+@contextlib.asynccontextmanager
+async def a_leader(nc: Client, kind: type[KV], owner: str = "a") -> AsyncIterator[LimiterLeader]:
+    """A candidate for leader on ``nc`` campaigning in a task, its key's writes through
+    ``kind``; it has led once this returns."""
+    publisher = Publisher(nc)
+    real = await open_kv(nc.jetstream(), publisher, SUBJECTS.limits_bucket)
+    kv = kind(publisher, real.bucket, leader=real.leader)
+    leader = LimiterLeader(
+        nc, SUBJECTS, SETTINGS, owner=owner, kv=kv, ttl_s=TTL_S, pauses=dict
+    )  # fmt: skip
+    task = asyncio.create_task(leader.run())
+    try:
+        await wait_for(lambda: leader.leading, what="the candidate to lead")
+        yield leader
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await leader.close()
+        await publisher.close()
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_renew_that_committed_but_whose_reply_was_lost_keeps_the_leader(
+    durable, nc, caplog
+):
+    caplog.set_level(logging.INFO, logger="loopmesh.loop_worker.limiter")
+    await provision_short(nc, replicas=durable.replicas)
+    async with a_leader(nc, LostReply) as leader:
+        kv = leader._kv
+        assert isinstance(kv, LostReply)
+        kv.armed = True
+        await wait_for(lambda: kv.committed > 0, what="a renew to commit and lose its reply")
+
+        async def renewed_twice_since() -> bool:
+            entry = await kv.entry(LEADER_KEY)
+            return entry is not None and entry.revision >= kv.committed + 2
+
+        await wait_for(renewed_twice_since, timeout=30, what="two renews after the lost reply")
+        assert leader.leading
+    stepped_down = [
+        r.getMessage()
+        for r in caplog.records
+        if "leader no more" in r.getMessage() and "stopped" not in r.getMessage()
+    ]
+    assert stepped_down == []  # it led throughout: no candidate had to wait for its key
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_leader_whose_renew_was_answered_late_grants_nothing_once_taken_over(durable, nc):
+    await provision_short(nc, replicas=durable.replicas)
+    asker_nc = await connect_fast(durable.url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(asker_nc.close)
+        leader = await stack.enter_async_context(a_leader(nc, LateReply))
+        kv = leader._kv
+        assert isinstance(kv, LateReply)
+        stack.callback(kv.resume.set)
+        stack.callback(kv.release.set)
+        kv.armed = True
+        await kv.committed.wait()
+        seen_at = time.monotonic()  # the earliest any candidate saw this revision
+        # another candidate, by the rule: the key's revision unchanged for the TTL
+        await wait_for(lambda: time.monotonic() - seen_at >= TTL_S, timeout=TTL_S + 5)
+        other = encode(LeaderRecord(owner="other", at=time.time()))
+        await kv.update(LEADER_KEY, other, kv.revision)
+        kv.release.set()  # the old leader hears at last that its renew went through
+        asker = await stack.enter_async_context(
+            SharedLimiter(asker_nc, SUBJECTS, SETTINGS, name="asker")
+        )
+        call = asyncio.create_task(asker.acquire(MODEL, "acme", 10))
+        stack.push_async_callback(_cancelled, call)
+        await wait_for(lambda: call.done() or not leader.leading, what="a grant, or a step-down")
+        assert not call.done()  # the old leader granted nothing: the key was not its own
+
+
+async def _cancelled(task: asyncio.Task[object]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+@pytest.mark.parametrize("no_leader", ["fail", "allow"])
+async def test_a_call_that_no_leader_answers_fails_or_goes_after_leader_wait_s(
+    durable, nc, no_leader
+):
+    await provision_short(nc, replicas=durable.replicas)
+    settings = LimitSettings(
+        models={MODEL: ModelLimits(rpm=6000)}, leader_wait_s=2.0, no_leader=no_leader
+    )
+    async with limiters(durable.url, settings, 1) as workers:
+        (worker,) = workers
+        await leading(workers)
+        assert worker.leader is not None
+        await nc.jetstream().delete_key_value(SUBJECTS.limits_bucket)  # the bucket is down
+        await wait_for(lambda: not worker.leader.leading, timeout=30, what="the leader to go")
+        async with asyncio.timeout(30):  # a call that waits forever fails here
+            if no_leader == "fail":
+                with pytest.raises(LimiterUnavailableError) as raised:
+                    await worker.acquire(MODEL, "acme", 10)
+                assert raised.value.model == MODEL
+            else:
+                permit = await worker.acquire(MODEL, "acme", 10)
+                await permit.settle(10)
