@@ -21,9 +21,11 @@ from loop_worker.limiter import SharedLimiter
 from loop_worker.limiter_leader import LEADER_KEY, LimiterLeader
 from loopmesh.jetstream import KV, Publisher, open_kv
 from loopmesh.testing.durable import SUBJECTS, connect_fast, provision_short, wait_for
-from schemas import encode
-from schemas.limits import LeaderRecord
+from schemas import decode, encode
+from schemas.events import Error, LoopEnd
+from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk, LimitSettle
 from tests.conftest import BOTH, durable_nc
+from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn
 from tests.loop_worker.test_ratelimit import MODEL, leading, limiters
 
 nc = durable_nc()
@@ -88,9 +90,7 @@ async def a_leader(nc: Client, kind: type[KV], owner: str = "a") -> AsyncIterato
         await wait_for(lambda: leader.leading, what="the candidate to lead")
         yield leader
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await _cancelled(task)
         await leader.close()
         await publisher.close()
 
@@ -178,3 +178,92 @@ async def test_a_call_that_no_leader_answers_fails_or_goes_after_leader_wait_s(
             else:
                 permit = await worker.acquire(MODEL, "acme", 10)
                 await permit.settle(10)
+
+
+@contextlib.asynccontextmanager
+async def settles(nc: Client) -> AsyncIterator[list[LimitSettle]]:
+    """The settles heard on ``limits.settle`` from now on, as a checker hears them."""
+    heard: list[LimitSettle] = []
+
+    async def on_settle(msg: object) -> None:
+        heard.append(decode(msg.data, LimitSettle))  # type: ignore[attr-defined]
+
+    sub = await nc.subscribe(SUBJECTS.limits_settle, cb=on_settle)
+    await nc.flush()
+    try:
+        yield heard
+    finally:
+        await sub.unsubscribe()
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_each_settle_names_its_grants_leader_and_a_later_leaders_term_is_higher(durable, nc):
+    await provision_short(nc, replicas=durable.replicas)
+    async with settles(nc) as heard, limiters(durable.url, SETTINGS, 2) as workers:
+        first = await leading(workers)
+        assert first.leader is not None
+        first_term = first.leader.term
+        await (await first.acquire(MODEL, "acme", 10)).settle(10)
+        other = next(w for w in workers if w is not first)
+        await first.close()  # a stop: the other takes over within a tick
+        second = await leading([other])
+        assert second.leader is not None
+        second_term = second.leader.term
+        await (await other.acquire(MODEL, "acme", 10)).settle(10)
+        await wait_for(lambda: len(heard) == 2, what="both settles")
+    (a, b) = heard
+    assert (a.leader, a.term) == (first.name, first_term)
+    assert (b.leader, b.term) == (other.name, second_term)
+    assert b.term > a.term and b.granted_at >= a.granted_at > 0
+
+
+async def test_a_grant_of_a_lower_term_than_one_heard_is_refused(durable, nc):
+    # the test answers the asks as two leaders would: the one of term 5, then a deposed
+    # one of term 3 that answers first, then term 5 again
+    await provision_short(nc)
+    script = [5, 3, 5]
+    asked: list[str] = []
+
+    async def answer(msg: object) -> None:
+        ask = decode(msg.data, LimitAsk)  # type: ignore[attr-defined]
+        asked.append(ask.id)
+        term = script.pop(0)
+        grant = LimitAnswer(granted=True, leader=f"term{term}", term=term, at=time.time())
+        await nc.publish(msg.reply, encode(grant))  # type: ignore[attr-defined]
+
+    sub = await nc.subscribe(SUBJECTS.limits_ask, cb=answer)
+    await nc.flush()
+    asker_nc = await connect_fast(durable.url)
+    try:
+        async with settles(nc) as heard, SharedLimiter(
+            asker_nc, SUBJECTS, LimitSettings(models={MODEL: ModelLimits(rpm=60)}), name="w"
+        ) as worker:  # fmt: skip
+            await (await worker.acquire(MODEL, "acme", 10)).settle(10)
+            await (await worker.acquire(MODEL, "acme", 10)).settle(10)
+            await wait_for(lambda: len(heard) == 2, what="both settles")
+    finally:
+        await sub.unsubscribe()
+        await asker_nc.close()
+    assert script == []  # the second call asked twice
+    assert asked[1] == asked[2]  # under one id: it kept its place
+    assert [s.term for s in heard] == [5, 5]
+
+
+async def test_a_turn_whose_call_no_leader_answers_ends_llm_failed_saying_why(nats_server):
+    limits = LimitSettings(models={MODEL: ModelLimits(rpm=6000)}, leader_wait_s=2.0)
+    async with mesh_on(nats_server.url) as mesh:
+        w1 = await mesh.loop_worker("w1", llm_settings={"limits": limits})
+        leader = w1.service.limiter.leader
+        await wait_for(lambda: leader.leading, what="the worker to lead")
+        await mesh.nc.jetstream().delete_key_value(SUBJECTS.limits_bucket)  # the bucket is down
+        await wait_for(lambda: not leader.leading, timeout=30, what="the leader to go")
+        async with Watch(mesh.nc, session="a") as a:
+            await send_turn(mesh.nc, turn("ta", "go", session="a"))
+            end = await a.wait("loop_end", "ta", timeout=30)
+            errors = a.of("error", "ta")
+    assert isinstance(end, LoopEnd) and end.reason == "llm_failed"
+    assert len(mesh.fake.requests) == 0  # nothing reached the model
+    (error,) = errors
+    assert isinstance(error, Error) and error.code == "llm_failed"
+    assert "no rate-limit leader answered" in error.message
+    assert "no_leader" in error.message
