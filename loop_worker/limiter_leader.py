@@ -280,8 +280,9 @@ class LimiterLeader:
             self._wake.set()
 
     def _lapsed(self) -> bool:
-        """Whether this leader's key may have been taken over meanwhile (it was not
-        renewed for two thirds of the TTL: a stalled process): then it answers nothing."""
+        """Whether this leader's lease has lapsed: its last write of the key that stands
+        was sent more than two thirds of the TTL ago (a candidate may take over a third
+        later). Then it grants nothing."""
         return time.monotonic() - self._renewed > self.ttl_s * 2 / 3
 
     def _grant(self) -> bytes | None:

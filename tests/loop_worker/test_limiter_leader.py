@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import nats.errors
 import pytest
@@ -29,6 +30,7 @@ from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn
 from tests.loop_worker.test_ratelimit import MODEL, leading, limiters
 
 nc = durable_nc()
+K = TypeVar("K", bound=KV)
 
 TTL_S = 3.0
 SETTINGS = LimitSettings(models={MODEL: ModelLimits(rpm=6000)})
@@ -76,19 +78,19 @@ class LateReply(KV):
 
 
 @contextlib.asynccontextmanager
-async def a_leader(nc: Client, kind: type[KV], owner: str = "a") -> AsyncIterator[LimiterLeader]:
-    """A candidate for leader on ``nc`` campaigning in a task, its key's writes through
-    ``kind``; it has led once this returns."""
+async def a_leader(nc: Client, kind: type[K]) -> AsyncIterator[tuple[LimiterLeader, K]]:
+    """A candidate for leader on ``nc`` campaigning in a task, and the ``kind`` of KV its
+    key's writes go through; it has led once this returns."""
     publisher = Publisher(nc)
     real = await open_kv(nc.jetstream(), publisher, SUBJECTS.limits_bucket)
     kv = kind(publisher, real.bucket, leader=real.leader)
     leader = LimiterLeader(
-        nc, SUBJECTS, SETTINGS, owner=owner, kv=kv, ttl_s=TTL_S, pauses=dict
+        nc, SUBJECTS, SETTINGS, owner="a", kv=kv, ttl_s=TTL_S, pauses=dict
     )  # fmt: skip
     task = asyncio.create_task(leader.run())
     try:
         await wait_for(lambda: leader.leading, what="the candidate to lead")
-        yield leader
+        yield leader, kv
     finally:
         await _cancelled(task)
         await leader.close()
@@ -101,9 +103,7 @@ async def test_a_renew_that_committed_but_whose_reply_was_lost_keeps_the_leader(
 ):
     caplog.set_level(logging.INFO, logger="loopmesh.loop_worker.limiter")
     await provision_short(nc, replicas=durable.replicas)
-    async with a_leader(nc, LostReply) as leader:
-        kv = leader._kv
-        assert isinstance(kv, LostReply)
+    async with a_leader(nc, LostReply) as (leader, kv):
         kv.armed = True
         await wait_for(lambda: kv.committed > 0, what="a renew to commit and lose its reply")
 
@@ -127,9 +127,7 @@ async def test_a_leader_whose_renew_was_answered_late_grants_nothing_once_taken_
     asker_nc = await connect_fast(durable.url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(asker_nc.close)
-        leader = await stack.enter_async_context(a_leader(nc, LateReply))
-        kv = leader._kv
-        assert isinstance(kv, LateReply)
+        leader, kv = await stack.enter_async_context(a_leader(nc, LateReply))
         stack.callback(kv.resume.set)
         stack.callback(kv.release.set)
         kv.armed = True
