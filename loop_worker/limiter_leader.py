@@ -9,6 +9,8 @@ check, so one of several candidates wins. The leader grants only within two thir
 that write later, so it waits longer): a late reply cannot stretch the lease. A write
 whose reply does not come is read back, and stands if it committed. A leader whose lease
 lapsed grants nothing and steps down; one that finds the key taken steps down at once.
+One that stepped down while the key still holds its own last write takes it back at
+once (nobody took it since): a lapse costs no candidate's TTL.
 On stop it leaves its state and deletes the key: the next leader takes over within a
 tick. The key's revision when a leader took it is its :attr:`~LimiterLeader.term`,
 carried by each grant with the leader's name and clock (docs/ARCHITECTURE.md, "Fleet-wide
@@ -110,6 +112,7 @@ class LimiterLeader:
         self.term = 0  # the key's revision when this leader took it (0: not leading)
         self._state_revision: int | None = None
         self._renewed = 0.0  # when the last write of the key that stands was *sent*
+        self._written = b""  # that write
         self._subs: list[Subscription] = []
         self._held: dict[str, _Held] = {}
         self._deadlines: list[tuple[float, str]] = []  # (poll_until or drop_at, ident)
@@ -143,7 +146,9 @@ class LimiterLeader:
                     if revision != seen:
                         seen, seen_at = revision, time.monotonic()
                     free = entry is None or entry.value is None
-                    if free or time.monotonic() - seen_at >= self.ttl_s:
+                    # its own last write still there: nobody took the key since
+                    mine = entry is not None and entry.value == self._written
+                    if free or mine or time.monotonic() - seen_at >= self.ttl_s:
                         await self._take(revision)
             except Exception as exc:
                 log.warning("rate-limit leadership round failed error=%r", exc)
@@ -173,7 +178,7 @@ class LimiterLeader:
                 raise  # not written: the next round writes again
             revision = entry.revision  # it committed; its reply was lost
             log.info("rate-limit leader key written, its reply lost revision=%d", revision)
-        self._renewed = sent
+        self._renewed, self._written = sent, body
         return revision
 
     async def _take(self, revision: int) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import TypeVar
 
 import nats.errors
@@ -78,14 +79,16 @@ class LateReply(KV):
 
 
 @contextlib.asynccontextmanager
-async def a_leader(nc: Client, kind: type[K]) -> AsyncIterator[tuple[LimiterLeader, K]]:
+async def a_leader(
+    nc: Client, kind: type[K], owner: str = "a", ttl_s: float = TTL_S
+) -> AsyncIterator[tuple[LimiterLeader, K]]:
     """A candidate for leader on ``nc`` campaigning in a task, and the ``kind`` of KV its
     key's writes go through; it has led once this returns."""
     publisher = Publisher(nc)
     real = await open_kv(nc.jetstream(), publisher, SUBJECTS.limits_bucket)
     kv = kind(publisher, real.bucket, leader=real.leader)
     leader = LimiterLeader(
-        nc, SUBJECTS, SETTINGS, owner="a", kv=kv, ttl_s=TTL_S, pauses=dict
+        nc, SUBJECTS, SETTINGS, owner=owner, kv=kv, ttl_s=ttl_s, pauses=dict
     )  # fmt: skip
     task = asyncio.create_task(leader.run())
     try:
@@ -145,6 +148,56 @@ async def test_a_leader_whose_renew_was_answered_late_grants_nothing_once_taken_
         stack.push_async_callback(_cancelled, call)
         await wait_for(lambda: call.done() or not leader.leading, what="a grant, or a step-down")
         assert not call.done()  # the old leader granted nothing: the key was not its own
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_leader_that_lapsed_while_the_key_stayed_its_own_takes_it_back_at_once(durable, nc):
+    # a renew's reply is late past the lease: the leader steps down at the next ask. The
+    # key is still its own, so it takes it back before the other candidate's TTL is up
+    await provision_short(nc, replicas=durable.replicas)
+    asker_nc = await connect_fast(durable.url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(asker_nc.close)
+        leader, kv = await stack.enter_async_context(a_leader(nc, LateReply, ttl_s=6.0))
+        stack.callback(kv.resume.set)
+        stack.callback(kv.release.set)
+        asker = await stack.enter_async_context(
+            SharedLimiter(asker_nc, SUBJECTS, SETTINGS, name="asker")
+        )
+        kv.armed = True
+        await kv.committed.wait()
+        other, _ = await stack.enter_async_context(a_candidate(nc, "b"))
+        while leader.leading:  # it grants until its lease lapses, then steps down
+            call = asyncio.create_task(asker.acquire(MODEL, "acme", 10))
+            stack.push_async_callback(_cancelled, call)
+            await wait_for(partial(granted_or_gone, call, leader), what="a grant, or a step-down")
+            if call.done():
+                await call.result().settle(10)
+        kv.resume.set()
+        kv.release.set()  # the late reply: the key is still the leader's
+        await wait_for(lambda: leader.leading or other.leading, timeout=20, what="a leader")
+        assert leader.leading
+
+
+@contextlib.asynccontextmanager
+async def a_candidate(nc: Client, owner: str) -> AsyncIterator[tuple[LimiterLeader, KV]]:
+    """A candidate campaigning in a task with the key's writes as they are (not leading)."""
+    publisher = Publisher(nc)
+    kv = await open_kv(nc.jetstream(), publisher, SUBJECTS.limits_bucket)
+    candidate = LimiterLeader(
+        nc, SUBJECTS, SETTINGS, owner=owner, kv=kv, ttl_s=6.0, pauses=dict
+    )  # fmt: skip
+    task = asyncio.create_task(candidate.run())
+    try:
+        yield candidate, kv
+    finally:
+        await _cancelled(task)
+        await candidate.close()
+        await publisher.close()
+
+
+def granted_or_gone(call: asyncio.Task[object], leader: LimiterLeader) -> bool:
+    return call.done() or not leader.leading
 
 
 async def _cancelled(task: asyncio.Task[object]) -> None:
