@@ -100,6 +100,22 @@ async def a_leader(
         await publisher.close()
 
 
+@contextlib.asynccontextmanager
+async def a_late_leader(
+    url: str, nc: Client, ttl_s: float = TTL_S
+) -> AsyncIterator[tuple[LimiterLeader, LateReply, SharedLimiter]]:
+    """A leader whose key's writes go through :class:`LateReply` (released and resumed
+    at the end), and a worker that asks, on a connection of its own."""
+    asker_nc = await connect_fast(url)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(asker_nc.close)
+        leader, kv = await stack.enter_async_context(a_leader(nc, LateReply, ttl_s=ttl_s))
+        stack.callback(kv.resume.set)
+        stack.callback(kv.release.set)
+        asker = SharedLimiter(asker_nc, SUBJECTS, SETTINGS, name="asker")
+        yield leader, kv, await stack.enter_async_context(asker)
+
+
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
 async def test_a_renew_that_committed_but_whose_reply_was_lost_keeps_the_leader(
     durable, nc, caplog
@@ -127,12 +143,8 @@ async def test_a_renew_that_committed_but_whose_reply_was_lost_keeps_the_leader(
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
 async def test_a_leader_whose_renew_was_answered_late_grants_nothing_once_taken_over(durable, nc):
     await provision_short(nc, replicas=durable.replicas)
-    asker_nc = await connect_fast(durable.url)
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(asker_nc.close)
-        leader, kv = await stack.enter_async_context(a_leader(nc, LateReply))
-        stack.callback(kv.resume.set)
-        stack.callback(kv.release.set)
+        leader, kv, asker = await stack.enter_async_context(a_late_leader(durable.url, nc))
         kv.armed = True
         await kv.committed.wait()
         seen_at = time.monotonic()  # the earliest any candidate saw this revision
@@ -141,9 +153,6 @@ async def test_a_leader_whose_renew_was_answered_late_grants_nothing_once_taken_
         other = encode(LeaderRecord(owner="other", at=time.time()))
         await kv.update(LEADER_KEY, other, kv.revision)
         kv.release.set()  # the old leader hears at last that its renew went through
-        asker = await stack.enter_async_context(
-            SharedLimiter(asker_nc, SUBJECTS, SETTINGS, name="asker")
-        )
         call = asyncio.create_task(asker.acquire(MODEL, "acme", 10))
         stack.push_async_callback(_cancelled, call)
         await wait_for(lambda: call.done() or not leader.leading, what="a grant, or a step-down")
@@ -155,15 +164,9 @@ async def test_a_leader_that_lapsed_while_the_key_stayed_its_own_takes_it_back_a
     # a renew's reply is late past the lease: the leader steps down at the next ask. The
     # key is still its own, so it takes it back before the other candidate's TTL is up
     await provision_short(nc, replicas=durable.replicas)
-    asker_nc = await connect_fast(durable.url)
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(asker_nc.close)
-        leader, kv = await stack.enter_async_context(a_leader(nc, LateReply, ttl_s=6.0))
-        stack.callback(kv.resume.set)
-        stack.callback(kv.release.set)
-        asker = await stack.enter_async_context(
-            SharedLimiter(asker_nc, SUBJECTS, SETTINGS, name="asker")
-        )
+        late = a_late_leader(durable.url, nc, ttl_s=6.0)
+        leader, kv, asker = await stack.enter_async_context(late)
         kv.armed = True
         await kv.committed.wait()
         other, _ = await stack.enter_async_context(a_candidate(nc, "b"))
