@@ -75,7 +75,8 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     #: worker reports its own timeouts first).
     tool_grace_s: Positive = 5.0
     #: The rate-limit leader (``[llm.limits]``) is replaced after its key went this long
-    #: without renewal; it renews every third of this, at most every second.
+    #: without renewal; it renews every third of this, at most every second, and grants
+    #: only within two thirds of this from when it sent its last renewal.
     limiter_ttl_s: Positive = 6.0
     #: Where ``/metrics`` and ``/healthz`` listen (``0.0.0.0`` in a pod).
     metrics_host: str = "127.0.0.1"

@@ -2,7 +2,9 @@
 
 LoopWorkerError            (``loop_worker.engine.errors``)
 ├── LeaseLostError         the session lease expired or was taken over (``.key``)
-├── LimiterError           the rate-limit leader refused an ask (a worker of another version)
+├── LLMError               (the engine's) a call failed: its turn ends ``llm_failed``
+│   └── LimiterError       the rate-limit leader refused an ask (a worker of another version)
+│       └── LimiterUnavailableError  no leader answered for ``leader_wait_s`` (``.model``)
 └── BucketNotLoadedError   a watched bucket did not load in time (``.bucket``, ``.timeout_s``)
     ├── CatalogNotLoadedError  the tool catalog
     └── AgentsNotLoadedError   the named agents
@@ -10,7 +12,7 @@ LoopWorkerError            (``loop_worker.engine.errors``)
 
 from __future__ import annotations
 
-from .engine.errors import LoopWorkerError
+from .engine.errors import LLMError, LoopWorkerError
 
 
 class LeaseLostError(LoopWorkerError):
@@ -19,8 +21,22 @@ class LeaseLostError(LoopWorkerError):
         self.key = key
 
 
-class LimiterError(LoopWorkerError):
-    """The rate-limit leader refused an ask (``[llm.limits]``): the message says why."""
+class LimiterError(LLMError):
+    """The rate-limit leader refused an ask (``[llm.limits]``): the message says why. An
+    ``LLMError``: the call fails, and its turn ends ``llm_failed`` with the message."""
+
+
+class LimiterUnavailableError(LimiterError):
+    """No rate-limit leader answered a call to ``model`` for ``waited_s`` (``[llm.limits]
+    leader_wait_s``, with ``no_leader = "fail"``)."""
+
+    def __init__(self, model: str, waited_s: float) -> None:
+        super().__init__(
+            f"no rate-limit leader answered for {waited_s:.0f} s, so the call to {model} was "
+            'not made ([llm.limits] no_leader = "fail"): is the limits bucket reachable?'
+        )
+        self.model = model
+        self.waited_s = waited_s
 
 
 class BucketNotLoadedError(LoopWorkerError):

@@ -6,9 +6,12 @@ of the limiter leader (:mod:`.limiter_leader`, one loop worker elected through t
 limits bucket) with a request on ``<prefix>.limits.ask``: answered at once when the
 request may go, else held there, fairly across tenants, and answered when it may (or
 after ``wait_s``, when the worker asks again under the same id, keeping its place). No
-leader (an election under way) is a short wait: the ask is sent again. A cancelled
-wait gives its place up (a settle, never sent). After the request, the place is
-settled with the tokens the reply used.
+leader (an election under way) is a short wait: the ask is sent again. A call no leader
+answers for ``leader_wait_s`` fails (:class:`~.errors.LimiterUnavailableError`, the
+default ``no_leader = "fail"``) or goes uncounted (``"allow"``). A grant of a leader
+deposed by one heard since (a lower term) is refused. A cancelled wait gives its place
+up (a settle, never sent). After the request, the place is settled with the tokens the
+reply used, and the grant's leader, term and time: what a checker hears on ``.settle``.
 
 A provider's 429 with ``Retry-After`` pauses the model for every worker: the pause is
 broadcast on ``<prefix>.limits.pause`` (every worker and the leader hear it at once)
@@ -17,7 +20,8 @@ waits here for its pause, with no message; one with limits waits at the leader.
 
 Metrics (the worker's registry): the time each request waited
 (``loopmesh_llm_limit_wait_seconds``), the tokens granted (estimates,
-``loopmesh_llm_limit_tokens_granted``), the pauses (``loopmesh_llm_pauses``); the
+``loopmesh_llm_limit_tokens_granted``), the calls no leader answered
+(``loopmesh_llm_limit_unanswered``), the pauses (``loopmesh_llm_pauses``); the
 provider's 429s are counted by ``OpenAILLM`` (``loopmesh_llm_rate_limited``).
 """
 
@@ -46,7 +50,7 @@ from schemas.limits import LimitAnswer, LimitAsk, LimitPause, LimitSettle
 
 from .engine.ratelimit import Permit
 from .engine.settings import LimitSettings
-from .errors import LimiterError
+from .errors import LimiterError, LimiterUnavailableError
 from .limiter_leader import LimiterLeader
 
 if TYPE_CHECKING:
@@ -65,6 +69,12 @@ GRANTED = Counter(
     "Tokens granted to LLM requests by the rate limits (estimates: prompt and reply ceiling)",
     ["gen_ai_request_model"],
 )
+UNANSWERED = Counter(
+    "loopmesh_llm_limit_unanswered",
+    "LLM requests no rate-limit leader answered for leader_wait_s, by what was done "
+    "([llm.limits] no_leader: refused, or allowed uncounted)",
+    ["gen_ai_request_model", "outcome"],
+)
 PAUSES = Counter(
     "loopmesh_llm_pauses",
     "Pauses of a model after the provider answered 429 with Retry-After (by this worker)",
@@ -78,21 +88,24 @@ ANSWER_S = 2.0
 
 
 class _Permit:
-    __slots__ = ("_ident", "_limiter", "_settled")
+    __slots__ = ("_grant", "_ident", "_limiter", "_settled")
 
-    def __init__(self, limiter: SharedLimiter | None, ident: str) -> None:
+    def __init__(
+        self, limiter: SharedLimiter | None, ident: str, grant: LimitAnswer | None = None
+    ) -> None:
         self._limiter = limiter
         self._ident = ident
+        self._grant = grant
         self._settled = False
 
     async def settle(self, tokens: int | None = None, *, sent: bool = True) -> None:
         if self._settled or self._limiter is None:
             return
         self._settled = True
-        await self._limiter._settle(self._ident, tokens, sent)
+        await self._limiter._settle(self._ident, tokens, sent, self._grant)
 
 
-_FREE = _Permit(None, "")  # a model without limits: nothing to settle
+_FREE = _Permit(None, "")  # a model without limits, or none answered: nothing to settle
 
 
 class SharedLimiter:
@@ -136,6 +149,11 @@ class SharedLimiter:
         self._prefix = f"{name}-{secrets.token_hex(3)}-"  # two workers named alike differ
         self._ids = itertools.count(1)
         self._pauses: dict[str, float] = {}  # model -> monotonic end
+        self._term = 0  # the last leader's term heard: a lower one's grant is refused
+        self._term_heard = 0.0
+        # the leader answers "still waiting" within this: a leader is heard well within
+        # leader_wait_s while a call queues behind the limit
+        self._wait_s = min(WAIT_S, settings.leader_wait_s / 2)
         self._pause_sub: Subscription | None = None
         self._kv: KV | None = None
         self.leader: LimiterLeader | None = None  # a candidate once started, with limits
@@ -196,28 +214,32 @@ class SharedLimiter:
         ident = f"{self._prefix}{next(self._ids)}"
         ask = encode(
             LimitAsk(id=ident, model=model, tenant=tenant, tokens=tokens, hold_s=self.hold_s,
-                     wait_s=WAIT_S)
+                     wait_s=self._wait_s)
         )  # fmt: skip
         try:
-            await self._ask(ask)
+            grant = await self._ask(ask)
         except BaseException:
             await self._settle(ident, None, False)  # its place, if it was granted meanwhile
             raise
+        if grant is None:  # no leader answered for leader_wait_s
+            await self._settle(ident, None, False)
+            return self._unanswered(model, time.monotonic() - started)
         WAITS.labels(model).observe(time.monotonic() - started)
         GRANTED.labels(model).inc(tokens)
-        return _Permit(self, ident)
+        return _Permit(self, ident, grant)
 
-    async def _ask(self, ask: bytes) -> None:
-        """Until the leader grants ``ask``."""
+    async def _ask(self, ask: bytes) -> LimitAnswer | None:
+        """The leader's grant of ``ask``; ``None`` once no leader has answered for
+        ``leader_wait_s`` (a leader's "still waiting" is an answer)."""
         delay = 0.02
-        while True:
+        answered_at = time.monotonic()
+        while (left := answered_at + self.settings.leader_wait_s - time.monotonic()) > 0:
             try:
-                msg = await answered(
-                    self.publisher, self.subjects.limits_ask, ask, timeout=WAIT_S + ANSWER_S
-                )
+                timeout = min(self._wait_s + ANSWER_S, left)
+                msg = await answered(self.publisher, self.subjects.limits_ask, ask, timeout=timeout)
             except nats.errors.NoRespondersError:  # no leader this moment: an election
                 raise_if_cancelled()
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, max(left, 0.0)))
                 delay = min(delay * 2, 1.0)
                 continue
             except nats.errors.TimeoutError:  # the leader died holding it: ask the next
@@ -227,12 +249,45 @@ class SharedLimiter:
             answer = decode(msg.data, LimitAnswer)
             if answer.error:
                 raise LimiterError(answer.error)
+            if answer.term and self._deposed(answer.term):
+                log.warning("a grant of a former rate-limit leader refused leader=%s term=%d "
+                            "current=%d", answer.leader, answer.term, self._term)  # fmt: skip
+                await asyncio.sleep(min(delay, max(left, 0.0)))
+                delay = min(delay * 2, 1.0)
+                continue
+            answered_at, delay = time.monotonic(), 0.02
+            if answer.term:
+                self._term, self._term_heard = answer.term, answered_at
             if answer.granted:
-                return
-            delay = 0.02
+                return answer
+        return None
 
-    async def _settle(self, ident: str, tokens: int | None, sent: bool) -> None:
-        body = encode(LimitSettle(id=ident, tokens=tokens, sent=sent))
+    def _deposed(self, term: int) -> bool:
+        """Whether a grant of ``term`` comes from a leader deposed by one heard within
+        the leader TTL. (A leader not heard for that long may be gone with its bucket:
+        one made again counts its terms from 1.)"""
+        return term < self._term and time.monotonic() - self._term_heard < self.leader_ttl_s
+
+    def _unanswered(self, model: str, waited_s: float) -> Permit:
+        """A call no leader answered: refused (``no_leader = "fail"``), or let go uncounted."""
+        allow = self.settings.no_leader == "allow"
+        UNANSWERED.labels(model, "allowed" if allow else "refused").inc()
+        log.warning("no rate-limit leader answered for %.0f s model=%s: the call is %s",
+                    waited_s, model, "made uncounted" if allow else "refused")  # fmt: skip
+        if not allow:
+            raise LimiterUnavailableError(model, waited_s)
+        WAITS.labels(model).observe(waited_s)
+        return _FREE
+
+    async def _settle(
+        self, ident: str, tokens: int | None, sent: bool, grant: LimitAnswer | None = None
+    ) -> None:
+        settle = LimitSettle(id=ident, tokens=tokens, sent=sent)
+        if grant is not None:
+            settle = msgspec.structs.replace(
+                settle, leader=grant.leader, term=grant.term, granted_at=grant.at
+            )
+        body = encode(settle)
         await quietly(self.nc.publish(self.subjects.limits_settle, body))
 
     async def pause(self, model: str, seconds: float) -> None:

@@ -4,10 +4,17 @@ Every loop worker with ``[llm.limits] models`` campaigns (:meth:`LimiterLeader.r
 the one that holds the key ``leader`` of the limits bucket serves. It renews the key
 with a revision check every ``tick``; a candidate that sees the key's revision unchanged
 for ``ttl_s`` (by its own clock: no clocks are compared) takes it over with a revision
-check, so one of several candidates wins. A leader that cannot renew for two thirds of
-``ttl_s`` steps down on its own, before anyone can take over; one that finds the key
-taken steps down at once. On stop it leaves its state and deletes the key: the next
-leader takes over within a tick.
+check, so one of several candidates wins. The leader grants only within two thirds of
+``ttl_s`` from when it *sent* its last write of the key that stands (a candidate saw
+that write later, so it waits longer): a late reply cannot stretch the lease. A write
+whose reply does not come is read back, and stands if it committed. A leader whose lease
+lapsed grants nothing and steps down; one that finds the key taken steps down at once.
+One that stepped down while the key still holds its own last write takes it back at
+once (nobody took it since): a lapse costs no candidate's TTL.
+On stop it leaves its state and deletes the key: the next leader takes over within a
+tick. The key's revision when a leader took it is its :attr:`~LimiterLeader.term`,
+carried by each grant with the leader's name and clock (docs/ARCHITECTURE.md, "Fleet-wide
+LLM rate limits", says why that is enough).
 
 While it leads it subscribes to ``<prefix>.limits.ask`` and ``.settle`` and keeps a
 :class:`~loop_worker.engine.ratebook.RateBook`. An ask is answered at once when it may
@@ -68,8 +75,6 @@ GRACE_S = 2.0
 #: A leader's state older than this is not read (its windows are over).
 STATE_MAX_AGE_S = 3600.0
 
-_GRANTED = encode(LimitAnswer(granted=True))
-
 
 @dataclass(slots=True)
 class _Held:
@@ -104,8 +109,10 @@ class LimiterLeader:
         self.changed = asyncio.Event()  # set when leading starts or stops
         self._kv = kv
         self._revision = 0  # of the leader key, while leading
+        self.term = 0  # the key's revision when this leader took it (0: not leading)
         self._state_revision: int | None = None
-        self._renewed = 0.0
+        self._renewed = 0.0  # when the last write of the key that stands was *sent*
+        self._written = b""  # that write
         self._subs: list[Subscription] = []
         self._held: dict[str, _Held] = {}
         self._deadlines: list[tuple[float, str]] = []  # (poll_until or drop_at, ident)
@@ -139,7 +146,9 @@ class LimiterLeader:
                     if revision != seen:
                         seen, seen_at = revision, time.monotonic()
                     free = entry is None or entry.value is None
-                    if free or time.monotonic() - seen_at >= self.ttl_s:
+                    # its own last write still there: nobody took the key since
+                    mine = entry is not None and entry.value == self._written
+                    if free or mine or time.monotonic() - seen_at >= self.ttl_s:
                         await self._take(revision)
             except Exception as exc:
                 log.warning("rate-limit leadership round failed error=%r", exc)
@@ -148,24 +157,44 @@ class LimiterLeader:
             raise_if_cancelled()
             await asyncio.sleep(self.tick)
 
-    def _record(self) -> bytes:
-        return encode(LeaderRecord(owner=self.owner, at=time.time()))
+    async def _write(self, last: int) -> int:
+        """Write this worker's record over revision ``last`` of the key; its revision.
+
+        The lease runs from when the write was *sent*: a candidate can only have seen
+        it after that, so however late the reply comes, this leader stops answering
+        before any candidate may take over. A reply is awaited a third of the TTL
+        (later it is of no use); one that does not come may be of a write that
+        committed, so the key is read back, and a write found there stands. Raises
+        ``KeyWrongLastSequenceError`` when the key was not at ``last``."""
+        body = encode(LeaderRecord(owner=self.owner, at=time.time()))
+        sent = time.monotonic()
+        try:
+            revision = await self._kv.update(LEADER_KEY, body, last, timeout=self.ttl_s / 3)
+        except TimeoutError:  # nats.errors.TimeoutError is one
+            entry = await self._kv.entry(LEADER_KEY, timeout=self.ttl_s / 3)
+            if entry is None or entry.value != body:
+                if entry is not None and entry.revision != last:
+                    raise KeyWrongLastSequenceError(description="taken meanwhile") from None
+                raise  # not written: the next round writes again
+            revision = entry.revision  # it committed; its reply was lost
+            log.info("rate-limit leader key written, its reply lost revision=%d", revision)
+        self._renewed, self._written = sent, body
+        return revision
 
     async def _take(self, revision: int) -> None:
         try:
-            self._revision = await self._kv.update(LEADER_KEY, self._record(), revision)
+            self._revision = await self._write(revision)
         except KeyWrongLastSequenceError:
             return  # another candidate took it first
-        self._renewed = time.monotonic()
+        self.term = self._revision
         await self._lead()
 
     async def _renew(self) -> None:
         try:
-            self._revision = await self._kv.update(LEADER_KEY, self._record(), self._revision)
+            self._revision = await self._write(self._revision)
         except KeyWrongLastSequenceError:
             await self._step_down("another worker holds the key")
             return
-        self._renewed = time.monotonic()
         await self._save()
 
     async def _lead(self) -> None:
@@ -190,12 +219,14 @@ class LimiterLeader:
         ]
         LEADING.set(1)
         self.changed.set()
-        log.info("rate-limit leader now owner=%s models=%s", self.owner, list(self.settings.models))
+        log.info("rate-limit leader now owner=%s term=%d models=%s", self.owner, self.term,
+                 list(self.settings.models))  # fmt: skip
 
     async def _step_down(self, why: str) -> None:
         if self.book is None:
             return
         self.book = None
+        term, self.term = self.term, 0
         subs, self._subs = self._subs, []
         for sub in subs:
             await quietly(sub.unsubscribe())
@@ -208,7 +239,7 @@ class LimiterLeader:
             WAITING.labels(model).set(0)
         LEADING.set(0)
         self.changed.set()
-        log.warning("rate-limit leader no more owner=%s: %s", self.owner, why)
+        log.warning("rate-limit leader no more owner=%s term=%d: %s", self.owner, term, why)
 
     async def close(self) -> None:
         """Stand no more; a leader leaves its state and the key to the next. Idempotent."""
@@ -254,14 +285,26 @@ class LimiterLeader:
             self._wake.set()
 
     def _lapsed(self) -> bool:
-        """Whether this leader's key may have been taken over meanwhile (it was not
-        renewed for two thirds of the TTL: a stalled process): then it answers nothing."""
+        """Whether this leader's lease has lapsed: its last write of the key that stands
+        was sent more than two thirds of the TTL ago (a candidate may take over a third
+        later). Then it grants nothing."""
         return time.monotonic() - self._renewed > self.ttl_s * 2 / 3
+
+    def _grant(self) -> bytes | None:
+        """A grant's answer (who grants, in which term, when), or ``None`` while this
+        leader's lease has lapsed: then it grants nothing, and the pump steps it down."""
+        if self._lapsed():
+            self._wake.set()
+            return None
+        return encode(LimitAnswer(granted=True, leader=self.owner, term=self.term, at=time.time()))
 
     async def _on_ask(self, msg: Msg) -> None:
         book = self.book
-        if book is None or not msg.reply or self._lapsed():
+        if book is None or not msg.reply:
             return  # its worker asks again: the leader, once there is one, answers
+        if self._lapsed():
+            self._wake.set()  # the pump steps this leader down
+            return
         try:
             ask = decode(msg.data, LimitAsk)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -271,9 +314,10 @@ class LimiterLeader:
         if book.state(ask.id) is None:
             granted = book.ask(ask.id, ask.model, ask.tenant, ask.tokens, ask.hold_s)
         found = book.state(ask.id)
-        if found is not None and found.granted is not None:  # now, or asked again
+        answer = self._grant() if found is not None and found.granted is not None else None
+        if answer is not None:  # granted now, or asked again
             self._held.pop(ask.id, None)
-            await self.nc.publish(msg.reply, _GRANTED)
+            await self.nc.publish(msg.reply, answer)
         else:
             until = time.monotonic() + min(ask.wait_s, self.ttl_s)
             self._held[ask.id] = _Held(msg.reply, until)
@@ -297,10 +341,10 @@ class LimiterLeader:
     async def _deliver(self, granted: list[Ask]) -> None:
         for ask in granted:
             held = self._held.get(ask.ident)
-            if held is not None and held.reply:
+            if held is not None and held.reply and (answer := self._grant()) is not None:
                 del self._held[ask.ident]
                 # lost: its worker asks again after its timeout, and is answered then
-                await quietly(self.nc.publish(held.reply, _GRANTED))
+                await quietly(self.nc.publish(held.reply, answer))
             # else its worker asks again soon and is answered then (or gives it up)
 
     async def _pump(self) -> None:

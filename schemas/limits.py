@@ -40,20 +40,30 @@ class LimitAsk(msgspec.Struct, frozen=True, kw_only=True):
 
 class LimitAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """``granted``: the request may go. Otherwise it still waits (ask again), unless
-    ``error`` says why the ask was refused."""
+    ``error`` says why the ask was refused. A grant says who granted it: the leader's
+    ``leader`` name, its ``term`` (the revision of the key ``leader`` when it took it:
+    a later leader's is higher) and ``at``, its clock when it granted."""
 
     granted: bool = False
     waiting: _Count = 0  # asks waiting for the model at the leader
     error: str = ""
+    leader: str = ""
+    term: _Count = 0
+    at: Timestamp = 0.0
 
 
 class LimitSettle(msgspec.Struct, frozen=True, kw_only=True):
     """The request ``id`` is done: it used ``tokens`` (``None``: as estimated), or it was
-    never sent (``sent`` false: a cancelled wait gives its place up)."""
+    never sent (``sent`` false: a cancelled wait gives its place up). A granted one
+    repeats its grant's ``leader``, ``term`` and ``at`` (``granted_at``), so whoever
+    listens on ``<prefix>.limits.settle`` sees every grant that was used."""
 
     id: _Id
     tokens: _Count | None = None
     sent: bool = True
+    leader: str = ""
+    term: _Count = 0
+    granted_at: Timestamp = 0.0
 
 
 class LimitPause(msgspec.Struct, frozen=True, kw_only=True):

@@ -176,6 +176,9 @@ VALUES: dict[tuple[str, str], Callable[[], set[str]]] = {
     ("loopmesh_loop_turns_dead_lettered_total", "reason"): (
         lambda: label_calls("loop_worker/deadletter.py", "BURIED")
     ),
+    ("loopmesh_llm_limit_unanswered_total", "outcome"): (
+        lambda: label_calls("loop_worker/limiter.py", "UNANSWERED")
+    ),
     ("loopmesh_tool_worker_calls_total", "status"): lambda: set(typing.get_args(ToolStatus)),
     ("loopmesh_webhook_failures_total", "failure"): webhook_failures,
     ("loopmesh_webhook_dead_letters_total", "failure"): webhook_failures,

@@ -71,6 +71,14 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reply_tokens: Annotated[int, msgspec.Meta(ge=1)] = 1024
     #: A provider's ``Retry-After`` longer than this pauses the model this long.
     max_pause_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+    #: A call to a model with limits waits at most this long for any rate-limit leader
+    #: to answer (none elected, the limits bucket down); a leader's "still waiting"
+    #: starts it again, so a call queued behind the limit is not cut short.
+    leader_wait_s: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
+    #: What such a call does then: ``"fail"`` (fail closed: it fails with
+    #: ``LimiterUnavailableError`` and its turn ends ``llm_failed``) or ``"allow"``
+    #: (fail open: it goes to the provider uncounted).
+    no_leader: Literal["fail", "allow"] = "fail"
 
     def __post_init__(self) -> None:
         for model, limits in self.models.items():
