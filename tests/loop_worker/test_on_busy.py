@@ -93,12 +93,13 @@ def guarded(path: Path) -> tuple[str, dict[str, object]]:
     return ("local__guarded", {"path": str(path), "label": "g"})
 
 
+@pytest.mark.parametrize("mode", ["interrupt", "rollback"])
 async def test_an_interrupt_reaches_every_unfinished_earlier_turn_started_or_not(
-    mesh: Mesh, tmp_path: Path
+    mesh: Mesh, tmp_path: Path, mode: str
 ):
     """t0 waits for an approval, t1 and t2 wait their order behind it: t3 interrupts all
     three, and each ends ``interrupted`` (t1 and t2 read their interrupt when they
-    start); t3 then runs."""
+    start); t3 then runs. A ``rollback`` leaves none of their inputs in the session."""
     ledger = tmp_path / "n"
     mesh.fake.script(tool_calls(guarded(ledger)), tool_calls(DONE))
     async with Watch(mesh.nc) as watch:
@@ -106,7 +107,7 @@ async def test_an_interrupt_reaches_every_unfinished_earlier_turn_started_or_not
         await watch.wait("approval_required", "t0", timeout=30)
         await send_turn(mesh.nc, turn("t1", "then this"))
         await send_turn(mesh.nc, turn("t2", "and this"))
-        await send_turn(mesh.nc, turn("t3", "no, only this", on_busy="interrupt"))
+        await send_turn(mesh.nc, turn("t3", "no, only this", on_busy=mode))
         ends = [await watch.wait("loop_end", t, timeout=30) for t in ("t0", "t1", "t2", "t3")]
     reasons = [(e.turn_id, e.reason) for e in ends if isinstance(e, LoopEnd)]
     assert reasons == [
@@ -115,6 +116,15 @@ async def test_an_interrupt_reaches_every_unfinished_earlier_turn_started_or_not
     ], reasons  # fmt: skip
     assert not ledger.exists()
     assert len(mesh.fake.requests) == 2  # t0 asked once, t3 once; t1 and t2 never
+    value = await kv_read(mesh.nc, SUBJECTS.sessions_bucket, "acme.s1")
+    users = [m.content for m in decode(value or b"", SessionSnapshot).messages if m.role == "user"]
+    if mode == "rollback":
+        assert [(e.turn_id, e.by_turn) for e in watch.of("rolled_back")] == [
+            ("t0", "t3"), ("t1", "t3"), ("t2", "t3")
+        ]  # fmt: skip
+        assert users == ["no, only this"]
+    else:
+        assert users == ["write it", "then this", "and this", "no, only this"]
 
 
 async def test_a_users_pause_of_the_session_survives_an_interrupt(mesh: Mesh, tmp_path: Path):
