@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
+from loopmesh.controls import control_key
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.memory import MemoryStore
 from loopmesh.schedules import ScheduleStore, run_ends
@@ -37,7 +38,6 @@ from loopmesh.usage import UsageDay, read_days
 from schemas import (
     DEFAULT_AGENT,
     AgentSpec,
-    ApprovalDecision,
     Control,
     DecodeError,
     SessionSnapshot,
@@ -51,7 +51,7 @@ from schemas import (
 from schemas.agents import default_agent
 from schemas.events import Event
 from schemas.schedules import ScheduleRun
-from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
+from schemas.subjects import CONTROL_RECORDED_HEADER
 
 from .errors import Unavailable
 
@@ -240,10 +240,7 @@ class Backend:
         control subject, marked as recorded (the loop workers' contract, see
         ``loop_worker/controls.py``)."""
         kv = await self._bucket(self.subjects.control_bucket)
-        if isinstance(control, ApprovalDecision):
-            key = approval_key(control.tenant, control.session, control.call_id)
-        else:
-            key = session_key(control.tenant, control.session)
+        key = control_key(control)
         await self._call("record control", kv.put(key, encode(control)))
         await self.nc.publish(
             self.subjects.control(control.tenant, control.session),

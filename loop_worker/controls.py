@@ -7,7 +7,10 @@ core message reaches only the workers connected at that moment, controls are als
 recorded in the control KV bucket by exactly one worker (a queue group), so a turn
 that starts or is redelivered later still sees them:
 
-- ``<tenant>.<session>`` holds the last cancel, pause or resume;
+- ``<tenant>.<session>`` holds the last cancel, pause or resume naming no turn;
+- ``<tenant>.<session>.turn.<turn_id>`` holds the last one naming that turn (an
+  interrupt from a later turn's ``on_busy`` does), so that it replaces neither another
+  turn's nor a session-wide one;
 - ``<tenant>.<session>.approval.<call_id>`` holds an approval decision.
 
 A sender that records the control itself (:func:`send_control`) marks the message with
@@ -20,9 +23,12 @@ the queue group that would have recorded it publishes an ``error`` event on the
 subject's session saying why (:mod:`.refusals`).
 
 A recorded cancel or pause applies to a turn it names, or, naming no turn, to turns
-created before it was sent (``at``). When a turn ends, a cancel or pause that applied
-to it is cleared, so it does not reach the session's next turn. (A turn that saw no
-cancel or pause, recorded or live, has none to clear: its end reads nothing.)
+created before it was sent (``at``). A turn that starts reads both of its keys and
+applies what applies, the older first (a cancel is final; a later pause or resume wins
+over an earlier one). When a turn ends, a session-wide cancel or pause that applied to
+it is cleared, so it does not reach the session's next turn (a turn that saw no cancel
+or pause, recorded or live, has none to clear: its end reads nothing); a turn's own
+record stays until the bucket's TTL, so a later delivery of the turn still sees it.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
-from loopmesh.aio import quietly
+from loopmesh.aio import both, quietly
 from loopmesh.controls import record, send_control
 from loopmesh.jetstream import KV, Publisher, open_kv, retry
 from schemas import (
@@ -52,7 +58,7 @@ from schemas import (
     session_key,
 )
 from schemas.admit import Refused, admit_control
-from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
+from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
 
 from . import refusals
 from .engine.control import TurnControl
@@ -137,18 +143,11 @@ class Controls:
         control = RecordedTurnControl(turn, reads)
         key = session_key(turn.tenant, turn.session)
         self._running[key] = control  # live messages from now on
-        entry = await retry(lambda: reads.entry(key), f"get {key}")
-        if entry is None or entry.value is None:
-            return control
-        try:
-            recorded = decode(entry.value, Control)
-        except DecodeError as exc:
-            log.warning("bad recorded control key=%s error=%s", key, exc)
-            return control
-        if (recorded.tenant, recorded.session) != (turn.tenant, turn.session):
-            log.warning("recorded control names another session key=%s", key)
-            return control
-        if _applies(recorded, turn):
+        found = await both(
+            _recorded(reads, key, turn),
+            _recorded(reads, turn_control_key(turn.tenant, turn.session, turn.id), turn),
+        )
+        for recorded in sorted((c for c in found if c is not None), key=lambda c: c.at):
             await _apply(control, recorded)
         return control
 
@@ -215,6 +214,22 @@ class Controls:
             await record(self.kv, control)
         except Exception as exc:
             log.warning("control not recorded control=%r error=%r", control, exc)
+
+
+async def _recorded(reads: KV, key: str, turn: Turn) -> Control | None:
+    """The control recorded under ``key``, if it applies to ``turn``."""
+    entry = await retry(lambda: reads.entry(key), f"get {key}")
+    if entry is None or entry.value is None:
+        return None
+    try:
+        recorded = decode(entry.value, Control)
+    except DecodeError as exc:
+        log.warning("bad recorded control key=%s error=%s", key, exc)
+        return None
+    if (recorded.tenant, recorded.session) != (turn.tenant, turn.session):
+        log.warning("recorded control names another session key=%s", key)
+        return None
+    return recorded if _applies(recorded, turn) else None
 
 
 def _applies(control: Control, turn: Turn) -> bool:

@@ -20,6 +20,12 @@ last checkpoint: the iteration is replayed with the same call ids, whose effects
 recorded, and the same event ids. A lost race surfaces at a later commit, and every
 save of the session raises :class:`~loop_worker.engine.errors.StaleSessionError` from then on.
 
+A snapshot saved at a turn's end (``status`` idle) gets the turn's id added to its
+``ended_turns`` (the last :data:`~schemas.messages.ENDED_TURNS_KEPT`): the snapshot
+itself says which turns it holds, and :meth:`ended_before` asks it whether a turn ended
+before the session's last one, so a delivery of it that got past the checks of the
+turns stream is not run twice.
+
 :meth:`forget` keeps a session's last snapshot and revision when both are known to be
 stored (the most recent, up to :data:`WARM_BYTES` of encoded snapshots); :meth:`preload`
 with ``warm=True`` uses them instead of a read. When the caller may say ``warm`` is its
@@ -38,6 +44,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
+import msgspec
 from nats.aio.client import Client
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
@@ -45,6 +52,7 @@ from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, WRONG_LAST_SEQUENCE, Publisher, open_kv, retry, settled
 from loopmesh.payload import fit, limit_of
 from schemas import SessionSnapshot, Subjects, decode, session_key
+from schemas.messages import ENDED_TURNS_KEPT
 
 from .engine.errors import StaleSessionError
 
@@ -58,6 +66,14 @@ WARM_BYTES = 32 * 1024 * 1024  # encoded size of the ended sessions' snapshots k
 
 def _acked(future: asyncio.Future[Any]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _ended(snapshot: SessionSnapshot) -> SessionSnapshot:
+    """``snapshot``, with its turn among its ``ended_turns`` once the turn has ended."""
+    turn_id, ended = snapshot.turn_id, snapshot.ended_turns
+    if snapshot.status != "idle" or turn_id is None or turn_id in ended:
+        return snapshot
+    return msgspec.structs.replace(snapshot, ended_turns=(*ended, turn_id)[-ENDED_TURNS_KEPT:])
 
 
 class KVSessionStore:
@@ -128,6 +144,16 @@ class KVSessionStore:
         self._preloaded[key] = loaded
         return False
 
+    def ended_before(self, tenant: str, session: str, turn_id: str) -> bool:
+        """Whether the preloaded snapshot holds turn ``turn_id`` ended, with a later turn
+        of the session on top: running it again would apply it twice."""
+        loaded = self._preloaded.get(session_key(tenant, session))
+        return (
+            isinstance(loaded, SessionSnapshot)
+            and turn_id in loaded.ended_turns
+            and loaded.turn_id != turn_id
+        )
+
     def preloaded_turn(self, tenant: str, session: str) -> str | None:
         """The turn a preloaded snapshot was saved by (``None``: none, or no preload)."""
         loaded = self._preloaded.get(session_key(tenant, session))
@@ -151,6 +177,7 @@ class KVSessionStore:
         return snapshot
 
     async def save(self, snapshot: SessionSnapshot) -> None:
+        snapshot = _ended(snapshot)
         key = session_key(snapshot.tenant, snapshot.session)
         if not self._pipelined:
             self._current.pop(key, None)

@@ -125,7 +125,11 @@ DURATION = Histogram(
 class DoneElsewhere(Exception):
     """This delivery's turn is no longer in the stream: another delivery of it finished
     and acked it (it was delivered again while it ran, past AckWait). Running it again
-    would run it twice, after its session's next turns if they went on meanwhile."""
+    would run it twice, after its session's next turns if they went on meanwhile.
+
+    The session's snapshot has the last word: a turn it lists as ended under a later
+    turn (:meth:`~loop_worker.store.KVSessionStore.ended_before`) is done too, whatever
+    a read of the stream said (a read can race the ack that removes the turn)."""
 
     def __init__(self) -> None:
         super().__init__("acked by another delivery")
@@ -416,6 +420,10 @@ class TurnRun:
             # after it failed, say): its calls may have run, whatever the delivery count.
             w.tools.resuming(turn.msg_id)
         try:
+            if w.store.ended_before(turn.tenant, turn.session, turn.id):
+                await self._ack(turn)  # its snapshot says it ended: a later turn is on top
+                self.acked = True
+                raise DoneElsewhere
             end = await w.engine.run(turn, control)  # 5. run
             await w.store.flush(turn.tenant, turn.session)  # 6. finish
             if w.events.muted(turn.msg_id):  # a checkpoint lost its race (on_stale)

@@ -18,16 +18,20 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from schemas import ApprovalDecision, Control, Subjects, encode, session_key
-from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
+from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
 
 from .retry import retry
 
 
 def control_key(control: Control) -> str:
-    """Its key in the control bucket: the session's for a cancel, pause or resume (the
-    last one counts), its own for an approval decision."""
+    """Its key in the control bucket: its own for an approval decision; for a cancel,
+    pause or resume, its turn's when it names one (an interrupt does), else the
+    session's. Under each key the last one counts, so a control naming one turn
+    replaces neither another turn's nor a session-wide one."""
     if isinstance(control, ApprovalDecision):
         return approval_key(control.tenant, control.session, control.call_id)
+    if control.turn_id is not None:
+        return turn_control_key(control.tenant, control.session, control.turn_id)
     return session_key(control.tenant, control.session)
 
 

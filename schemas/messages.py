@@ -131,3 +131,12 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: The named agent the session belongs to (``schemas.agents``), set by its first
     #: turn (or when the session was created): a turn naming another is refused.
     agent: Token = "default"
+    #: The ids of the session's last turns that ended here (up to
+    #: :data:`ENDED_TURNS_KEPT`), oldest first: the loop worker's store adds each turn
+    #: as it checkpoints its end. A delivery of one of them after a later turn ran (a
+    #: check of the turns stream that raced its ack) is acked without running again.
+    ended_turns: tuple[Token, ...] = ()
+
+
+#: How many turn ids :attr:`SessionSnapshot.ended_turns` keeps.
+ENDED_TURNS_KEPT = 16

@@ -344,8 +344,15 @@ CONTROL_RECORDED_HEADER = "Loopmesh-Recorded"
 def approval_key(tenant: str, session: str, call_id: str) -> str:
     """The control-bucket key of an approval decision:
     ``<tenant>.<session>.approval.<call_id>`` (a cancel, pause or resume is recorded under
-    :func:`session_key`)."""
+    :func:`turn_control_key` when it names a turn, else :func:`session_key`)."""
     return f"{_pair(tenant, session)}.approval.{check_token(call_id, 'call')}"
+
+
+def turn_control_key(tenant: str, session: str, turn_id: str) -> str:
+    """The control-bucket key of a cancel, pause or resume naming one turn:
+    ``<tenant>.<session>.turn.<turn_id>``, beside the session's own key, so that it
+    replaces neither another turn's nor a session-wide one."""
+    return f"{_pair(tenant, session)}.turn.{check_token(turn_id, 'turn')}"
 
 
 def catalog_key(server: str, tool: str) -> str:

@@ -143,10 +143,11 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     parts: Annotated[tuple[ContentPart, ...], msgspec.Meta(max_length=MAX_PARTS)] = ()
     #: When an earlier turn of the session has not ended yet: ``enqueue`` (wait for
     #: it), ``reject`` (refused: an ``error`` event, code ``session_busy``, and a
-    #: ``loop_end``, reason ``rejected``), ``interrupt`` (the earlier turn stops at its
-    #: next safe point, reason ``interrupted``, and this one starts from what it left)
-    #: or ``rollback`` (the same, and the session returns to its snapshot from before
-    #: the interrupted turn began). ``None``: ``[loop] on_busy``.
+    #: ``loop_end``, reason ``rejected``), ``interrupt`` (every earlier turn that has
+    #: not ended, running or waiting its order, stops at its next safe point, or at its
+    #: start, reason ``interrupted``, and this one starts from what they left) or
+    #: ``rollback`` (the same, and the session returns to its snapshot from before the
+    #: interrupted turns began). ``None``: ``[loop] on_busy``.
     on_busy: OnBusy | None = None
     #: The named agent this turn runs (``schemas.agents``): its definition applies, with
     #: this turn's own fields above on top. ``None``: the session's agent (``default``

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.parametrize("durable", BOTH_SHARED, indirect=True)  # R
 
 
 def turn(turn_id: str = "t1", **kw) -> Turn:
-    kw = {"tenant": "acme", "session": "s1", **kw}
-    return Turn(id=turn_id, input="hi", created_at=time.time(), **kw)
+    kw = {"tenant": "acme", "session": "s1", "created_at": time.time(), **kw}
+    return Turn(id=turn_id, input="hi", **kw)
 
 
 nc = durable_nc()
@@ -74,12 +74,30 @@ async def test_pause_and_resume_reach_the_running_turn(nc, controls):
 async def test_a_cancel_sent_while_no_worker_runs_the_turn_applies_when_it_starts(nc, controls):
     t1 = turn("t1")
     await publish(nc, Cancel(tenant="acme", session="s1", turn_id="t1", reason="late"))
-    await wait_for(lambda: _recorded(nc, "acme.s1"), what="the control record")
+    await wait_for(lambda: _recorded(nc, "acme.s1.turn.t1"), what="the control record")
     control = await controls.open(t1)
     assert control.cancelled.is_set() and control.cancel_reason == "late"
     await controls.close_turn(t1, control)
     nxt = await controls.open(turn("t2"))  # the session's next turn is not cancelled
     assert not nxt.cancelled.is_set()
+
+
+async def test_interrupts_of_two_turns_keep_each_others_record_and_a_session_pause(nc, controls):
+    """Recorded while neither turn runs: each turn finds its own interrupt when it
+    starts, and the session-wide pause sent before them still holds for a turn it
+    applies to."""
+    pause = Pause(tenant="acme", session="s1", at=time.time())
+    before = pause.at - 1
+    await send_control(nc, SUBJECTS, pause)
+    for turn_id in ("t1", "t2"):
+        interrupt = Cancel(
+            tenant="acme", session="s1", turn_id=turn_id, mode="interrupt", by_turn="t3"
+        )
+        await send_control(nc, SUBJECTS, interrupt)
+    for turn_id in ("t1", "t2"):
+        control = await controls.open(turn(turn_id, created_at=before))
+        assert control.interruption is not None and control.interruption.by == "t3"
+    assert (await controls.open(turn("t0", created_at=before))).paused
 
 
 async def test_a_cancel_naming_no_turn_spares_turns_created_after_it(nc, controls):

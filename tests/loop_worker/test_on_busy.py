@@ -7,13 +7,15 @@ the session to its snapshot from before the interrupted turn began."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from loopmesh.controls import send_control
 from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, wait_for
 from loopmesh.testing.fake_llm import tool_calls
-from schemas import SessionSnapshot, decode
+from schemas import Control, Pause, Resume, SessionSnapshot, Turn, decode
 from schemas.events import Error, LoopEnd, RolledBack
 from tests.conftest import BOTH
 from tests.loop_worker.durable import Mesh, Watch, mesh_on, send_turn, turn
@@ -84,6 +86,76 @@ async def test_interrupt_stops_the_running_turn_after_its_call_is_recorded(
     assert any(m["role"] == "tool" and m["content"] == "counted a" for m in said)
     users = [m["content"] for m in said if m["role"] == "user" and "name" not in m]
     assert users[0] == "count slowly" and users[-1].endswith("stop that, do this"), users
+
+
+def guarded(path: Path) -> tuple[str, dict[str, object]]:
+    """A call that waits for a person's approval (a safe point), until interrupted."""
+    return ("local__guarded", {"path": str(path), "label": "g"})
+
+
+@pytest.mark.parametrize("mode", ["interrupt", "rollback"])
+async def test_an_interrupt_reaches_every_unfinished_earlier_turn_started_or_not(
+    mesh: Mesh, tmp_path: Path, mode: str
+):
+    """t0 waits for an approval, t1 and t2 wait their order behind it: t3 interrupts all
+    three, and each ends ``interrupted`` (t1 and t2 read their interrupt when they
+    start); t3 then runs. A ``rollback`` leaves none of their inputs in the session."""
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(guarded(ledger)), tool_calls(DONE))
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t0", "write it"))
+        await watch.wait("approval_required", "t0", timeout=30)
+        await send_turn(mesh.nc, turn("t1", "then this"))
+        await send_turn(mesh.nc, turn("t2", "and this"))
+        await send_turn(mesh.nc, turn("t3", "no, only this", on_busy=mode))
+        ends = [await watch.wait("loop_end", t, timeout=30) for t in ("t0", "t1", "t2", "t3")]
+    reasons = [(e.turn_id, e.reason) for e in ends if isinstance(e, LoopEnd)]
+    assert reasons == [
+        ("t0", "interrupted"), ("t1", "interrupted"), ("t2", "interrupted"),
+        ("t3", "task_completion"),
+    ], reasons  # fmt: skip
+    assert not ledger.exists()
+    assert len(mesh.fake.requests) == 2  # t0 asked once, t3 once; t1 and t2 never
+    value = await kv_read(mesh.nc, SUBJECTS.sessions_bucket, "acme.s1")
+    users = [m.content for m in decode(value or b"", SessionSnapshot).messages if m.role == "user"]
+    if mode == "rollback":
+        assert [(e.turn_id, e.by_turn) for e in watch.of("rolled_back")] == [
+            ("t0", "t3"), ("t1", "t3"), ("t2", "t3")
+        ]  # fmt: skip
+        assert users == ["no, only this"]
+    else:
+        assert users == ["write it", "then this", "and this", "no, only this"]
+
+
+async def test_a_users_pause_of_the_session_survives_an_interrupt(mesh: Mesh, tmp_path: Path):
+    """A session-wide pause applies to the turns created before it. An interrupt sent
+    after it keeps its own record: the pause still holds for the interrupting turn t1
+    (created before the pause), which starts paused and goes on once resumed."""
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(guarded(ledger)), tool_calls(DONE))
+    created = time.time()
+    await send_control(mesh.nc, SUBJECTS, Pause(tenant="acme", session="s1"))
+    interrupting = Turn(
+        id="t1", tenant="acme", session="s1", input="do this instead", created_at=created,
+        on_busy="interrupt",
+    )  # fmt: skip
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t0", "write it"))  # created after the pause
+        await watch.wait("approval_required", "t0", timeout=30)
+        await send_turn(mesh.nc, interrupting)
+        first = await watch.wait("loop_end", "t0", timeout=30)
+        assert isinstance(first, LoopEnd) and first.reason == "interrupted"
+        await wait_for(
+            lambda: bool(watch.of("paused", "t1") or watch.of("loop_end", "t1")),
+            timeout=30,
+            what="t1 to pause or end",
+        )
+        assert watch.of("paused", "t1") and not watch.of("loop_end", "t1")
+        recorded = await kv_read(mesh.nc, SUBJECTS.control_bucket, "acme.s1")
+        assert isinstance(decode(recorded or b"", Control), Pause)
+        await send_control(mesh.nc, SUBJECTS, Resume(tenant="acme", session="s1"))
+        second = await watch.wait("loop_end", "t1", timeout=30)
+    assert isinstance(second, LoopEnd) and second.reason == "task_completion"
 
 
 async def test_rollback_returns_the_session_to_before_the_interrupted_turn(

@@ -19,8 +19,9 @@ from prometheus_client import REGISTRY
 from loop_worker.lease import Leases
 from loop_worker.store import KVSessionStore
 from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, tenant_consumer_of, wait_for
-from schemas import SessionSnapshot, decode
-from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn
+from schemas import SessionSnapshot, decode, encode
+from tests.conftest import BOTH
+from tests.loop_worker.durable import Watch, mesh_on, send_turn, turn, turns_left
 
 
 @pytest.fixture
@@ -134,3 +135,31 @@ async def _in_progress(msg) -> None:
     while True:
         await msg.in_progress()
         await asyncio.sleep(0.5)  # within AckWait (2 s): the turn stays with this delivery
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_turn_delivered_again_after_its_session_moved_on_is_acked_not_run(durable):
+    """A delivery of t1 that gets past the queue checks after t2 ran on top of it (a
+    check that raced t1's ack: a stream leader that had not applied it yet; or a copy
+    of t1 published again) finds t1 among the turns its session's snapshot ended: it is
+    acked and not run, so the session holds t1 once."""
+    async with mesh_on(durable.url, replicas=durable.replicas, workers=True) as mesh:
+        nc = mesh.nc
+        async with Watch(nc) as watch:
+            for turn_id in ("t1", "t2"):
+                await send_turn(nc, turn(turn_id, f"say {turn_id}"))
+                await watch.wait("loop_end", turn_id, timeout=30)
+            # t1 once more, under no Nats-Msg-Id, so the stream keeps it: in the queue
+            # after t2, it passes every check of the stream
+            again = turn("t1", "say t1")
+            await nc.jetstream().publish(SUBJECTS.turn("acme", "s1"), encode(again))
+            await wait_for(lambda: _empty(nc), timeout=30, what="the copy to be acked")
+        value = await kv_read(nc, SUBJECTS.sessions_bucket, "acme.s1")
+        snapshot = decode(value or b"", SessionSnapshot)
+        assert (snapshot.turn_id, snapshot.status, snapshot.turns) == ("t2", "idle", 2)
+        assert [m.content for m in snapshot.messages if m.role == "user"] == ["say t1", "say t2"]
+        assert snapshot.ended_turns == ("t1", "t2")
+
+
+async def _empty(nc) -> bool:
+    return await turns_left(nc) == 0
