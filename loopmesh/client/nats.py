@@ -33,8 +33,8 @@ from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn
 from schemas.agents import default_agent
 
-from .errors import ClientError, NotSetUp, Unauthorized, Unavailable
-from .transport import SessionEvent, Submitted
+from .errors import ClientError, InvalidRequest, NotSetUp, Unauthorized, Unavailable
+from .transport import Fork, Rewind, SessionEvent, Submitted
 
 T = TypeVar("T")
 
@@ -153,6 +153,12 @@ class NatsTransport:
             return [default_agent()]  # no bucket yet: only the deployment's [loop]
         return list(found.values())
 
+    async def fork(self, session: str, *, turn: str, before: bool, into: str | None) -> Fork:
+        raise _through_gateway("fork")
+
+    async def rewind(self, session: str, *, turn: str, before: bool) -> Rewind:
+        raise _through_gateway("rewind")
+
     # -- connecting -----------------------------------------------------------------------
 
     async def _connect(self, deadline: float) -> Client:
@@ -227,3 +233,10 @@ def _refused_credentials(cause: BaseException | None) -> bool:
     if isinstance(cause, nats.errors.AuthorizationError):
         return True
     return cause is not None and "authorization violation" in str(cause).lower()
+
+
+def _through_gateway(what: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"{what} a session through the gateway (Client(gateway=...)): it reads the "
+        "session's events and writes its snapshot there, with the session's lease"
+    )
