@@ -64,5 +64,5 @@ async def test_branch_from_a_turn_goes_on_from_there_and_rewind_marks_later_turn
         await page.screenshot(path=str(ARTIFACTS / "webview-rewound.png"), full_page=True)
 
         asked = len(llm.requests)
-        await send(page, "what was the word?", 2)  # the undone turn's final stays on screen
+        await send(page, "what was the word?", 3)  # the undone turn's answer stays shown
         assert llm.requests[asked]["messages"] == second["messages"]
