@@ -17,7 +17,9 @@ from gateway.server import GatewayServer
 from loopmesh.testing.durable import stream_events
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.sse import messages
-from tests.gateway.conftest import GLOBEX_KEY, auth
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
+from tests.gateway.test_partitions import PARTS, A, B
+from tests.gateway.test_partitions import gateway_on as partitioned_gateway
 from tests.loop_worker.durable import Mesh, count_task, mesh_on
 
 
@@ -54,9 +56,15 @@ def called(request: dict[str, Any]) -> list[str]:
 
 async def three_turns(client: httpx.AsyncClient, llm: FakeLLM, tmp_path: Path) -> Any:
     """Session s1: a plain turn, one that runs a tool, a plain turn."""
-    first = await run(client, llm, "s1", "remember the word heron")
-    second = await run(client, llm, "s1", count_task(tmp_path / "n"))
-    third = await run(client, llm, "s1", "what was the word?")
+    return await three_turns_in(client, llm, "s1", tmp_path)
+
+
+async def three_turns_in(
+    client: httpx.AsyncClient, llm: FakeLLM, session: str, tmp_path: Path
+) -> Any:
+    first = await run(client, llm, session, "remember the word heron")
+    second = await run(client, llm, session, count_task(tmp_path / "n"))
+    third = await run(client, llm, session, "what was the word?")
     assert (tmp_path / "n").read_text() == "a\n"
     return first, second, third
 
@@ -188,3 +196,25 @@ async def test_fork_and_rewind_are_refused_while_a_turn_of_the_session_runs(
         assert r.json()["error"]["code"] == "session_busy"
     r = await client.post("/v1/sessions/s1/cancel", json={})
     assert r.status_code < 300, r.text
+
+
+async def test_a_fork_into_another_partition_and_its_rewind_read_each_sessions_stream(
+    nats_server: Any, tmp_path: Path
+):
+    assert PARTS.partition("acme", A) != PARTS.partition("acme", B)
+    async with (
+        mesh_on(nats_server.url, partitions=3, workers=True) as mesh,
+        partitioned_gateway(mesh.url) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as client,
+    ):
+        llm = mesh.fake
+        assert llm is not None
+        (t1, _), (t2, _), (t3, asked3) = await three_turns_in(client, llm, A, tmp_path)
+        r = await client.post(f"/v1/sessions/{A}/fork", json={"at_turn": t3, "session": B})
+        assert r.status_code == 201 and r.json()["turns"] == [t1, t2, t3], r.text
+        r = await client.post(f"/v1/sessions/{B}/rewind", json={"before_turn": t3})
+        assert r.status_code == 200 and r.json()["undone"] == [t3], r.text
+        _, again = await run(client, llm, B, "what was the word?")
+        assert again["messages"] == asked3["messages"]
+        events = [e for e, _ in await stream_events(mesh.nc, "acme", B, PARTS)]
+        assert [e.type for e in events][:2] == ["forked", "rewound"]
