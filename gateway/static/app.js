@@ -661,10 +661,11 @@ class View {
   }
 
   forked(e) {
+    const n = (e.turns || []).length;
     const note = el("div", "line note forked",
       `Branched from session ${e.source}` +
       (e.at_turn ? ` as it was after turn ${e.at_turn.slice(0, 8)}` : " before its first turn") +
-      ` (${e.turns.length} turn${e.turns.length === 1 ? "" : "s"}; their tool calls are not run again). `);
+      ` (${n} turn${n === 1 ? "" : "s"}; their tool calls are not run again). `);
     const source = el("button", "quiet", `Open ${e.source}`);
     source.type = "button";
     source.addEventListener("click", () => open(e.source));
