@@ -6,12 +6,10 @@ the history up to the chosen point."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.server import GatewayServer
 from loopmesh.testing.durable import stream_events
@@ -20,19 +18,10 @@ from loopmesh.testing.sse import messages
 from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
 from tests.gateway.test_partitions import PARTS, A, B
 from tests.gateway.test_partitions import gateway_on as partitioned_gateway
+from tests.gateway.test_webview import llm, mesh
 from tests.loop_worker.durable import Mesh, count_task, mesh_on
 
-
-@pytest.fixture
-async def mesh(nats_url: str) -> AsyncIterator[Mesh]:
-    async with mesh_on(nats_url, provisioned=True, workers=True) as mesh:
-        yield mesh
-
-
-@pytest.fixture
-def llm(mesh: Mesh) -> FakeLLM:
-    assert mesh.fake is not None
-    return mesh.fake
+__all__ = ["llm", "mesh"]  # the fixtures, shared
 
 
 async def run(client: httpx.AsyncClient, llm: FakeLLM, session: str, text: str) -> Any:
