@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.server import GatewayServer
 from loopmesh.testing.durable import stream_events
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.sse import messages
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, auth
+from tests.conftest import Durable
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
 from tests.gateway.test_partitions import PARTS, A, B
 from tests.gateway.test_partitions import gateway_on as partitioned_gateway
 from tests.gateway.test_webview import llm, mesh
-from tests.loop_worker.durable import Mesh, count_task, mesh_on
+from tests.loop_worker.durable import Mesh, count_task, gateway_on, mesh_on
 
 __all__ = ["llm", "mesh"]  # the fixtures, shared
 
@@ -207,3 +209,23 @@ async def test_a_fork_into_another_partition_and_its_rewind_read_each_sessions_s
         assert again["messages"] == asked3["messages"]
         events = [e for e, _ in await stream_events(mesh.nc, "acme", B, PARTS)]
         assert [e.type for e in events][:2] == ["forked", "rewound"]
+
+
+@pytest.mark.parametrize("durable", ["cluster"], indirect=True)
+async def test_fork_and_rewind_on_a_cluster_with_three_replicas(durable: Durable, tmp_path: Path):
+    async with (
+        mesh_on(durable.url, replicas=3, workers=True) as mesh,
+        gateway_on(durable.url, api_keys=KEYS) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as client,
+    ):
+        llm = mesh.fake
+        assert llm is not None
+        _, (t2, asked2), (t3, asked3) = await three_turns(client, llm, tmp_path)
+        r = await client.post("/v1/sessions/s1/fork", json={"before_turn": t3, "session": "f1"})
+        assert r.status_code == 201, r.text
+        _, again = await run(client, llm, "f1", "what was the word?")
+        assert again["messages"] == asked3["messages"]
+        r = await client.post("/v1/sessions/s1/rewind", json={"before_turn": t2})
+        assert r.status_code == 200 and r.json()["undone"] == [t2, t3], r.text
+        _, again = await run(client, llm, "s1", count_task(tmp_path / "n"))
+        assert again["messages"] == asked2["messages"]
