@@ -1,20 +1,32 @@
 """``POST /v1/sessions/{session}/fork`` and ``.../rewind``: a new session as a session was
-at a turn, or the session itself taken back to a turn (:mod:`gateway.branching`)."""
+at a turn, or the session itself taken back to a turn (:mod:`loopmesh.branching`, with
+this gateway's NATS connection and its reader of a session's stored events)."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from loopmesh.branching import Branching
+from loopmesh.errors import BranchRefused
 from schemas import new_id
+from schemas.codec import DecodeError
+from schemas.events import Event, decode_event
 
 from .. import api
 from ..api import json_response as _json
-from ..branching import Branching
 from ..checks import check_id
 from ..core import Gateway, Handler
-from ..errors import Unprocessable
+from ..errors import Busy, Conflict, GatewayError, NotFound, Unavailable, Unprocessable
 from ..openapi import SESSION, Operation
+
+#: The gateway's answer to each kind of refusal.
+REFUSALS: dict[str, type[GatewayError]] = {
+    "not_found": NotFound, "busy": Busy, "conflict": Conflict, "invalid": Unprocessable,
+}  # fmt: skip
 
 
 def _point(at_turn: str | None, before_turn: str | None) -> tuple[str, bool]:
@@ -34,7 +46,6 @@ def _point(at_turn: str | None, before_turn: str | None) -> tuple[str, bool]:
 class Branches:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.store = Branching(gateway.backend)
 
     async def fork(self, request: Request) -> Response:
         g = self.gateway
@@ -43,9 +54,9 @@ class Branches:
         body = await g.body(request, api.ForkSession)
         turn_id, before = _point(body.at_turn, body.before_turn)
         into = check_id(body.session, "session") if body.session is not None else new_id()
-        if into == source:
-            raise Unprocessable("a fork needs a session id of its own", field="session")
-        fork, made = await self.store.fork(who.tenant, source, turn_id, before=before, into=into)
+        async with self._refusals("fork"):
+            branching = await self._branching()
+            fork, made = await branching.fork(who.tenant, source, turn_id, before=before, into=into)
         return _json(
             api.SessionForked(
                 tenant=who.tenant, session=into, source=source, agent=fork.agent,
@@ -60,7 +71,9 @@ class Branches:
         session = check_id(request.path_params["session"], "session")
         body = await g.body(request, api.RewindSession)
         turn_id, before = _point(body.at_turn, body.before_turn)
-        _, made = await self.store.rewind(who.tenant, session, turn_id, before=before)
+        async with self._refusals("rewind"):
+            branching = await self._branching()
+            _, made = await branching.rewind(who.tenant, session, turn_id, before=before)
         calls = [
             api.RanCallView(call_id=c.call_id, server=c.server, tool=c.tool, status=c.status)
             for c in made.calls
@@ -71,6 +84,43 @@ class Branches:
                 calls=calls, messages=len(made.messages),
             )
         )  # fmt: skip
+
+    async def _branching(self) -> Branching:
+        b = self.gateway.backend
+        s = b.subjects
+        return Branching(
+            b.js, b.publisher(), s, sessions=await b.kv(s.sessions_bucket),
+            leases=await b.kv(s.leases_bucket), events=self._events, timeout=b.timeout,
+        )  # fmt: skip
+
+    async def _events(self, tenant: str, session: str) -> list[Event]:
+        """The session's stored events, read from its partition's stream."""
+        b = self.gateway.backend
+        first, last = await b.events_bounds(tenant, session)
+        if last == 0:
+            return []
+        stream = b.subjects.events_stream_of(tenant, session)
+        subject = b.subjects.session_events(tenant, session)
+        out: list[Event] = []
+        async with contextlib.aclosing(
+            b.stored_events(stream, subject, max(first, 1), "the session's events")
+        ) as batches:
+            async for batch in batches:
+                for msg in batch:
+                    with contextlib.suppress(DecodeError):
+                        out.append(decode_event(msg.data))
+        return out
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def _refusals(what: str) -> AsyncIterator[None]:
+        """A refusal as its HTTP answer; NATS not answering in time as a 503."""
+        try:
+            yield
+        except BranchRefused as exc:
+            raise REFUSALS[exc.kind](exc.message, field=exc.field) from None
+        except TimeoutError:
+            raise Unavailable(f"NATS did not answer in time ({what}); try again") from None
 
     def operations(self) -> list[tuple[Operation, Handler]]:
         return [

@@ -1,5 +1,5 @@
 """``loopmesh fork|rewind --session S``: a new session as S was at a turn, or S itself
-taken back to a turn (through the gateway)."""
+taken back to a turn."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ Name the point with --at-turn T (the session as it was at the end of turn T) or
 --before-turn T (as it was before T began); `loopmesh events` shows the turn ids. A fork
 leaves the session as it is; a rewind undoes the turns after the point: their events
 stay, after them a `rewound` event names them. Tool calls that ran are not undone: the
-rewind lists them. Both are refused while a turn of the session runs or waits. They go
-through the gateway (--gateway, --api-key)."""
+rewind lists them. Both are refused while a turn of the session runs or waits."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

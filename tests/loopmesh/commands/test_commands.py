@@ -303,8 +303,9 @@ async def test_fork_and_rewind_take_a_session_to_a_turn_and_events_show_it(
 
     code, lines = await loopmesh(*rewind)
     assert code == 1 and "undone" in lines[-1], lines
-    code, lines = await loopmesh("fork", "--nats-url", mesh.url, "--session", "s1", "--at-turn", t1)
-    assert code == 1 and "through the gateway" in lines[-1], lines
+    over_nats = ("fork", "--nats-url", mesh.url, "--session", "s1", "--at-turn", t1)
+    code, lines = await loopmesh(*over_nats, "--into", "f2")
+    assert (code, lines) == (0, ["forked session s1 into f2 (1 turn)"])
     code, lines = await loopmesh(*fork)
     assert code == 2 and "one of the arguments --at-turn --before-turn is required" in lines[-1]
 

@@ -1,5 +1,5 @@
 """The session as of a turn, cut from its snapshot by what its events say
-(:mod:`gateway.history`): the cases a live mesh reaches only slowly (pruning, a
+(:mod:`loopmesh.history`): the cases a live mesh reaches only slowly (pruning, a
 rolled-back turn, the loop's own messages between turns)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.history import Unreachable, cut, fold
+from loopmesh.errors import BranchRefused
+from loopmesh.history import cut, fold
 from schemas import ChatMessage, PlanStep, SessionSnapshot
 from schemas.events import (
     Event,
@@ -68,7 +69,7 @@ def test_a_rolled_back_turn_holds_no_messages_and_cannot_be_named():
     assert t.live == ["t1", "t2", "t3"]
     made = cut(snapshot(*CONVERSATION), t, "t1", before=False)
     assert made.messages == CONVERSATION[:4] and made.later == ("t2", "t3")
-    with pytest.raises(Unreachable, match="undone"):
+    with pytest.raises(BranchRefused, match="undone"):
         cut(snapshot(*CONVERSATION), t, "tx", before=True)
 
 
@@ -92,10 +93,10 @@ def test_a_point_before_the_last_pruning_is_refused_and_one_after_keeps_the_summ
     events = [*TURNS, ev(MemoryPruned, "t2", removed=2), ev(TurnAccepted, "t3", input="three")]
     t = fold(events)
     pruned = snapshot(*CONVERSATION[4:], summary="they said one")
-    with pytest.raises(Unreachable, match="no longer in the session's memory") as info:
+    with pytest.raises(BranchRefused, match="no longer in the session's memory") as info:
         cut(pruned, t, "t1", before=False)
     assert info.value.field == "at_turn"
-    with pytest.raises(Unreachable, match="pruned the session's memory"):
+    with pytest.raises(BranchRefused, match="pruned the session's memory"):
         cut(pruned, t, "t2", before=True)
     made = cut(pruned, t, "t2", before=False)
     assert made.messages == CONVERSATION[4:6] and made.summary == "they said one"
@@ -109,5 +110,5 @@ def test_a_forks_inherited_turns_come_first_and_match_whatever_their_input():
     t = fold(events)
     assert t.live == ["t1", "t2", "t3"] and t.source == ("s0", ("t1", "t2"))
     assert cut(snapshot(*CONVERSATION), t, "t2", before=True).messages == CONVERSATION[:4]
-    with pytest.raises(Unreachable, match="has no turn"):
+    with pytest.raises(BranchRefused, match="has no turn"):
         cut(snapshot(*CONVERSATION), t, "t9", before=True)

@@ -1,4 +1,4 @@
-"""A session's history by turn, for fork and rewind (:mod:`gateway.routes.branches`):
+"""A session's history by turn, for fork and rewind (:mod:`loopmesh.branching`):
 which turns its conversation holds, where each begins in the snapshot's messages, and
 the session as it was at the end of any of them.
 
@@ -15,8 +15,8 @@ carry one), matched from the newest back.
 
 Pruning is the one change that is not an append: it replaces old messages by a summary.
 The session before the last turn that pruned cannot be rebuilt from the snapshot, so a
-cut there is refused (:class:`Unreachable`); any cut at or after its end keeps the
-snapshot's summary.
+cut there is refused (:class:`~loopmesh.errors.BranchRefused`, kind ``invalid``); any cut
+at or after its end keeps the snapshot's summary.
 """
 
 from __future__ import annotations
@@ -39,15 +39,7 @@ from schemas.events import (
     TurnAccepted,
 )
 
-
-class Unreachable(Exception):
-    """The session cannot be taken to that point (the message says why); ``field``: the
-    request's field that named it."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
+from .errors import BranchRefused
 
 
 @dataclass
@@ -158,24 +150,25 @@ def starts(messages: tuple[ChatMessage, ...], t: Timeline) -> dict[str, int]:
 
 def cut(snapshot: SessionSnapshot, t: Timeline, turn_id: str, *, before: bool) -> Cut:
     """The session at the end of ``turn_id`` (``before``: at its start). Raises
-    :class:`Unreachable` for a turn it never ran, one undone, one whose messages were
-    pruned, and a point before the last pruning."""
+    :class:`~loopmesh.errors.BranchRefused` (``invalid``, naming the field) for a turn it
+    never ran, one undone, one whose messages were pruned, and a point before the last
+    pruning."""
     name = "before_turn" if before else "at_turn"
     if turn_id not in t.live:
         if turn_id in t.marks:
-            raise Unreachable(
+            raise _unreachable(
                 f"turn {turn_id!r} was undone (rewound or rolled back); "
                 "name a turn the session holds (GET .../events shows them)",
                 name,
             )
-        raise Unreachable(f"session {snapshot.session!r} has no turn {turn_id!r}", name)
+        raise _unreachable(f"session {snapshot.session!r} has no turn {turn_id!r}", name)
     messages = snapshot.messages
     begin = starts(messages, t)
     at = t.live.index(turn_id)
     kept = t.live[:at] if before else t.live[: at + 1]
     later = t.live[len(kept) :]
     if turn_id not in begin:
-        raise Unreachable(
+        raise _unreachable(
             f"turn {turn_id!r} is no longer in the session's memory (pruned into its "
             "summary); name a later turn",
             name,
@@ -183,7 +176,7 @@ def cut(snapshot: SessionSnapshot, t: Timeline, turn_id: str, *, before: bool) -
     end = next((begin[x] for x in later if x in begin), len(messages))
     pruned = [x for x in t.live if t.marks[x].pruned]
     if pruned and pruned[-1] not in kept:
-        raise Unreachable(
+        raise _unreachable(
             f"turn {pruned[-1]!r} pruned the session's memory (older messages became a "
             f"summary), so the session before its end is not kept; name turn "
             f"{pruned[-1]!r} (at_turn) or a later one",
@@ -199,3 +192,7 @@ def cut(snapshot: SessionSnapshot, t: Timeline, turn_id: str, *, before: bool) -
         later=tuple(later),
         calls=tuple(calls),
     )
+
+
+def _unreachable(message: str, field: str) -> BranchRefused:
+    return BranchRefused("invalid", message, field=field)
