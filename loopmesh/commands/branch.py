@@ -14,7 +14,7 @@ HELP = """Fork (`loopmesh fork`) a session into a new one as it was at a turn, o
 (`loopmesh rewind`) the session itself back to a turn: the next turn starts from there.
 
 Name the point with --at-turn T (the session as it was at the end of turn T) or
---before-turn T (as it was before T began); `loopmesh events` shows the turn ids. A fork
+--before-turn T (as it was before T began); `loopmesh events --json` shows turn ids. A fork
 leaves the session as it is; a rewind undoes the turns after the point: their events
 stay, after them a `rewound` event names them. Tool calls that ran are not undone: the
 rewind lists them. Both are refused while a turn of the session runs or waits."""
