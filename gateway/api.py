@@ -137,6 +137,60 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = DEFAULT_AGENT
 
 
+class ForkSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fork a session: a new session holding it as it was at the end of ``at_turn``, or
+    at the start of ``before_turn`` (name one of the two, a turn id). ``session``: the
+    new session's id (default: one the gateway picks). The session forked is left as
+    it is; no tool call runs again."""
+
+    at_turn: Id | None = None
+    before_turn: Id | None = None
+    session: Id | None = None
+
+
+class SessionForked(msgspec.Struct, frozen=True, kw_only=True):
+    """The new session (``session``), made from ``source``: ``at_turn`` is the last
+    turn it holds (``null``: none), ``turns`` every turn it holds, oldest first."""
+
+    tenant: str
+    session: str
+    source: str
+    agent: str = DEFAULT_AGENT
+    at_turn: str | None = None
+    turns: list[str] = []
+    messages: int = 0
+
+
+class RewindSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Take a session back to the start of ``before_turn``, or to the end of ``at_turn``
+    (name one of the two, a turn id): the turns after that point are undone."""
+
+    before_turn: Id | None = None
+    at_turn: Id | None = None
+
+
+class RanCallView(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call that ran (its side effect stays): ``status`` ``ok``, ``error``, or
+    ``timeout`` (it may have run)."""
+
+    call_id: str
+    server: str = ""
+    tool: str = ""
+    status: str = "ok"
+
+
+class SessionRewound(msgspec.Struct, frozen=True, kw_only=True):
+    """The session now ends with ``to_turn`` (``null``: it is empty); ``undone``: the
+    turns taken back, oldest first; ``calls``: their tool calls that ran."""
+
+    tenant: str
+    session: str
+    to_turn: str | None = None
+    undone: list[str] = []
+    calls: list[RanCallView] = []
+    messages: int = 0
+
+
 class TurnPosted(msgspec.Struct, frozen=True, kw_only=True):
     """``events_url`` streams this turn's events from just before it was published."""
 

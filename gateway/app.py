@@ -21,6 +21,7 @@ from .core import Gateway, Metrics
 from .errors import GatewayError, NotFound
 from .openapi import Operation, document
 from .routes.agents import Agents
+from .routes.branches import Branches
 from .routes.controls import Controls
 from .routes.events import Events
 from .routes.health import Health
@@ -43,6 +44,7 @@ def create_app(gateway: Gateway, mcp_app: ASGIApp | None = None) -> Starlette:
     health = Health(gateway)
     ops: list[tuple[Operation, Any]] = [
         *Sessions(gateway).operations(),
+        *Branches(gateway).operations(),
         *Events(gateway).operations(),
         *Controls(gateway).operations(),
         *Tools(gateway).operations(),

@@ -50,6 +50,8 @@ COMMANDS: dict[str, str] = {
     "cancel": "loopmesh.commands.cancel",
     "pause": "loopmesh.commands.pause",
     "resume": "loopmesh.commands.pause",
+    "fork": "loopmesh.commands.branch",
+    "rewind": "loopmesh.commands.branch",
     "tools": "loopmesh.commands.tools",
     "agents": "loopmesh.commands.agents",
     "schedules": "loopmesh.commands.schedules",

@@ -11,6 +11,7 @@ LoopmeshError
 │   ├── EgressRefused      the host or an address is not allowed (:mod:`.egress`)
 │   └── UnresolvableHost   the host has no address
 ├── InvalidWebhook         a webhook's URL is refused (:mod:`.webhook`; ``.field``, ``.message``)
+├── BranchRefused          a fork or rewind is refused (:mod:`.branching`; ``.kind``, ``.field``)
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
@@ -76,6 +77,19 @@ class InvalidWebhook(LoopmeshError):
         super().__init__(message)
         self.field = field
         self.message = message
+
+
+class BranchRefused(LoopmeshError):
+    """A fork or a rewind that cannot be done (:mod:`.branching`), ``message`` says why:
+    ``kind`` ``not_found`` (no such session), ``busy`` (a turn of it runs or waits, or
+    it changed meanwhile), ``conflict`` (the fork's session id is taken: ``field``
+    ``session``) or ``invalid`` (the point named cannot be reached: ``field`` names it)."""
+
+    def __init__(self, kind: str, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.field = field
 
 
 class NatsConnectError(LoopmeshError):

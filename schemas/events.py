@@ -379,6 +379,33 @@ class RolledBack(Event, tag="rolled_back", frozen=True, kw_only=True):
     calls: tuple[RanCall, ...] = ()
 
 
+class Forked(Event, tag="forked", frozen=True, kw_only=True):
+    """The first event of a session made as a copy of another as of one of its turns
+    (``POST /v1/sessions/{session}/fork``); published by the gateway under a turn id of
+    its own. ``source``: the session copied, left as it was; ``at_turn``: the last of
+    its turns the copy holds (``None``: none, the copy starts empty); ``turns``: the
+    ids of the turns it holds, oldest first (their events stay in ``source``). Their
+    tool calls ran once, in ``source``; nothing runs again."""
+
+    source: str
+    at_turn: str | None = None
+    turns: tuple[str, ...] = ()
+
+
+class Rewound(Event, tag="rewound", frozen=True, kw_only=True):
+    """The session was taken back to the end of ``to_turn`` (``None``: its start) by
+    ``POST /v1/sessions/{session}/rewind``; published by the gateway under a turn id of
+    its own. ``turns``: the turns undone, oldest first: their events stay in the
+    stream, before this one, and a reader shows them as undone; the next turn starts
+    from the session as it was before them. A tool call's side effect is not undone:
+    ``calls`` are the calls of the undone turns that a tool worker ran (``status``
+    ``timeout``: it may have)."""
+
+    to_turn: str | None = None
+    turns: tuple[str, ...] = ()
+    calls: tuple[RanCall, ...] = ()
+
+
 AnyEvent = (
     TurnAccepted
     | TurnQueued
@@ -409,6 +436,8 @@ AnyEvent = (
     | HookErrorEvent
     | OrchestratorFallback
     | RolledBack
+    | Forked
+    | Rewound
     | BudgetReached
     | LoopEnd
     | Error

@@ -426,6 +426,9 @@ class View {
   // -- events -------------------------------------------------------------------------
 
   apply(e, seq) {
+    // made by the gateway under a turn id of their own: they belong to no turn
+    if (e.type === "forked") return this.forked(e);
+    if (e.type === "rewound") return this.rewound(e);
     const turn = this.turn(e.turn_id);
     switch (e.type) {
       case "turn_accepted":
@@ -635,6 +638,59 @@ class View {
     this.pendingQuestion = e.reason === "ask_question" ? e.content : null;
     this.fact("iteration", `${e.iterations} of ${turn.max || e.iterations} (finished)`);
     turn.iter.textContent = `${e.iterations} of ${turn.max || e.iterations} iterations`;
+    if (!this.nested) this.turnActions(turn);
+  }
+
+  // -- fork and rewind ------------------------------------------------------------------
+
+  // An ended turn's actions: a new session from the session as it was after this turn,
+  // or this session itself taken back to it (the turns after it are undone).
+  turnActions(turn) {
+    if (turn.actions) return;
+    const box = el("span", "turn-actions");
+    const branch = el("button", "quiet branch", "Branch from here");
+    const rewind = el("button", "quiet rewind", "Rewind to here");
+    branch.type = rewind.type = "button";
+    branch.title = "A new session holding this one as it was after this turn";
+    rewind.title = "Take this session back to the end of this turn: the turns after it are undone";
+    branch.addEventListener("click", () => branchFrom(this.session, turn.id));
+    rewind.addEventListener("click", () => rewindTo(this, turn.id));
+    box.append(branch, rewind);
+    turn.node.querySelector(".turn-head").append(box);
+    turn.actions = box;
+  }
+
+  forked(e) {
+    const n = (e.turns || []).length;
+    const note = el("div", "line note forked",
+      `Branched from session ${e.source}` +
+      (e.at_turn ? ` as it was after turn ${e.at_turn.slice(0, 8)}` : " before its first turn") +
+      ` (${n} turn${n === 1 ? "" : "s"}; their tool calls are not run again). `);
+    const source = el("button", "quiet", `Open ${e.source}`);
+    source.type = "button";
+    source.addEventListener("click", () => open(e.source));
+    note.append(source);
+    this.root.append(note);
+  }
+
+  rewound(e) {
+    for (const id of e.turns || []) {
+      const turn = this.turns.get(id);
+      if (!turn) continue;
+      turn.node.dataset.undone = "true";
+      if (!turn.undone) {
+        turn.undone = el("span", "badge undone", "undone");
+        turn.node.querySelector(".turn-title").after(turn.undone);
+      }
+      turn.actions?.remove();
+      turn.actions = null;
+    }
+    const ran = (e.calls || []).map((c) => (c.server ? `${c.server}.${c.tool}` : c.tool));
+    const n = (e.turns || []).length;
+    this.timelineNote("note rewound",
+      `Rewound to ${e.to_turn ? `the end of turn ${e.to_turn.slice(0, 8)}` : "the start"}: ` +
+      `${n} turn${n === 1 ? "" : "s"} undone` +
+      (ran.length ? ` (these calls ran, and stay done: ${ran.join(", ")})` : "") + ".");
   }
 
   showAgent(name) {
@@ -855,6 +911,31 @@ async function send(event) {
     notice(`Could not send: ${error.message}`);
   } finally {
     $("send").disabled = false;
+  }
+}
+
+// A new session from ``session`` as it was after turn ``turnId``; the page opens it.
+async function branchFrom(session, turnId) {
+  try {
+    const fork = await api("POST", `${sessionPath(session)}/fork`, { at_turn: turnId });
+    app.sessionAgents.set(fork.session, fork.agent);
+    await refreshSessions();
+    open(fork.session);
+    notice("");
+  } catch (error) {
+    notice(`Could not branch: ${error.message}`);
+  }
+}
+
+// Take the view's session back to the end of turn ``turnId``; its `rewound` event marks
+// the turns undone.
+async function rewindTo(view, turnId) {
+  try {
+    await api("POST", `${sessionPath(view.session)}/rewind`, { at_turn: turnId });
+    notice("");
+    refreshSessions(); // its count of turns
+  } catch (error) {
+    notice(`Could not rewind: ${error.message}`);
   }
 }
 

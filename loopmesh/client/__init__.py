@@ -8,6 +8,7 @@ One async API over NATS (:mod:`.nats`) or through the HTTP gateway (:mod:`.gatew
         async for item in client.events("s1", since=0, follow=False):
             print(item.seq, item.event.type)      # resume with since=item.seq
         await client.approve("s1", call_id)       # deny, cancel, pause, resume
+        fork = await client.fork("s1", before_turn=turn_id)  # a new session; rewind too
         agents = await client.agents()
 
 Errors: :mod:`.errors`. Settings: :mod:`.config` (``[client]``, ``[nats]``).
@@ -27,18 +28,20 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import MemoryItem, SessionEvent, Submitted
+from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
 
 __all__ = [
     "Client",
     "ClientConfig",
     "ClientError",
     "ClientSettings",
+    "Fork",
     "InvalidRequest",
     "MemoryItem",
     "NotFound",
     "NotSetUp",
     "RateLimited",
+    "Rewind",
     "SessionEvent",
     "Submitted",
     "TurnOptions",

@@ -34,7 +34,7 @@ from .config import ClientConfig
 from .errors import InvalidRequest, TurnRefused
 from .gateway import GatewayTransport
 from .nats import NatsTransport
-from .transport import MemoryItem, SessionEvent, Submitted, Transport
+from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted, Transport
 
 
 class TurnOptions(TypedDict, total=False):
@@ -285,6 +285,36 @@ class Client:
         control = msgspec.structs.replace(control, at=time.time())
         await (await self._ready()).send(control)
 
+    # -- fork and rewind ------------------------------------------------------------------
+
+    async def fork(
+        self,
+        session: str,
+        *,
+        at_turn: str | None = None,
+        before_turn: str | None = None,
+        into: str | None = None,
+    ) -> Fork:
+        """A new session holding ``session`` as it was at the end of ``at_turn``, or
+        before ``before_turn`` began (give one); ``into``: its id (default: one the
+        gateway picks). ``session`` stays as it is. Through the gateway only."""
+        turn, before = _point(at_turn, before_turn)
+        check_token(session, "session")
+        if into is not None:
+            check_token(into, "session")
+        return await (await self._ready()).fork(session, turn=turn, before=before, into=into)
+
+    async def rewind(
+        self, session: str, *, before_turn: str | None = None, at_turn: str | None = None
+    ) -> Rewind:
+        """Take ``session`` back to before ``before_turn`` began, or to the end of
+        ``at_turn`` (give one): the turns after it are undone (their events stay, and a
+        ``rewound`` event names them); the next turn starts from there. Tool calls that
+        ran are not undone (``Rewind.calls``). Through the gateway only."""
+        turn, before = _point(at_turn, before_turn)
+        check_token(session, "session")
+        return await (await self._ready()).rewind(session, turn=turn, before=before)
+
     # -- agents ---------------------------------------------------------------------------
 
     async def agents(self) -> list[AgentSpec]:
@@ -354,6 +384,16 @@ class Client:
             agent=check_token(agent, "agent") if agent is not None else None,
             user=check_token(user, "user") if (user := options.get("user")) is not None else None,
         )  # fmt: skip
+
+
+def _point(at_turn: str | None, before_turn: str | None) -> tuple[str, bool]:
+    """The turn named and whether it is ``before_turn``: exactly one of the two."""
+    if (at_turn is None) == (before_turn is None):
+        raise ValueError("give exactly one of at_turn and before_turn (a turn id)")
+    if before_turn is not None:
+        return check_token(before_turn, "turn"), True
+    assert at_turn is not None
+    return check_token(at_turn, "turn"), False
 
 
 def _refused(submitted: Submitted, error: Error, end: LoopEnd) -> TurnRefused:

@@ -30,7 +30,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import MemoryItem, SessionEvent, Submitted
+from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
 
 log = logging.getLogger("loopmesh.client")
 
@@ -195,6 +195,20 @@ class GatewayTransport:
     async def erase_memories(self, kind: str, name: str) -> int:
         r = await self._request("DELETE", f"/v1/memory?{kind}={name}", None)
         return msgspec.json.decode(r.content, type=_Erased).erased
+
+    async def fork(self, session: str, *, turn: str, before: bool, into: str | None) -> Fork:
+        body = {"before_turn" if before else "at_turn": turn}
+        if into is not None:
+            body["session"] = into
+        path = f"/v1/sessions/{session}/fork"
+        r = await self._request("POST", path, body, what=f"session {session!r}")
+        return msgspec.json.decode(r.content, type=Fork)
+
+    async def rewind(self, session: str, *, turn: str, before: bool) -> Rewind:
+        body = {"before_turn" if before else "at_turn": turn}
+        path = f"/v1/sessions/{session}/rewind"
+        r = await self._request("POST", path, body, what=f"session {session!r}")
+        return msgspec.json.decode(r.content, type=Rewind)
 
     # -- answers ------------------------------------------------------------------------
 

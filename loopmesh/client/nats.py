@@ -23,20 +23,24 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from loopmesh.agents import read_agents
 from loopmesh.aio import quietly
+from loopmesh.branching import Branching
 from loopmesh.controls import send_control
-from loopmesh.errors import NatsConnectError, NatsTlsError, ProvisionError
+from loopmesh.errors import BranchRefused, NatsConnectError, NatsTlsError, ProvisionError
 from loopmesh.jetstream import ordered_subscribe
+from loopmesh.kv import open_kv
 from loopmesh.memory import MemoryStore
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
+from loopmesh.publisher import Publisher
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn, new_id
 from schemas.agents import default_agent
+from schemas.events import Event
 from schemas.memory import Memory, MemorySource
 
-from .errors import ClientError, NotSetUp, Unauthorized, Unavailable
-from .transport import MemoryItem, SessionEvent, Submitted
+from .errors import ClientError, InvalidRequest, NotFound, NotSetUp, Unauthorized, Unavailable
+from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
 
 T = TypeVar("T")
 
@@ -87,6 +91,7 @@ class NatsTransport:
         self._timeout = timeout
         self._name = name
         self._nc: Client | None = None
+        self._publisher: Publisher | None = None  # fork and rewind's
 
     async def open(self) -> None:
         deadline = time.monotonic() + self._wait_s
@@ -100,6 +105,9 @@ class NatsTransport:
 
     async def close(self) -> None:
         nc, self._nc = self._nc, None
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            await quietly(publisher.close())
         if nc is not None:
             await nc.close()
 
@@ -179,6 +187,64 @@ class NatsTransport:
 
     async def erase_memories(self, kind: str, name: str) -> int:
         return await self._call("erase memories", self._memory().erase(self.tenant, kind, name))
+
+    async def fork(self, session: str, *, turn: str, before: bool, into: str | None) -> Fork:
+        branching = await self._branching()
+        fork, made = await self._branched(
+            "fork the session",
+            session,
+            branching.fork(self.tenant, session, turn, before=before, into=into or new_id()),
+        )
+        return Fork(
+            session=fork.session, source=session, agent=fork.agent, at_turn=made.last,
+            turns=made.kept, messages=len(made.messages),
+        )  # fmt: skip
+
+    async def rewind(self, session: str, *, turn: str, before: bool) -> Rewind:
+        branching = await self._branching()
+        _, made = await self._branched(
+            "rewind the session",
+            session,
+            branching.rewind(self.tenant, session, turn, before=before),
+        )
+        return Rewind(
+            session=session, to_turn=made.last, undone=made.later, calls=made.calls,
+            messages=len(made.messages),
+        )  # fmt: skip
+
+    async def _branching(self) -> Branching:
+        js, s = self.nc.jetstream(), self.subjects
+        if self._publisher is None:
+            self._publisher = Publisher(self.nc)
+        publisher = self._publisher
+        sessions, leases = await self._call(
+            "open the sessions and leases buckets",
+            asyncio.gather(
+                open_kv(js, publisher, s.sessions_bucket, timeout=self._timeout),
+                open_kv(js, publisher, s.leases_bucket, timeout=self._timeout),
+            ),
+        )
+        return Branching(
+            js, publisher, s, sessions=sessions, leases=leases, events=self._stored,
+            timeout=self._timeout,
+        )  # fmt: skip
+
+    async def _stored(self, tenant: str, session: str) -> list[Event]:
+        """The session's events stored now (``tenant`` is this transport's)."""
+        items = self.events(session, since=0, turn=None, follow=False)
+        return [item.event async for item in items]
+
+    async def _branched(self, what: str, session: str, request: Awaitable[T]) -> T:
+        """A fork or rewind; its refusal as the client's error (as the gateway says it)."""
+        try:
+            return await self._call(what, request)
+        except BranchRefused as exc:
+            if exc.kind == "not_found":
+                raise NotFound(exc.message, what=f"session {session!r}") from None
+            if exc.kind == "invalid":
+                raise InvalidRequest(exc.message, field=exc.field) from None
+            code = "session_busy" if exc.kind == "busy" else exc.kind
+            raise ClientError(exc.message, code=code) from None
 
     # -- connecting -----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Protocol
 import msgspec
 
 from schemas import AgentSpec, Control, DecodeError, Turn
-from schemas.events import Event, decode_event
+from schemas.events import Event, RanCall, decode_event
 from schemas.memory import MemorySource
 
 
@@ -55,6 +55,31 @@ class MemoryItem(msgspec.Struct, frozen=True, kw_only=True):
     source: MemorySource | None = None
 
 
+class Fork(msgspec.Struct, frozen=True, kw_only=True):
+    """A session made by :meth:`~loopmesh.client.Client.fork`: ``session`` holds
+    ``source`` as it was at the end of ``at_turn`` (``None``: none of its turns);
+    ``turns``: the turns it holds, oldest first; ``messages``: its conversation's length."""
+
+    session: str
+    source: str
+    agent: str = "default"
+    at_turn: str | None = None
+    turns: tuple[str, ...] = ()
+    messages: int = 0
+
+
+class Rewind(msgspec.Struct, frozen=True, kw_only=True):
+    """What :meth:`~loopmesh.client.Client.rewind` did: ``session`` now ends with
+    ``to_turn`` (``None``: it is empty); ``undone``: the turns taken back, oldest first;
+    ``calls``: their tool calls that ran (their side effects stay)."""
+
+    session: str
+    to_turn: str | None = None
+    undone: tuple[str, ...] = ()
+    calls: tuple[RanCall, ...] = ()
+    messages: int = 0
+
+
 class Transport(Protocol):
     """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
 
@@ -87,3 +112,12 @@ class Transport(Protocol):
     async def forget(self, kind: str, name: str, id: str) -> bool: ...
 
     async def erase_memories(self, kind: str, name: str) -> int: ...
+
+    async def fork(self, session: str, *, turn: str, before: bool, into: str | None) -> Fork:
+        """A new session (``into``, or an id picked) as ``session`` was at the end of
+        ``turn`` (``before``: at its start)."""
+        ...
+
+    async def rewind(self, session: str, *, turn: str, before: bool) -> Rewind:
+        """Take ``session`` back to the end of ``turn`` (``before``: to its start)."""
+        ...

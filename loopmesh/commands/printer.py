@@ -17,6 +17,7 @@ from schemas.events import (
     ContentDelta,
     Error,
     Event,
+    Forked,
     HookErrorEvent,
     LLMResponse,
     LoopEnd,
@@ -31,6 +32,7 @@ from schemas.events import (
     Resumed,
     Retract,
     Retry,
+    Rewound,
     RolledBack,
     ToolCallEvent,
     ToolErrorEvent,
@@ -149,6 +151,15 @@ class Printer:
                 return (
                     f"  ↩ rolled back for turn {by}: the session is as before this turn "
                     f"(calls that ran: {ran})"
+                )
+            case Forked(source=source, at_turn=at):
+                return f"⑂ forked from session {source} at the end of turn {at or '(none)'}"
+            case Rewound(to_turn=to, turns=turns, calls=calls):
+                ran = ", ".join(_tool(c.server, c.tool) for c in calls) or "none"
+                where = f"the end of turn {to}" if to else "its start"
+                return (
+                    f"↩ rewound to {where}; undone: {', '.join(turns)} "
+                    f"(calls that ran, not undone: {ran})"
                 )
             case Paused():
                 return "  ⏸ paused"

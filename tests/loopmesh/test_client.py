@@ -196,6 +196,29 @@ async def test_a_turn_of_an_unknown_agent_raises_turn_refused(client: Client):
     assert "no agent 'nobody' is defined" in str(refused.value)
 
 
+async def test_fork_and_rewind_take_a_session_to_a_turn(client: Client, tmp_path: Path):
+    t1 = (await collect(client.run("remember heron", session="b1")))[-1].turn_id
+    t2 = (await collect(client.run(count_task(tmp_path / "n"), session="b1")))[-1].turn_id
+    fork = await client.fork("b1", at_turn=t1, into="b2")
+    assert (fork.session, fork.source, fork.at_turn, fork.turns) == ("b2", "b1", t1, (t1,))
+    rewind = await client.rewind("b1", before_turn=t2)
+    assert (rewind.session, rewind.to_turn, rewind.undone) == ("b1", t1, (t2,))
+    assert [(c.tool, c.status) for c in rewind.calls] == [("count", "ok")]  # it stays done
+    assert rewind.messages == fork.messages
+    with pytest.raises(InvalidRequest, match="undone") as info:
+        await client.fork("b1", at_turn=t2)
+    assert info.value.field == "at_turn"  # (status 422 through the gateway, 0 over NATS)
+    with pytest.raises(NotFound):
+        await client.rewind("nope", before_turn=t1)
+    with pytest.raises(ValueError, match="exactly one"):
+        await client.fork("b1")
+    with pytest.raises(ClientError) as busy:
+        await client.fork("b1", at_turn=t1, into="b2")
+    assert busy.value.code == "conflict"
+    after = (await collect(client.run("and now?", session="b1")))[-1]
+    assert after.reason == "task_completion"  # the next turn runs from the rewound session
+
+
 async def test_the_gateway_says_unauthorized_and_not_found(mesh: Mesh, gateway: GatewayServer):
     async with Client(gateway=gateway.url, api_key="wrong") as client:
         with pytest.raises(Unauthorized, match="the gateway answered 401 unauthorized"):

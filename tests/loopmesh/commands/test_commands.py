@@ -1,7 +1,7 @@
-"""``loopmesh run``, ``events``, ``approve``, ``deny``, ``cancel``, ``pause`` and ``resume``
-as a person types them: real processes against a real nats-server, a real loop worker
-and tool worker (the fake OpenAI server as the model), and the real gateway for
-``--gateway``."""
+"""``loopmesh run``, ``events``, ``approve``, ``deny``, ``cancel``, ``pause``, ``resume``,
+``fork`` and ``rewind`` as a person types them: real processes against a real
+nats-server, a real loop worker and tool worker (the fake OpenAI server as the model),
+and the real gateway for ``--gateway``."""
 
 from __future__ import annotations
 
@@ -274,6 +274,40 @@ async def test_pause_holds_a_running_turn_and_resume_lets_it_go_on(
         finally:
             await run.close()
     assert "  ⏸ paused" in run.lines and "  ▶ resumed" in run.lines
+
+
+async def test_fork_and_rewind_take_a_session_to_a_turn_and_events_show_it(
+    mesh: Mesh, gateway: GatewayServer
+):
+    remote = via("gateway", mesh, gateway)
+    turns = []
+    for text in ("remember heron", "what was it?"):
+        code, lines = await loopmesh("run", *remote, "--session", "s1", text)
+        assert code == 0, lines
+        code, lines = await loopmesh("events", *remote, "--session", "s1", "--json")
+        turns.append(json.loads(lines[-1])["turn_id"])
+    t1, t2 = turns
+
+    fork = ("fork", *remote, "--session", "s1")
+    code, lines = await loopmesh(*fork, "--at-turn", t1, "--into", "f1")
+    assert (code, lines) == (0, ["forked session s1 into f1 (1 turn)"])
+    code, lines = await loopmesh("events", *remote, "--session", "f1")
+    assert lines == [f"⑂ forked from session s1 at the end of turn {t1}"]
+
+    rewind = ("rewind", *remote, "--session", "s1", "--before-turn", t2)
+    code, lines = await loopmesh(*rewind)
+    assert (code, lines) == (0, [f"rewound session s1 to the end of turn {t1}", f"undone: {t2}"])
+    code, lines = await loopmesh("events", *remote, "--session", "s1")
+    said = f"↩ rewound to the end of turn {t1}; undone: {t2} (calls that ran, not undone: none)"
+    assert lines[-1] == said
+
+    code, lines = await loopmesh(*rewind)
+    assert code == 1 and "undone" in lines[-1], lines
+    over_nats = ("fork", "--nats-url", mesh.url, "--session", "s1", "--at-turn", t1)
+    code, lines = await loopmesh(*over_nats, "--into", "f2")
+    assert (code, lines) == (0, ["forked session s1 into f2 (1 turn)"])
+    code, lines = await loopmesh(*fork)
+    assert code == 2 and "one of the arguments --at-turn --before-turn is required" in lines[-1]
 
 
 async def test_bad_ids_and_a_refusing_gateway_are_clear_errors(mesh: Mesh, gateway: GatewayServer):
