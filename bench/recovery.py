@@ -126,22 +126,27 @@ def _kill_and_release(kill: Callable[[], object], release: Path) -> float:
 # -- loopmesh ---------------------------------------------------------------------------
 
 
-async def loopmesh(store: Path, runs: int, *, timers_s: float | None = None) -> Recovery:
-    """``timers_s``: AckWait and lease TTL both (``None``: the loop worker's defaults)."""
+async def loopmesh(
+    store: Path, runs: int, *, timers_s: float | None = None, nodes: int = 1
+) -> Recovery:
+    """``timers_s``: AckWait and lease TTL both (``None``: the loop worker's defaults);
+    ``nodes``: 3 for a cluster with every stream and bucket on three replicas."""
     ack_wait_s = DEFAULTS.ack_wait_s if timers_s is None else timers_s
     lease_ttl_s = DEFAULTS.lease_ttl_s if timers_s is None else timers_s
     how = (
         f"JetStream redelivers the unacked turn after AckWait ({ack_wait_s:g} s) to the "
-        f"standby loop worker; it takes the session's lease once its TTL ({lease_ttl_s:g} s) "
+        "standby loop worker, which looks for such turns every third of AckWait; it takes "
+        f"the session's lease once its TTL ({lease_ttl_s:g} s) "
         "lapses, resumes from the checkpoint with the pending call and reads its effect record"
     )
     label = "defaults: " if timers_s is None else ""
+    where = ", R3 cluster" if nodes > 1 else ""
     short = "loopmesh, defaults" if timers_s is None else f"loopmesh, {timers_s:g} s"
-    name = f"loopmesh ({label}AckWait {ack_wait_s:g} s, lease TTL {lease_ttl_s:g} s)"
+    name = f"loopmesh ({label}AckWait {ack_wait_s:g} s, lease TTL {lease_ttl_s:g} s{where})"
     out = Recovery(name, how, short)
     mark = store / "mark"
     async with (
-        Mesh(store, ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s) as mesh,
+        Mesh(store, ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, nodes=nodes) as mesh,
         FakeLLM(default=auto()) as llm,
     ):
         await mesh.tool_worker(concurrency=64, module="bench.held")
@@ -327,7 +332,7 @@ async def run_all(llm_url: str, runs: int) -> list[Recovery]:
     return results
 
 
-async def main(runs: int, peers: bool) -> None:
+async def main(runs: int, peers: bool, nodes: int) -> None:
     """loopmesh with the defaults beside the tuned timers, and what the defaults cost;
     with ``peers``, Temporal and LangGraph too (as ``python -m bench`` runs them)."""
     if peers:
@@ -337,7 +342,7 @@ async def main(runs: int, peers: bool) -> None:
         results = []
         for timers in (None, TUNED_S):
             with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
-                results.append(await loopmesh(Path(tmp), runs, timers_s=timers))
+                results.append(await loopmesh(Path(tmp), runs, timers_s=timers, nodes=nodes))
     with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
         cost = await upkeep(Path(tmp))
     print(table(results))
@@ -351,5 +356,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="kill -9 runs per system")
     parser.add_argument("--peers", action="store_true", help="Temporal and LangGraph too")
+    parser.add_argument("--nodes", type=int, default=1, help="3: loopmesh on an R3 cluster")
     args = parser.parse_args()
-    asyncio.run(main(args.runs, args.peers))
+    asyncio.run(main(args.runs, args.peers, args.nodes))
