@@ -4,6 +4,7 @@ nats-server and on a 3-node cluster with R3 streams and buckets."""
 
 import asyncio
 import contextlib
+import signal
 import time
 
 import pytest
@@ -112,6 +113,50 @@ async def test_a_turn_on_a_worker_killed_with_sigkill_ends_within_five_seconds_o
         usual = max([usual, *(ends[s] for s in through)])
         late = {s: round(ends[s] - usual, 2) for s in recovered}
         assert max(late.values()) <= RECOVERY_S, f"seconds past a turn's time: {late}"
+    finally:
+        for proc in reversed(procs):
+            await proc.close()
+        await nc.close()
+
+
+async def test_a_worker_paused_past_its_lease_writes_nothing_for_the_turn_after(durable):
+    """A loop worker with the default timers is stopped (SIGSTOP) mid-turn until
+    another worker has taken the turn over and ended it. When the paused worker goes
+    on, its lease renewal fails and it gives the turn up: the session's stream holds one
+    ``loop_end``, the last event, and the paused worker stored nothing after it."""
+    nc = await connect_fast(durable.url)
+    procs: list[Proc] = []
+    try:
+        await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=durable.replicas)
+        async with FakeLLM(default=REPLY) as llm:
+
+            async def loop_worker(name: str) -> Proc:
+                env = worker_env(
+                    durable.url, llm.base_url, name=name, replicas=durable.replicas,
+                    ack_wait_s=DEFAULTS.ack_wait_s, lease_ttl_s=DEFAULTS.lease_ttl_s,
+                    rescan_s=DEFAULTS.rescan_s, fetch_timeout_s=DEFAULTS.fetch_timeout_s,
+                )  # fmt: skip
+                proc = Proc("-m", "loop_worker", env=env)
+                procs.append(proc)
+                return await proc.start("loop worker ready")
+
+            paused = await loop_worker("w1")
+            async with Watch(nc) as watch:
+                await send_turn(nc, turn("s1"))
+                await watch.wait("content_delta", "t-s1", count=5, timeout=60)
+                assert paused.proc is not None
+                paused.proc.send_signal(signal.SIGSTOP)
+                try:
+                    await loop_worker("w2")
+                    await watch.wait("loop_end", "t-s1", timeout=60)
+                finally:
+                    paused.proc.send_signal(signal.SIGCONT)
+                await paused.wait_line("another worker took over turn=t-s1", 30)
+        stored = [e for e, _ in await stream_events(nc, "acme", "s1")]
+        runs = [e.worker for e in stored if e.type == "loop_start"]
+        assert runs[0] == "w1" and runs[-1] == "w2", runs
+        assert [e.type for e in stored].count("loop_end") == 1
+        assert stored[-1].type == "loop_end", [e.type for e in stored[-5:]]
     finally:
         for proc in reversed(procs):
             await proc.close()
