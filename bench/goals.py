@@ -10,13 +10,14 @@ from typing import Any
 from bench.common import Figures
 from bench.durable_path import DurablePath
 from bench.recovery import Recovery
+from schemas.streams import TURN_ACK_WAIT_S
 
 INPROCESS = "loopmesh in-process"
 DEFAULT = "loopmesh (default sync)"
 ALWAYS = "loopmesh (sync always)"
 TEMPORALS = ("Temporal (local LLM act.)", "Temporal (activities)")  # each goal: the better
 LANGGRAPH = "LangGraph + Postgres"
-ACK_WAIT_S = 2.0  # the recovery runs' AckWait
+ACK_WAIT_S = TURN_ACK_WAIT_S  # the recovery runs' AckWait: the default
 
 
 def _verdict(ok: bool) -> str:

@@ -44,12 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Missing
-from bench.harness import Ends, Mesh, publish, turn
+from bench.harness import Ends, Mesh, S, publish, turn
 from bench.peers.langgraph import Postgres
 from bench.peers.temporal import AGENT_QUEUE, Temporal
+from loop_worker.config import ServiceSettings
 from loopmesh.testing.durable import Proc
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
+
+DEFAULTS = ServiceSettings()
+TUNED_S = 1.0  # AckWait and lease TTL of the tuned loopmesh run
 
 
 @dataclass(frozen=True)
@@ -122,15 +126,29 @@ def _kill_and_release(kill: Callable[[], object], release: Path) -> float:
 # -- loopmesh ---------------------------------------------------------------------------
 
 
-async def loopmesh(store: Path, runs: int) -> Recovery:
+async def loopmesh(
+    store: Path, runs: int, *, timers_s: float | None = None, nodes: int = 1
+) -> Recovery:
+    """``timers_s``: AckWait and lease TTL both (``None``: the loop worker's defaults);
+    ``nodes``: 3 for a cluster with every stream and bucket on three replicas."""
+    ack_wait_s = DEFAULTS.ack_wait_s if timers_s is None else timers_s
+    lease_ttl_s = DEFAULTS.lease_ttl_s if timers_s is None else timers_s
     how = (
-        "JetStream redelivers the unacked turn after AckWait (2 s) to the standby loop "
-        "worker; it takes the session's lease once its TTL (2 s) lapses, resumes from the "
-        "checkpoint with the pending call and reads its effect record"
+        f"JetStream redelivers the unacked turn after AckWait ({ack_wait_s:g} s) to the "
+        "standby loop worker, which looks for such turns every third of AckWait; it takes "
+        f"the session's lease once its TTL ({lease_ttl_s:g} s) "
+        "lapses, resumes from the checkpoint with the pending call and reads its effect record"
     )
-    out = Recovery("loopmesh (AckWait 2 s, lease TTL 2 s)", how, "loopmesh")
+    label = "defaults: " if timers_s is None else ""
+    where = ", R3 cluster" if nodes > 1 else ""
+    short = "loopmesh, defaults" if timers_s is None else f"loopmesh, {timers_s:g} s"
+    name = f"loopmesh ({label}AckWait {ack_wait_s:g} s, lease TTL {lease_ttl_s:g} s{where})"
+    out = Recovery(name, how, short)
     mark = store / "mark"
-    async with Mesh(store) as mesh, FakeLLM(default=auto()) as llm:
+    async with (
+        Mesh(store, ack_wait_s=ack_wait_s, lease_ttl_s=lease_ttl_s, nodes=nodes) as mesh,
+        FakeLLM(default=auto()) as llm,
+    ):
         await mesh.tool_worker(concurrency=64, module="bench.held")
         ends = Ends(mesh.nc)
         await ends.start()
@@ -150,6 +168,63 @@ async def loopmesh(store: Path, runs: int) -> Recovery:
             await alive.close()
             alive = standby
     return out
+
+
+@dataclass(frozen=True)
+class Upkeep:
+    """What one worker sends to keep its running turns, per active turn and second."""
+
+    turns: int
+    seconds: float
+    progress_acks: int  # in-progress acks on the turns consumers
+    lease_writes: int  # lease renewals (KV writes)
+
+    def line(self) -> str:
+        per = self.turns * self.seconds
+        return (
+            f"upkeep with the defaults (AckWait {DEFAULTS.ack_wait_s:g} s, lease TTL "
+            f"{DEFAULTS.lease_ttl_s:g} s), {self.turns} turns held in a tool call for "
+            f"{self.seconds:g} s: {self.progress_acks / per:.2f} in-progress acks and "
+            f"{self.lease_writes / per:.2f} lease writes per active turn per second"
+        )
+
+
+async def upkeep(store: Path, turns: int = 32, seconds: float = 10.0) -> Upkeep:
+    """Count what a loop worker with the default timers sends while ``turns`` turns wait
+    on a tool: the in-progress acks to the turns stream (every message to ``$JS.ACK``
+    for it, seen by a subscriber beside the server) and the writes to the leases bucket
+    (its stream's sequence)."""
+    mark, release = store / "mark", store / "release"
+    async with (
+        Mesh(store, ack_wait_s=DEFAULTS.ack_wait_s, lease_ttl_s=DEFAULTS.lease_ttl_s) as mesh,
+        FakeLLM(default=auto()) as llm,
+    ):
+        await mesh.tool_worker(concurrency=turns, module="bench.held")
+        ends = Ends(mesh.nc)
+        await ends.start()
+        await mesh.loop_worker_process(llm.base_url, "u0")
+        args = json.dumps({"path": str(mark), "release": str(release)})
+        batch = [turn(f"u{i}", f"u{i}", f"call local__hold {args}") for i in range(turns)]
+        done = [ends.expect(t.id) for t in batch]
+        for t in batch:
+            await publish(mesh.nc, t)
+        await _tool_started(mark, turns - 1, timeout=120)  # every call runs
+        acks = 0
+
+        async def count(msg: Any) -> None:
+            nonlocal acks
+            acks += msg.data == b"+WPI"
+
+        sub = await mesh.nc.subscribe(f"$JS.ACK.{S.turns_stream}.>", cb=count)
+        js = mesh.nc.jetstream()
+        leases = f"KV_{S.leases_bucket}"
+        first = (await js.stream_info(leases)).state.last_seq
+        await asyncio.sleep(seconds)
+        writes = (await js.stream_info(leases)).state.last_seq - first
+        await sub.unsubscribe()
+        release.touch()
+        await asyncio.wait_for(asyncio.gather(*done), 120)
+    return Upkeep(turns=turns, seconds=seconds, progress_acks=acks, lease_writes=writes)
 
 
 # -- Temporal ---------------------------------------------------------------------------
@@ -241,6 +316,7 @@ async def run_all(llm_url: str, runs: int) -> list[Recovery]:
     results = []
     for name, go in (
         ("loopmesh", lambda d: loopmesh(d, runs)),
+        ("loopmesh", lambda d: loopmesh(d, runs, timers_s=TUNED_S)),
         ("Temporal", lambda d: temporal(llm_url, d, runs)),
         ("Temporal", lambda d: temporal(llm_url, d, runs, task_timeout_s=2.0)),
         ("LangGraph + Postgres", lambda d: langgraph(llm_url, d, runs)),
@@ -254,3 +330,32 @@ async def run_all(llm_url: str, runs: int) -> list[Recovery]:
         except Exception as e:
             results.append(Recovery(name, "", error=f"failed: {type(e).__name__}: {e}"))
     return results
+
+
+async def main(runs: int, peers: bool, nodes: int) -> None:
+    """loopmesh with the defaults beside the tuned timers, and what the defaults cost;
+    with ``peers``, Temporal and LangGraph too (as ``python -m bench`` runs them)."""
+    if peers:
+        async with FakeLLM(default=auto()) as llm:
+            results = await run_all(llm.base_url, runs)
+    else:
+        results = []
+        for timers in (None, TUNED_S):
+            with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
+                results.append(await loopmesh(Path(tmp), runs, timers_s=timers, nodes=nodes))
+    with tempfile.TemporaryDirectory(prefix="loopmesh-bench-") as tmp:
+        cost = await upkeep(Path(tmp))
+    print(table(results))
+    print()
+    print(f"- {cost.line()}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="kill -9 runs per system")
+    parser.add_argument("--peers", action="store_true", help="Temporal and LangGraph too")
+    parser.add_argument("--nodes", type=int, default=1, help="3: loopmesh on an R3 cluster")
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.peers, args.nodes))

@@ -6,8 +6,8 @@
     [loop_worker]
     max_active_turns = 256     # turns run at once by one process
     tenant_max_active = 16     # per tenant, per process (default 0: no limit)
-    ack_wait_s = 30            # the turns consumer's AckWait; in-progress acks every third
-    lease_ttl_s = 30           # a dead worker's sessions are free again after this
+    ack_wait_s = 2             # the turns consumer's AckWait; in-progress acks every third
+    lease_ttl_s = 2            # a dead worker's sessions are free again after this
     drain_timeout_s = 20       # on SIGTERM, in-flight turns get this long to finish
     metrics_port = 9464        # /metrics and /healthz (unset: none)
 
@@ -23,6 +23,7 @@ import msgspec
 from loopmesh.agents import Agents, check_agents
 from loopmesh.settings import NatsSettings, Port, Price, SchedulerSettings, Tenants
 from loopmesh.webhook import WebhookSettings, check_agent_webhooks
+from schemas.streams import LEASE_TTL_S, TURN_ACK_WAIT_S
 
 from .engine.settings import LLMSettings, LoopSettings
 
@@ -44,10 +45,10 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     tenant_max_active: Count = 0
     #: Each tenant's turns consumer's AckWait: a turn unacked this long goes to another worker; a
     #: running turn is kept with in-progress acks every third of it.
-    ack_wait_s: Positive = 30.0
+    ack_wait_s: Positive = TURN_ACK_WAIT_S
     #: A session's lease outlives its worker by this long: then another worker may take
-    #: the session of a worker that died.
-    lease_ttl_s: Positive = 30.0
+    #: the session of a worker that died. Renewed every third of it.
+    lease_ttl_s: Positive = LEASE_TTL_S
     #: A worker full of waiting turns hands back a turn that waited this long for an
     #: earlier turn of its session running elsewhere.
     order_wait_s: Positive = 30.0

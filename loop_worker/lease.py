@@ -50,6 +50,7 @@ from prometheus_client import Counter, Gauge
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Deletions, KeyWatch, Publisher, is_transient, replicated, retry
 from schemas import Subjects, session_key
+from schemas.streams import LEASE_TTL_S
 
 from .errors import LeaseLostError
 
@@ -60,7 +61,7 @@ CONFLICTS = Counter(
     "loopmesh_lease_conflicts", "Lease attempts refused because another worker held the session"
 )
 
-DEFAULT_TTL_S = 30.0
+DEFAULT_TTL_S = LEASE_TTL_S  # a bucket that states none
 _MARKERS = 16_384  # released leases whose delete-marker revision is remembered
 #: After a wake (or the watch's start), read again after these delays: what a release
 #: announces can take a moment to show (an ack applied to a replicated stream after

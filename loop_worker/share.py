@@ -17,6 +17,9 @@ A worker learns which tenants have turns waiting from:
 - a scan of the consumers and of the stream's subjects, at start and every
   ``rescan_s``: turns published while no worker listened, a doorbell missed on a
   reconnect.
+- a look at the consumers every third of AckWait (:meth:`FairShare.look`): turns
+  delivered to a worker that died come back once their AckWait has passed, and no
+  doorbell rings for them.
 
 Its counts err high, never low: a count too high costs a pull that waits on the server
 (``fetch_timeout_s``) holding one place; a count too low would leave a turn unseen until
@@ -37,12 +40,13 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js.api import ConsumerInfo
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -151,22 +155,28 @@ class FairShare:
     async def run(self, free: Callable[[], int], stop: asyncio.Event) -> None:
         """Ask for turns while places are free, until ``stop`` is set; then wait for the
         pulls in flight to be answered (a turn they bring is the worker's to hand back)."""
-        rescan = asyncio.get_running_loop().time() + self.settings.rescan_s
+        clock = asyncio.get_running_loop()
+        every = self.settings.ack_wait_s / 3
+        rescan = clock.time() + self.settings.rescan_s
+        look = clock.time() + every
         while not stop.is_set():
             self._changed.clear()
             self._make_consumers()
             places = free() - sum(t.asked for t in self.tenants.values())
             for tenant, batch in self.assign(places):
                 await self._ask(tenant, batch)
-            now = asyncio.get_running_loop().time()
-            if now >= rescan:
-                rescan = now + self.settings.rescan_s
+            now = clock.time()
+            if now >= min(rescan, look):
+                full = now >= rescan
+                if full:
+                    rescan = now + self.settings.rescan_s
+                look = now + every
                 try:
-                    await self.scan()
+                    await (self.scan() if full else self.look())
                 except Exception as exc:
                     log.warning("scanning the turns stream failed error=%r", exc)
                 continue
-            await _first(self._changed, stop, timeout=rescan - now)
+            await _first(self._changed, stop, timeout=min(rescan, look) - now)
         pending = [p.done.wait() for p in self._pulls.values()]
         if pending:  # a pull expires by itself within fetch_timeout_s
             with contextlib.suppress(TimeoutError):
@@ -363,27 +373,41 @@ class FairShare:
             self._by_consumer[self.subjects.tenant_consumer(name)] = t
         return t
 
-    async def scan(self) -> None:
-        """Count the turns waiting per tenant: in each tenant's consumer, and in the
-        stream for tenants that have none yet. Counts only ever rise here."""
-        with_consumer: set[str] = set()
+    async def look(self) -> None:
+        """Look for turns due again, every third of AckWait: a tenant whose consumer has
+        more turns delivered and unacked than this worker holds may have turns of a
+        worker that died, redelivered once their AckWait has passed. No doorbell rings
+        for a redelivery, so a pull goes to look, for as many as are held elsewhere (a
+        listing of the consumers, and a pull per tenant with turns held elsewhere)."""
+        async for t, info in self._consumers():
+            t.waiting = max(t.waiting, (info.num_ack_pending or 0) - t.held)
+        self._changed.set()
+
+    async def _consumers(self) -> AsyncIterator[tuple[Tenant, ConsumerInfo]]:
+        """Each tenant's consumer (known to exist from now on), with its info."""
         offset = 0
         while True:
             infos = await self._js.consumers_info(self._stream, offset=offset)
             for info in infos:
                 name = self.subjects.tenant_of_filter(info.config.filter_subject or "")
-                if name is None:
-                    continue
-                with_consumer.add(name)
-                t = self._tenant(name)
-                t.consumer = True
-                # turns delivered and not acked may be due again (their worker died): no
-                # count tells, so one pull goes to look
-                unacked = 1 if info.num_ack_pending else 0
-                t.waiting = max(t.waiting, info.num_pending or unacked)
+                if name is not None:
+                    t = self._tenant(name)
+                    t.consumer = True
+                    yield t, info
             if len(infos) < 256:
                 break
             offset += len(infos)
+
+    async def scan(self) -> None:
+        """Count the turns waiting per tenant: in each tenant's consumer, and in the
+        stream for tenants that have none yet. Counts only ever rise here."""
+        with_consumer: set[str] = set()
+        async for t, info in self._consumers():
+            with_consumer.add(t.name)
+            # turns delivered and not acked may be due again (their worker died): no
+            # count tells, so one pull goes to look
+            unacked = 1 if info.num_ack_pending else 0
+            t.waiting = max(t.waiting, info.num_pending or unacked)
         try:
             stream = await self._js.stream_info(
                 self._stream, subjects_filter=self.subjects.all_turns

@@ -9,6 +9,14 @@ import msgspec
 from .subjects import Subjects
 from .webhook import WEBHOOK_EVENTS
 
+#: The turns consumers' AckWait and the session leases' TTL by default: a loop worker that
+#: dies (SIGKILL, a lost node) leaves its turns to another worker this long after its last
+#: in-progress ack and lease renewal, each sent every third of it. A live worker keeps its
+#: turns however long they run; one frozen longer than this may lose them, and writes
+#: nothing for them after (docs/ARCHITECTURE.md, "Recovery").
+TURN_ACK_WAIT_S = 2.0
+LEASE_TTL_S = 2.0
+
 
 class StreamDef(msgspec.Struct, frozen=True, kw_only=True):
     name: str
@@ -64,7 +72,7 @@ def definitions(
     sessions_ttl_s: float = 0.0,
     deadletter_max_age_s: float = 30 * 24 * 3600.0,
     duplicate_window_s: float = 120.0,
-    lease_ttl_s: float = 30.0,
+    lease_ttl_s: float = LEASE_TTL_S,
     effects_ttl_s: float = 24 * 3600.0,
     catalog_ttl_s: float = 30.0,
     embeddings_ttl_s: float = 30 * 24 * 3600.0,

@@ -22,7 +22,7 @@ both = pytest.mark.parametrize("durable", BOTH, indirect=True)
 
 SESSIONS = 16
 TURNS = 6  # per session, back to back
-ACK_WAIT_S = 30.0  # the default: a turn left to it would keep this test waiting
+ACK_WAIT_S = 30.0  # long: a turn left to AckWait would keep this test waiting
 
 
 @pytest.fixture
