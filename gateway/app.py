@@ -25,6 +25,7 @@ from .routes.controls import Controls
 from .routes.events import Events
 from .routes.health import Health
 from .routes.schedules import Schedules
+from .routes.session_data import SessionData
 from .routes.sessions import Sessions
 from .routes.tools import Tools
 from .routes.usage import Usage
@@ -42,6 +43,7 @@ def create_app(gateway: Gateway, mcp_app: ASGIApp | None = None) -> Starlette:
     health = Health(gateway)
     ops: list[tuple[Operation, Any]] = [
         *Sessions(gateway).operations(),
+        *SessionData(gateway).operations(),
         *Events(gateway).operations(),
         *Controls(gateway).operations(),
         *Tools(gateway).operations(),

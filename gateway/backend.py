@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
+from loopmesh.erase import CANCEL_WAIT_S, Eraser
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.schedules import ScheduleStore, run_ends
 from loopmesh.settings import SchedulerSettings
@@ -39,6 +40,7 @@ from schemas import (
     ApprovalDecision,
     Control,
     DecodeError,
+    SessionMeta,
     SessionSnapshot,
     Subjects,
     ToolSpec,
@@ -46,6 +48,7 @@ from schemas import (
     decode,
     encode,
     session_key,
+    session_meta_key,
 )
 from schemas.agents import default_agent
 from schemas.schedules import ScheduleRun
@@ -202,6 +205,52 @@ class Backend:
                 continue
         found.sort(key=lambda s: s.updated_at, reverse=True)
         return found[:MAX_LISTED_SESSIONS]
+
+    # -- session data: metadata, the list, erasing ----------------------------------------
+
+    async def session_index(self, tenant: str) -> list[tuple[SessionSnapshot, SessionMeta]]:
+        """Every session of the tenant with its metadata (empty where none was set)."""
+        bucket = self.subjects.sessions_bucket
+        await self._bucket(bucket)
+        values = await self._call(
+            "list sessions", kv_values(self.js, bucket, f"{tenant}.>", timeout=self.timeout)
+        )
+        found: list[tuple[SessionSnapshot, SessionMeta]] = []
+        for key, value in values.items():
+            if key.count(".") != 1:
+                continue
+            try:
+                snapshot = decode(value, SessionSnapshot)
+            except DecodeError:
+                continue
+            found.append((snapshot, _meta_of(values.get(f"{key}.meta"))))
+        return found
+
+    async def session_meta(self, tenant: str, session: str) -> tuple[SessionMeta, int]:
+        """The session's metadata and its revision (0: none set)."""
+        kv = await self.kv(self.subjects.sessions_bucket)
+        entry = await self._call(
+            "read session metadata", kv.entry(session_meta_key(tenant, session))
+        )
+        if entry is None or entry.value is None:
+            return SessionMeta(), entry.revision if entry is not None else 0
+        return _meta_of(entry.value), entry.revision
+
+    async def put_session_meta(
+        self, tenant: str, session: str, meta: SessionMeta, last: int
+    ) -> None:
+        """Write the session's metadata if its revision is still ``last``
+        (:class:`~nats.js.errors.KeyWrongLastSequenceError` otherwise)."""
+        kv = await self.kv(self.subjects.sessions_bucket)
+        key = session_meta_key(tenant, session)
+        await self._call("write session metadata", kv.update(key, encode(meta), last))
+
+    def eraser(self, cancel_wait_s: float = CANCEL_WAIT_S) -> Eraser:
+        """Erases sessions (:mod:`loopmesh.erase`) on this connection."""
+        return Eraser(
+            self.nc, self.subjects, publisher=self.publisher(), timeout=self.timeout,
+            cancel_wait_s=cancel_wait_s,
+        )  # fmt: skip
 
     # -- turns and controls -----------------------------------------------------------
 
@@ -438,6 +487,16 @@ def _ts_of(data: bytes) -> float:
         return _stamp.decode(data).ts
     except msgspec.DecodeError:
         return 0.0
+
+
+def _meta_of(value: bytes | None) -> SessionMeta:
+    """A session's metadata (empty for none, or for an unreadable value)."""
+    if not value:
+        return SessionMeta()
+    try:
+        return decode(value, SessionMeta)
+    except DecodeError:
+        return SessionMeta()
 
 
 def _sequence(msg: Msg) -> int:

@@ -11,6 +11,7 @@ LoopmeshError
 │   ├── EgressRefused      the host or an address is not allowed (:mod:`.egress`)
 │   └── UnresolvableHost   the host has no address
 ├── InvalidWebhook         a webhook's URL is refused (:mod:`.webhook`; ``.field``, ``.message``)
+├── EraseError             a session could not be erased (:mod:`.erase`; ``.message``)
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
@@ -75,6 +76,15 @@ class InvalidWebhook(LoopmeshError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+        self.message = message
+
+
+class EraseError(LoopmeshError):
+    """A session could not be erased: the audit stream is missing (nothing was erased),
+    or a stream refused a purge. ``message`` says what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
         self.message = message
 
 

@@ -131,3 +131,17 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: The named agent the session belongs to (``schemas.agents``), set by its first
     #: turn (or when the session was created): a turn naming another is refused.
     agent: Token = "default"
+    #: The LLM tokens of the session's ended turns (the turn in progress: ``turn_tokens``).
+    tokens: int = 0
+
+
+class SessionMeta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a person set on a session (``POST``/``PATCH /v1/sessions``), stored beside its
+    snapshot under :func:`~schemas.subjects.session_meta_key`, so a loop worker's
+    checkpoint never races it. ``expired_at``: when retention kept the session as its
+    last snapshot only (its events and the rest were erased)."""
+
+    title: str = ""
+    labels: dict[str, str] = {}
+    created_at: Timestamp = 0.0
+    expired_at: Timestamp = 0.0
