@@ -223,7 +223,7 @@ class Backend:
                 snapshot = decode(value, SessionSnapshot)
             except DecodeError:
                 continue
-            found.append((snapshot, _meta_of(values.get(f"{key}.meta"))))
+            found.append((snapshot, meta_of(values.get(f"{key}.meta"))))
         return found
 
     async def session_meta(self, tenant: str, session: str) -> tuple[SessionMeta, int]:
@@ -234,7 +234,7 @@ class Backend:
         )
         if entry is None or entry.value is None:
             return SessionMeta(), entry.revision if entry is not None else 0
-        return _meta_of(entry.value), entry.revision
+        return meta_of(entry.value), entry.revision
 
     async def put_session_meta(
         self, tenant: str, session: str, meta: SessionMeta, last: int
@@ -489,7 +489,7 @@ def _ts_of(data: bytes) -> float:
         return 0.0
 
 
-def _meta_of(value: bytes | None) -> SessionMeta:
+def meta_of(value: bytes | None) -> SessionMeta:
     """A session's metadata (empty for none, or for an unreadable value)."""
     if not value:
         return SessionMeta()

@@ -122,7 +122,7 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[tenants."<name>"]``: one tenant's share of the fleet; ``[tenants."*"]`` is every
     tenant not named. Read by the loop workers (weight, max_active_turns) and the
-    gateway (max_backlog); set the same in every process."""
+    gateway (max_backlog, the retention of sessions); set the same in every process."""
 
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
@@ -133,6 +133,13 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: Turns of the tenant waiting in the turns stream past which the gateway refuses
     #: another (429 ``backlog_full``; 0: no limit).
     max_backlog: Annotated[int, msgspec.Meta(ge=0)] = 0
+    #: The tenant's sessions idle this long (seconds) expire (0: never); an agent's own
+    #: ``session_retention_s`` wins. The gateway sweeps them (``[gateway]
+    #: retention_sweep_s``).
+    session_retention_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    #: What expiring does: ``delete`` erases the session everywhere, ``snapshot`` keeps
+    #: its last snapshot (and title and labels) and erases the rest.
+    retention: Literal["delete", "snapshot"] = "delete"
 
 
 Tenants = dict[str, TenantSettings]

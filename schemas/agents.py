@@ -14,7 +14,7 @@ names it, is exactly today's ``[loop]``. Field names are those of ``[loop]`` and
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -84,6 +84,12 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     agents: Annotated[tuple[Token, ...], msgspec.Meta(max_length=MAX_NAMES)] = ()
     #: Where its turns' events are POSTed when a turn names no webhook of its own.
     webhook: Webhook | None = None
+    #: Its sessions idle this long (seconds) expire, instead of ``[tenants]
+    #: session_retention_s`` (0: they never do).
+    session_retention_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    #: What expiring does to its sessions, instead of ``[tenants] retention``: ``delete``
+    #: erases them, ``snapshot`` keeps their last snapshot only.
+    retention: Literal["delete", "snapshot"] | None = None
     #: The agents bucket's revision of the definition: set by the bucket, refused in
     #: configuration.
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0
