@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "approve": "loopmesh.commands.approval",
     "deny": "loopmesh.commands.approval",
     "cancel": "loopmesh.commands.cancel",
+    "erase": "loopmesh.commands.erase",
     "pause": "loopmesh.commands.pause",
     "resume": "loopmesh.commands.pause",
     "tools": "loopmesh.commands.tools",

@@ -9,6 +9,7 @@ One async API over NATS (:mod:`.nats`) or through the HTTP gateway (:mod:`.gatew
             print(item.seq, item.event.type)      # resume with since=item.seq
         await client.approve("s1", call_id)       # deny, cancel, pause, resume
         agents = await client.agents()
+        await client.delete_session("s1")         # erased everywhere, audited
 
 Errors: :mod:`.errors`. Settings: :mod:`.config` (``[client]``, ``[nats]``).
 """
@@ -27,13 +28,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import SessionEvent, Submitted
+from .transport import Erased, SessionEvent, Submitted
 
 __all__ = [
     "Client",
     "ClientConfig",
     "ClientError",
     "ClientSettings",
+    "Erased",
     "InvalidRequest",
     "NotFound",
     "NotSetUp",

@@ -33,7 +33,7 @@ from .config import ClientConfig
 from .errors import TurnRefused
 from .gateway import GatewayTransport
 from .nats import NatsTransport
-from .transport import SessionEvent, Submitted, Transport
+from .transport import Erased, SessionEvent, Submitted, Transport
 
 
 class TurnOptions(TypedDict, total=False):
@@ -287,6 +287,17 @@ class Client:
     async def agents(self) -> list[AgentSpec]:
         """The named agents, ``default`` first, each with its revision (docs/AGENTS.md)."""
         return await (await self._ready()).agents()
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def delete_session(self, session: str) -> Erased:
+        """Erase the session everywhere loopmesh keeps it: its running turn cancelled
+        first, its events, snapshot, effects, controls and A2A tasks, and the sessions of
+        the agents it called; recorded on the tenant's audit subject (docs/GATEWAY.md,
+        "Erasing a session"). :class:`~loopmesh.client.errors.NotFound` when nothing of
+        it is stored (another tenant's session included)."""
+        check_token(session, "session")
+        return await (await self._ready()).delete_session(self.tenant, session)
 
     # -- inside -----------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import SessionEvent, Submitted
+from .transport import Erased, SessionEvent, Submitted
 
 log = logging.getLogger("loopmesh.client")
 
@@ -168,6 +168,11 @@ class GatewayTransport:
     async def agents(self) -> list[AgentSpec]:
         r = await self._request("GET", "/v1/agents", None)
         return msgspec.json.decode(r.content, type=_Agents).agents
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        path = f"/v1/sessions/{session}"
+        r = await self._request("DELETE", path, None, what=f"session {session!r}")
+        return msgspec.json.decode(r.content, type=Erased)
 
     # -- answers ------------------------------------------------------------------------
 

@@ -24,7 +24,8 @@ from nats.js.errors import NotFoundError, ServiceUnavailableError
 from loopmesh.agents import read_agents
 from loopmesh.aio import quietly
 from loopmesh.controls import send_control
-from loopmesh.errors import NatsConnectError, NatsTlsError, ProvisionError
+from loopmesh.erase import Eraser
+from loopmesh.errors import EraseError, NatsConnectError, NatsTlsError, ProvisionError
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
@@ -33,8 +34,8 @@ from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn
 from schemas.agents import default_agent
 
-from .errors import ClientError, NotSetUp, Unauthorized, Unavailable
-from .transport import SessionEvent, Submitted
+from .errors import ClientError, NotFound, NotSetUp, Unauthorized, Unavailable
+from .transport import Erased, SessionEvent, Submitted
 
 T = TypeVar("T")
 
@@ -152,6 +153,16 @@ class NatsTransport:
         except NotFoundError:
             return [default_agent()]  # no bucket yet: only the deployment's [loop]
         return list(found.values())
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        eraser = Eraser(self.nc, self.subjects, timeout=self._timeout)
+        try:
+            erased = await eraser.erase(tenant, session, by=f"client {self._name}")
+        except EraseError as exc:
+            raise ClientError(exc.message, code="erase") from exc
+        if erased is None:
+            raise NotFound(f"no session {session!r}", what=f"session {session!r}")
+        return Erased(erased.session, erased.at, list(erased.children), dict(erased.removed))
 
     # -- connecting -----------------------------------------------------------------------
 

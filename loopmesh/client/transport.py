@@ -42,6 +42,17 @@ class Submitted(msgspec.Struct, frozen=True):
     since: int
 
 
+class Erased(msgspec.Struct, frozen=True):
+    """A session erased (:meth:`~loopmesh.client.Client.delete_session`): when, the
+    sessions of the agents it called (erased with it), and how many stored messages went
+    from where (``events``, ``sessions``, ``effects``, ``a2a_tasks``, ...)."""
+
+    session: str
+    erased_at: float
+    children: list[str]
+    removed: dict[str, int]
+
+
 class Transport(Protocol):
     """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
 
@@ -66,3 +77,8 @@ class Transport(Protocol):
     async def send(self, control: Control) -> None: ...
 
     async def agents(self) -> list[AgentSpec]: ...
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        """Erase the session everywhere; :class:`~loopmesh.client.errors.NotFound` if
+        nothing of it is stored."""
+        ...
