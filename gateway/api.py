@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from starlette.responses import Response
 
+from loopmesh.sessions import SessionSummary
 from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
 from schemas.ids import TOKEN_PATTERN
@@ -125,24 +126,6 @@ class SessionCreated(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     session: str
     agent: str = DEFAULT_AGENT
-
-
-class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """A session in a list. ``updated_at``: its last activity; ``tokens``: LLM tokens of
-    all its turns; ``last_turn`` and ``last_end``: its latest turn and how it ended
-    (``null`` while it runs); ``expired``: retention kept its last snapshot only."""
-
-    session: str
-    status: SessionStatus
-    turns: int
-    updated_at: float
-    agent: str = DEFAULT_AGENT
-    title: str = ""
-    labels: dict[str, str] = {}
-    tokens: int = 0
-    last_turn: str | None = None
-    last_end: str | None = None
-    expired: bool = False
 
 
 class SessionList(msgspec.Struct, frozen=True, kw_only=True):

@@ -32,6 +32,7 @@ from loopmesh.backlog import Queued, unfinished
 from loopmesh.erase import CANCEL_WAIT_S, Eraser
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.schedules import ScheduleStore, run_ends
+from loopmesh.sessions import meta_of, read_sessions
 from loopmesh.settings import SchedulerSettings
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
@@ -210,21 +211,10 @@ class Backend:
 
     async def session_index(self, tenant: str) -> list[tuple[SessionSnapshot, SessionMeta]]:
         """Every session of the tenant with its metadata (empty where none was set)."""
-        bucket = self.subjects.sessions_bucket
-        await self._bucket(bucket)
-        values = await self._call(
-            "list sessions", kv_values(self.js, bucket, f"{tenant}.>", timeout=self.timeout)
+        await self._bucket(self.subjects.sessions_bucket)
+        return await self._call(
+            "list sessions", read_sessions(self.js, self.subjects, tenant, timeout=self.timeout)
         )
-        found: list[tuple[SessionSnapshot, SessionMeta]] = []
-        for key, value in values.items():
-            if key.count(".") != 1:
-                continue
-            try:
-                snapshot = decode(value, SessionSnapshot)
-            except DecodeError:
-                continue
-            found.append((snapshot, meta_of(values.get(f"{key}.meta"))))
-        return found
 
     async def session_meta(self, tenant: str, session: str) -> tuple[SessionMeta, int]:
         """The session's metadata and its revision (0: none set)."""
@@ -487,16 +477,6 @@ def _ts_of(data: bytes) -> float:
         return _stamp.decode(data).ts
     except msgspec.DecodeError:
         return 0.0
-
-
-def meta_of(value: bytes | None) -> SessionMeta:
-    """A session's metadata (empty for none, or for an unreadable value)."""
-    if not value:
-        return SessionMeta()
-    try:
-        return decode(value, SessionMeta)
-    except DecodeError:
-        return SessionMeta()
 
 
 def _sequence(msg: Msg) -> int:

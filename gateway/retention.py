@@ -26,11 +26,12 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from loopmesh.errors import EraseError
 from loopmesh.jetstream import kv_entries
+from loopmesh.sessions import meta_of
 from loopmesh.settings import Tenants
 from schemas import AgentSpec, DecodeError, SessionSnapshot, decode
 from schemas.audit import EraseMode
 
-from .backend import Backend, meta_of
+from .backend import Backend
 
 log = logging.getLogger("loopmesh.gateway.retention")
 

@@ -49,6 +49,7 @@ COMMANDS: dict[str, str] = {
     "deny": "loopmesh.commands.approval",
     "cancel": "loopmesh.commands.cancel",
     "erase": "loopmesh.commands.erase",
+    "sessions": "loopmesh.commands.sessions",
     "pause": "loopmesh.commands.pause",
     "resume": "loopmesh.commands.pause",
     "tools": "loopmesh.commands.tools",

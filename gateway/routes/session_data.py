@@ -11,13 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from loopmesh.errors import EraseError
+from loopmesh.sessions import summary
 
 from .. import api
 from ..api import json_response as _json
 from ..checks import check_id
 from ..core import Gateway, Handler
 from ..errors import Conflict, NotFound, Unavailable
-from ..listing import check_labels, check_title, summary
+from ..listing import check_labels, check_title
 from ..openapi import SESSION, Operation
 
 _WRITE_TRIES = 5

@@ -9,6 +9,7 @@ One async API over NATS (:mod:`.nats`) or through the HTTP gateway (:mod:`.gatew
             print(item.seq, item.event.type)      # resume with since=item.seq
         await client.approve("s1", call_id)       # deny, cancel, pause, resume
         agents = await client.agents()
+        page = await client.sessions(labels={"team": "red"})  # .sessions, .next_cursor
         await client.delete_session("s1")         # erased everywhere, audited
 
 Errors: :mod:`.errors`. Settings: :mod:`.config` (``[client]``, ``[nats]``).
@@ -28,7 +29,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import Erased, SessionEvent, Submitted
+from .transport import Erased, SessionEvent, SessionPage, Submitted
 
 __all__ = [
     "Client",
@@ -41,6 +42,7 @@ __all__ = [
     "NotSetUp",
     "RateLimited",
     "SessionEvent",
+    "SessionPage",
     "Submitted",
     "TurnOptions",
     "TurnRefused",

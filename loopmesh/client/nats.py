@@ -29,13 +29,14 @@ from loopmesh.errors import EraseError, NatsConnectError, NatsTlsError, Provisio
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
+from loopmesh.sessions import Query, page, read_sessions
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn
 from schemas.agents import default_agent
 
-from .errors import ClientError, NotFound, NotSetUp, Unauthorized, Unavailable
-from .transport import Erased, SessionEvent, Submitted
+from .errors import ClientError, InvalidRequest, NotFound, NotSetUp, Unauthorized, Unavailable
+from .transport import Erased, SessionEvent, SessionPage, Submitted
 
 T = TypeVar("T")
 
@@ -153,6 +154,16 @@ class NatsTransport:
         except NotFoundError:
             return [default_agent()]  # no bucket yet: only the deployment's [loop]
         return list(found.values())
+
+    async def sessions(self, tenant: str, query: Query) -> SessionPage:
+        found = await self._call(
+            "read the sessions", read_sessions(self.nc.jetstream(), self.subjects, tenant)
+        )
+        try:
+            shown, cursor = page(found, query)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), field="cursor") from None
+        return SessionPage(shown, cursor)
 
     async def delete_session(self, tenant: str, session: str) -> Erased:
         eraser = Eraser(self.nc, self.subjects, timeout=self._timeout)

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import msgspec
 
+from loopmesh.sessions import Query, SessionSummary
 from schemas import AgentSpec, Control, DecodeError, Turn
 from schemas.events import Event, decode_event
 
@@ -53,6 +54,14 @@ class Erased(msgspec.Struct, frozen=True):
     removed: dict[str, int]
 
 
+class SessionPage(msgspec.Struct, frozen=True):
+    """A page of sessions, most recently active first (:meth:`Client.sessions`);
+    ``next_cursor``: pass it as ``cursor`` for the next page (``None``: the last)."""
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None = None
+
+
 class Transport(Protocol):
     """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
 
@@ -77,6 +86,10 @@ class Transport(Protocol):
     async def send(self, control: Control) -> None: ...
 
     async def agents(self) -> list[AgentSpec]: ...
+
+    async def sessions(self, tenant: str, query: Query) -> SessionPage:
+        """A page of the tenant's sessions that match ``query``."""
+        ...
 
     async def delete_session(self, tenant: str, session: str) -> Erased:
         """Erase the session everywhere; :class:`~loopmesh.client.errors.NotFound` if

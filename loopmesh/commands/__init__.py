@@ -5,8 +5,8 @@ pause and resume), registered in :data:`loopmesh.cli.COMMANDS`:
 
 - ``run``: run a turn and print its events; ``events``: a session's events. Both print
   with the one :class:`~loopmesh.commands.printer.Printer`.
-- ``approval``, ``cancel``, ``pause``: the session's controls; ``erase``: a session
-  erased everywhere.
+- ``approval``, ``cancel``, ``pause``: the session's controls; ``sessions``: the
+  tenant's sessions, filtered and paged; ``erase``: a session erased everywhere.
 - ``agents``, ``schedules``, ``tools``: the agents, schedules and catalog buckets.
 - ``options``: how they reach loopmesh (``--gateway``, ``--api-key``, ``--tenant``).
 
