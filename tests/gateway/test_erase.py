@@ -3,7 +3,8 @@ A2A task and called another agent (whose own turn ran a tool) is erased, and the
 stream and every KV bucket the deployment provisions is read message by message and
 holds nothing of it: no subject, key, header or body names the session, its child
 session, its task, its calls, or what the user wrote. Only the audit record names the
-session. On one server, and on a 3-node cluster with three events partitions."""
+session. On one server, and on a 3-node cluster with three events partitions. The
+dead-letter records of a session's turns go with it; another session's stay."""
 
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ from nats.aio.client import Client
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.agents import apply_agents
+from loopmesh.deadletter import record
+from loopmesh.jetstream import Publisher
 from loopmesh.settings import NatsSettings
-from loopmesh.testing.durable import stream_events
+from loopmesh.testing.durable import SUBJECTS, stream_events
 from schemas import AgentSpec, Subjects, definitions
 from schemas.events import ToolCallEvent
 from tests.conftest import BOTH, Durable
 from tests.gateway.a2a_client import a2a_client, follow, message
-from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth
+from tests.gateway.conftest import ACME_KEY, GLOBEX_KEY, KEYS, auth, publish
 from tests.loop_worker.durable import mesh_on
 
 BOSS = AgentSpec(name="boss", description="Delegates counting to calc.", agents=("calc",))
@@ -159,3 +162,24 @@ async def test_an_erased_session_is_in_no_stream_and_no_bucket(durable: Durable,
         # the other session, its task and events are all there
         assert any(other.encode() in s.encode() for s, _ in stored[subjects.events_stream_of(
             "acme", other)])  # fmt: skip
+
+
+async def test_the_dead_letters_of_an_erased_sessions_turns_go_with_it(
+    client: httpx.AsyncClient, nc: Client
+):
+    publisher = Publisher(nc)
+    await publisher.start()
+    for n, session in enumerate(["s1", "s2"], start=1):
+        assert (await client.post("/v1/sessions", json={"session": session})).status_code == 201
+        await record(
+            publisher, SUBJECTS, stream=SUBJECTS.turns_stream, seq=n,
+            subject=SUBJECTS.turn("acme", session), data=b'{"input": "poison"}',
+            deliveries=5, reason="given up",
+        )  # fmt: skip
+    await publish(nc, 2, session="s1")
+    r = await client.delete("/v1/sessions/s1")
+    assert r.status_code == 200, r.text
+    assert r.json()["removed"]["deadletter"] == 1 and r.json()["removed"]["events"] == 2
+    left = [raw async for _, raw in stored_messages(nc, SUBJECTS.deadletter_stream)]
+    assert len(left) == 1 and SUBJECTS.turn("acme", "s2").encode() in left[0]
+    await publisher.close()
