@@ -114,6 +114,12 @@ async def test_an_erased_session_is_in_no_stream_and_no_bucket(durable: Durable,
                 kept = await follow(client.send_message(message("hello", context_id=other)))
                 assert kept.state == TaskState.TASK_STATE_COMPLETED
             assert (tmp_path / "n").read_text() == f"{secret}\n"  # calc's tool ran
+            [listed] = (await http.get("/v1/sessions", params={"label": f"case={secret}"})).json()[
+                "sessions"
+            ]
+            assert (listed["session"], listed["title"], listed["turns"]) == (session, "to erase", 1)
+            assert listed["last_turn"] == got.task_id and listed["last_end"] is not None
+            assert listed["tokens"] > 0  # the LLM usage of its turn
             r = await http.post(f"/v1/sessions/{session}/cancel", json={"reason": secret})
             assert r.status_code == 202, r.text  # a control recorded for the session
 
