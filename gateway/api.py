@@ -16,6 +16,7 @@ from starlette.responses import Response
 from loopmesh.sessions import SessionSummary
 from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
+from schemas.audit import SessionErased
 from schemas.ids import TOKEN_PATTERN
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
 from schemas.wire import MAX_PARTS, MAX_PASSAGES, ContentPart, Passage, ToolSpec
@@ -162,6 +163,14 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     title: str = ""
     labels: dict[str, str] = {}
     tokens: int = 0
+
+
+class AuditList(msgspec.Struct, frozen=True, kw_only=True):
+    """The tenant's latest audit records, oldest first: each a session erased
+    (``reason`` ``request``) or expired (``retention``; ``mode`` ``snapshot`` when its
+    last snapshot was kept), by whom, with what it called and what was removed."""
+
+    records: list[SessionErased]
 
 
 class TurnPosted(msgspec.Struct, frozen=True, kw_only=True):

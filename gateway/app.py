@@ -21,6 +21,7 @@ from .core import Gateway, Metrics
 from .errors import GatewayError, NotFound
 from .openapi import Operation, document
 from .routes.agents import Agents
+from .routes.audit import Audit
 from .routes.controls import Controls
 from .routes.events import Events
 from .routes.health import Health
@@ -44,6 +45,7 @@ def create_app(gateway: Gateway, mcp_app: ASGIApp | None = None) -> Starlette:
     ops: list[tuple[Operation, Any]] = [
         *Sessions(gateway).operations(),
         *SessionData(gateway).operations(),
+        *Audit(gateway).operations(),
         *Events(gateway).operations(),
         *Controls(gateway).operations(),
         *Tools(gateway).operations(),

@@ -52,6 +52,7 @@ from schemas import (
     session_meta_key,
 )
 from schemas.agents import default_agent
+from schemas.audit import SessionErased
 from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key
 
@@ -234,6 +235,23 @@ class Backend:
         kv = await self.kv(self.subjects.sessions_bucket)
         key = session_meta_key(tenant, session)
         await self._call("write session metadata", kv.update(key, encode(meta), last))
+
+    async def audit(self, tenant: str, limit: int) -> list[SessionErased]:
+        """The tenant's latest ``limit`` audit records, oldest first."""
+        stream = self.subjects.audit_stream
+        info = await self._call("audit stream info", self.js.stream_info(stream))
+        if not info.state.messages:
+            return []
+        found: list[SessionErased] = []
+        subject = self.subjects.audit(tenant)
+        async for batch in self.stored_events(stream, subject, info.state.first_seq, "audit"):
+            for msg in batch:
+                try:
+                    found.append(decode(msg.data, SessionErased))
+                except DecodeError:
+                    continue
+            found = found[-limit:]
+        return found
 
     def eraser(self, cancel_wait_s: float = CANCEL_WAIT_S) -> Eraser:
         """Erases sessions (:mod:`loopmesh.erase`) on this connection."""

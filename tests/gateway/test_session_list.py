@@ -1,6 +1,7 @@
 """``GET /v1/sessions`` filtered by agent, labels and last activity, paged with a cursor;
 a session's title and labels set at creation and with ``PATCH``; their checks (422
-naming the field) and another tenant's key, against a real nats-server."""
+naming the field) and another tenant's key, and the erase on the tenant's audit records
+(``GET /v1/audit``), against a real nats-server."""
 
 from __future__ import annotations
 
@@ -134,3 +135,14 @@ async def test_another_tenants_key_neither_lists_nor_changes_nor_erases_a_sessio
     r = await client.delete("/v1/sessions/s1")
     assert r.status_code == 200 and r.json()["children"] == []
     assert await listed(client) == []
+    # the erase is on acme's audit record, which globex does not see
+    [record] = (await client.get("/v1/audit")).json()["records"]
+    assert (record["type"], record["session"], record["reason"]) == (
+        "session_erased",
+        "s1",
+        "request",
+    )
+    assert record["by"] == "key acme-ci" and record["removed"]["sessions"] >= 2
+    assert (await client.get("/v1/audit", headers=globex)).json() == {"records": []}
+    r = await client.get("/v1/audit", params={"limit": 0})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "limit"
