@@ -20,7 +20,8 @@ knows every one (docs/ARCHITECTURE.md, "Erasing a session"):
 
 ``mode="snapshot"`` (retention) keeps the session's last snapshot and its metadata and
 erases the rest of it; it stops nothing and leaves the sessions it called, which expire
-by their own agent's retention.
+by their own agent's retention. An erase for retention refuses (:class:`EraseError`) a
+session with a turn waiting or running: it was active again since it was found idle.
 
 A write that lands after the purge with a revision check (a zombie worker's checkpoint,
 a lease renewal, an A2A task update) fails it, as the key's revision is gone. A tool call
@@ -149,6 +150,8 @@ class Eraser:
             ) from None
         if not await self.exists(tenant, session):
             return None
+        if reason == "retention" and await self._active(tenant, session):
+            raise EraseError(f"session {tenant}.{session} is active again: not expired")
         removed: Counter[str] = Counter()
         if mode == "delete":
             children = await self._erase_tree(tenant, session, removed, depth=0)
@@ -229,6 +232,12 @@ class Eraser:
             "erasing a session whose turn did not end within %.0fs tenant=%s session=%s",
             self.cancel_wait_s, tenant, session,
         )  # fmt: skip
+
+    async def _active(self, tenant: str, session: str) -> bool:
+        """Whether a turn of the session waits or runs (a worker holds its lease)."""
+        if await queued(self.publisher, self.subjects, tenant, session):
+            return True
+        return await self._leased(tenant, session)
 
     async def _leased(self, tenant: str, session: str) -> bool:
         return (
