@@ -46,7 +46,16 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from schemas import Cancel, DecodeError, SessionSnapshot, Subjects, decode, encode, session_key
+from schemas import (
+    Cancel,
+    DecodeError,
+    SessionSnapshot,
+    Subjects,
+    decode,
+    encode,
+    session_key,
+    session_meta_key,
+)
 from schemas.audit import EraseMode, SessionErased
 
 from .aio import quietly
@@ -153,10 +162,12 @@ class Eraser:
         if reason == "retention" and await self._active(tenant, session):
             raise EraseError(f"session {tenant}.{session} is active again: not expired")
         removed: Counter[str] = Counter()
+        tasks = await self._a2a_tasks(tenant)
         if mode == "delete":
-            children = await self._erase_tree(tenant, session, removed, depth=0)
+            children = await self._erase_tree(tenant, session, tasks, removed, depth=0)
         else:
-            await self._remove(tenant, session, await self._scan(tenant, session), mode, removed)
+            found = await self._scan(tenant, session)
+            await self._remove(tenant, session, found, tasks, mode, removed)
             children = []
         record = SessionErased(
             tenant=tenant, session=session, at=time.time(), reason=reason, mode=mode, by=by,
@@ -170,9 +181,12 @@ class Eraser:
         return record
 
     async def exists(self, tenant: str, session: str) -> bool:
-        """Whether anything of the session is stored: a snapshot, an event or a turn."""
+        """Whether anything of the session is stored: a snapshot or its metadata, an
+        event or a turn."""
         s = self.subjects
         if await self.snapshot(tenant, session) is not None:
+            return True
+        if await self._live(s.sessions_bucket, session_meta_key(tenant, session)) is not None:
             return True
         stream = s.events_stream_of(tenant, session)
         events = s.session_events(tenant, session)
@@ -192,7 +206,13 @@ class Eraser:
             return SessionSnapshot(tenant=tenant, session=session)  # there, if unreadable
 
     async def _erase_tree(
-        self, tenant: str, session: str, removed: Counter[str], *, depth: int
+        self,
+        tenant: str,
+        session: str,
+        tasks: dict[str, list[str]],
+        removed: Counter[str],
+        *,
+        depth: int,
     ) -> list[str]:
         """Stop and erase the session and, first, the sessions it called; their ids."""
         await self._stop(tenant, session)
@@ -201,8 +221,8 @@ class Eraser:
         if depth < MAX_DEPTH:
             for child in found.children:
                 children.append(child)
-                children += await self._erase_tree(tenant, child, removed, depth=depth + 1)
-        await self._remove(tenant, session, found, "delete", removed)
+                children += await self._erase_tree(tenant, child, tasks, removed, depth=depth + 1)
+        await self._remove(tenant, session, found, tasks, "delete", removed)
         return children
 
     # -- stopping a running turn --------------------------------------------------------
@@ -275,7 +295,13 @@ class Eraser:
     # -- removing -----------------------------------------------------------------------
 
     async def _remove(
-        self, tenant: str, session: str, found: _Found, mode: EraseMode, removed: Counter[str]
+        self,
+        tenant: str,
+        session: str,
+        found: _Found,
+        tasks: dict[str, list[str]],
+        mode: EraseMode,
+        removed: Counter[str],
     ) -> None:
         s = self.subjects
         key = session_key(tenant, session)
@@ -300,25 +326,25 @@ class Eraser:
         for call in sorted(found.calls):
             removed["effects"] += await self._purge_key(s.effects_bucket, call)
             removed["effects"] += await self._purge_key(s.effects_bucket, f"claim.{call}")
-        for task in await self._a2a_tasks(tenant, session):
+        for task in tasks.get(session, []):
             removed["a2a_tasks"] += await self._purge_key(s.a2a_tasks_bucket, f"{tenant}.{task}")
             removed["a2a_tasks"] += await self._purge_key(s.a2a_push_bucket, task)
         removed["deadletter"] += await self._deadletters(tenant, session)
 
-    async def _a2a_tasks(self, tenant: str, session: str) -> list[str]:
-        """The ids of the tenant's A2A tasks whose turns ran in the session."""
+    async def _a2a_tasks(self, tenant: str) -> dict[str, list[str]]:
+        """The ids of the tenant's A2A tasks by the session their turns ran in."""
         entries = await retry(
             lambda: kv_entries(self.nc.jetstream(), self.subjects.a2a_tasks_bucket, f"{tenant}.*"),
             "list the A2A tasks",
         )
-        tasks = []
+        tasks: dict[str, list[str]] = {}
         for entry in entries.values():
             try:
                 task = _task_record.decode(entry.value or b"").task
             except msgspec.DecodeError:
                 continue
-            if task.metadata.loopmesh.session == session and task.id:
-                tasks.append(task.id)
+            if task.metadata.loopmesh.session and task.id:
+                tasks.setdefault(task.metadata.loopmesh.session, []).append(task.id)
         return tasks
 
     async def _deadletters(self, tenant: str, session: str) -> int:
