@@ -62,9 +62,6 @@ log = logging.getLogger("loopmesh.gateway")
 
 T = TypeVar("T")
 
-#: Sessions listed by ``GET /v1/sessions`` at most.
-MAX_LISTED_SESSIONS = 1_000
-
 
 class Backend:
     """NATS operations of the gateway, on one connection. ``max_schedules`` is
@@ -191,22 +188,6 @@ class Backend:
         except KeyWrongLastSequenceError:
             return False
         return True
-
-    async def sessions(self, tenant: str) -> list[SessionSnapshot]:
-        """The tenant's sessions (at most :data:`MAX_LISTED_SESSIONS`), newest first."""
-        bucket = self.subjects.sessions_bucket
-        await self._bucket(bucket)
-        values = await self._call(
-            "list sessions", kv_values(self.js, bucket, f"{tenant}.*", timeout=self.timeout)
-        )
-        found: list[SessionSnapshot] = []
-        for value in values.values():
-            try:
-                found.append(decode(value, SessionSnapshot))
-            except DecodeError:
-                continue
-        found.sort(key=lambda s: s.updated_at, reverse=True)
-        return found[:MAX_LISTED_SESSIONS]
 
     # -- session data: metadata, the list, erasing ----------------------------------------
 
