@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from starlette.responses import Response
 
+from loopmesh.sessions import SessionSummary
 from loopmesh.webhook import WebhookRequest
 from schemas.agents import DEFAULT_AGENT, AgentSpec
+from schemas.audit import SessionErased
 from schemas.ids import TOKEN_PATTERN
 from schemas.memory import MemorySource, MemoryText
 from schemas.messages import ChatMessage, PlanStep, SessionStatus
@@ -32,12 +34,32 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     pass
 
 
+#: A session's labels: up to 32, each key 1-64 characters from A-Z a-z 0-9 _ - . and
+#: each value at most 256 characters (``GET /v1/sessions?label=key=value`` finds them).
+Labels = Annotated[
+    dict[str, str],
+    msgspec.Meta(description="up to 32 labels: key 1-64 of A-Z a-z 0-9 _ - ., value <= 256"),
+]
+Title = Annotated[str, msgspec.Meta(description="at most 200 characters")]
+
+
 class CreateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Create a session; without ``session`` the gateway picks an id. ``agent``: the
-    named agent the session belongs to (default ``default``); its turns run that agent."""
+    named agent the session belongs to (default ``default``); its turns run that agent.
+    ``title`` and ``labels``: what lists and filters it (``PATCH`` changes them)."""
 
     session: Id | None = None
     agent: Id | None = None
+    title: Title | None = None
+    labels: Labels | None = None
+
+
+class UpdateSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Change a session's ``title`` or ``labels`` (each given replaces what was; a
+    field left out stays)."""
+
+    title: Title | None = None
+    labels: Labels | None = None
 
 
 class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -111,16 +133,23 @@ class SessionCreated(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = DEFAULT_AGENT
 
 
-class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
-    session: str
-    status: SessionStatus
-    turns: int
-    updated_at: float
-    agent: str = DEFAULT_AGENT
-
-
 class SessionList(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of sessions, most recently active first; ``next_cursor``: pass it as
+    ``cursor`` for the next page (``null``: this is the last)."""
+
     sessions: list[SessionSummary]
+    next_cursor: str | None = None
+
+
+class SessionErasedView(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``DELETE /v1/sessions/{session}`` erased: the session and the sessions of
+    the agents it called (``children``), and how many stored messages went from where
+    (``removed``). The erase is recorded on the tenant's audit subject."""
+
+    session: str
+    erased_at: float
+    children: list[str]
+    removed: dict[str, int]
 
 
 class SessionView(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +164,17 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     plan: list[PlanStep]
     summary: str
     agent: str = DEFAULT_AGENT
+    title: str = ""
+    labels: dict[str, str] = {}
+    tokens: int = 0
+
+
+class AuditList(msgspec.Struct, frozen=True, kw_only=True):
+    """The tenant's latest audit records, oldest first: each a session erased
+    (``reason`` ``request``) or expired (``retention``; ``mode`` ``snapshot`` when its
+    last snapshot was kept), by whom, with what it called and what was removed."""
+
+    records: list[SessionErased]
 
 
 class ForkSession(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -21,12 +21,14 @@ from .core import Gateway, Metrics
 from .errors import GatewayError, NotFound
 from .openapi import Operation, document
 from .routes.agents import Agents
+from .routes.audit import Audit
 from .routes.branches import Branches
 from .routes.controls import Controls
 from .routes.events import Events
 from .routes.health import Health
 from .routes.memory import MemoryRoutes
 from .routes.schedules import Schedules
+from .routes.session_data import SessionData
 from .routes.sessions import Sessions
 from .routes.tools import Tools
 from .routes.usage import Usage
@@ -45,6 +47,8 @@ def create_app(gateway: Gateway, mcp_app: ASGIApp | None = None) -> Starlette:
     ops: list[tuple[Operation, Any]] = [
         *Sessions(gateway).operations(),
         *Branches(gateway).operations(),
+        *SessionData(gateway).operations(),
+        *Audit(gateway).operations(),
         *Events(gateway).operations(),
         *Controls(gateway).operations(),
         *Tools(gateway).operations(),

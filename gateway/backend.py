@@ -30,9 +30,11 @@ from loopmesh.agents import read_agents, spec_of
 from loopmesh.aio import quietly
 from loopmesh.backlog import Queued, unfinished
 from loopmesh.controls import control_key
+from loopmesh.erase import CANCEL_WAIT_S, Eraser
 from loopmesh.jetstream import KV, KVEntry, Publisher, kv_entries, kv_values, open_kv, replicated
 from loopmesh.memory import MemoryStore
 from loopmesh.schedules import ScheduleStore, run_ends
+from loopmesh.sessions import meta_of, read_sessions
 from loopmesh.settings import SchedulerSettings
 from loopmesh.usage import UsageDay, read_days
 from schemas import (
@@ -40,6 +42,7 @@ from schemas import (
     AgentSpec,
     Control,
     DecodeError,
+    SessionMeta,
     SessionSnapshot,
     Subjects,
     ToolSpec,
@@ -47,8 +50,10 @@ from schemas import (
     decode,
     encode,
     session_key,
+    session_meta_key,
 )
 from schemas.agents import default_agent
+from schemas.audit import SessionErased
 from schemas.events import Event
 from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER
@@ -58,9 +63,6 @@ from .errors import Unavailable
 log = logging.getLogger("loopmesh.gateway")
 
 T = TypeVar("T")
-
-#: Sessions listed by ``GET /v1/sessions`` at most.
-MAX_LISTED_SESSIONS = 1_000
 
 
 class Backend:
@@ -203,21 +205,57 @@ class Backend:
             return False
         return True
 
-    async def sessions(self, tenant: str) -> list[SessionSnapshot]:
-        """The tenant's sessions (at most :data:`MAX_LISTED_SESSIONS`), newest first."""
-        bucket = self.subjects.sessions_bucket
-        await self._bucket(bucket)
-        values = await self._call(
-            "list sessions", kv_values(self.js, bucket, f"{tenant}.*", timeout=self.timeout)
+    # -- session data: metadata, the list, erasing ----------------------------------------
+
+    async def session_index(self, tenant: str) -> list[tuple[SessionSnapshot, SessionMeta]]:
+        """Every session of the tenant with its metadata (empty where none was set)."""
+        await self._bucket(self.subjects.sessions_bucket)
+        return await self._call(
+            "list sessions", read_sessions(self.js, self.subjects, tenant, timeout=self.timeout)
         )
-        found: list[SessionSnapshot] = []
-        for value in values.values():
-            try:
-                found.append(decode(value, SessionSnapshot))
-            except DecodeError:
-                continue
-        found.sort(key=lambda s: s.updated_at, reverse=True)
-        return found[:MAX_LISTED_SESSIONS]
+
+    async def session_meta(self, tenant: str, session: str) -> tuple[SessionMeta, int]:
+        """The session's metadata and its revision (0: none set)."""
+        kv = await self.kv(self.subjects.sessions_bucket)
+        entry = await self._call(
+            "read session metadata", kv.entry(session_meta_key(tenant, session))
+        )
+        if entry is None or entry.value is None:
+            return SessionMeta(), entry.revision if entry is not None else 0
+        return meta_of(entry.value), entry.revision
+
+    async def put_session_meta(
+        self, tenant: str, session: str, meta: SessionMeta, last: int
+    ) -> None:
+        """Write the session's metadata if its revision is still ``last``
+        (:class:`~nats.js.errors.KeyWrongLastSequenceError` otherwise)."""
+        kv = await self.kv(self.subjects.sessions_bucket)
+        key = session_meta_key(tenant, session)
+        await self._call("write session metadata", kv.update(key, encode(meta), last))
+
+    async def audit(self, tenant: str, limit: int) -> list[SessionErased]:
+        """The tenant's latest ``limit`` audit records, oldest first."""
+        stream = self.subjects.audit_stream
+        info = await self._call("audit stream info", self.js.stream_info(stream))
+        if not info.state.messages:
+            return []
+        found: list[SessionErased] = []
+        subject = self.subjects.audit(tenant)
+        async for batch in self.stored_events(stream, subject, info.state.first_seq, "audit"):
+            for msg in batch:
+                try:
+                    found.append(decode(msg.data, SessionErased))
+                except DecodeError:
+                    continue
+            found = found[-limit:]
+        return found
+
+    def eraser(self, cancel_wait_s: float = CANCEL_WAIT_S) -> Eraser:
+        """Erases sessions (:mod:`loopmesh.erase`) on this connection."""
+        return Eraser(
+            self.nc, self.subjects, publisher=self.publisher(), timeout=self.timeout,
+            cancel_wait_s=cancel_wait_s,
+        )  # fmt: skip
 
     # -- turns and controls -----------------------------------------------------------
 

@@ -35,6 +35,7 @@ from .app import create_app
 from .backend import Backend
 from .core import Gateway
 from .mcp import McpEndpoint
+from .retention import Retention
 from .settings import GatewayConfig, GatewaySettings
 
 log = logging.getLogger("loopmesh.gateway")
@@ -105,6 +106,7 @@ class GatewayServer:
         self._task: asyncio.Task[None] | None = None
         self.gateway: Gateway | None = None
         self.scheduler: Scheduler | None = None
+        self.retention: Retention | None = None
         self.mcp: McpEndpoint | None = None
         self.port = config.gateway.port
 
@@ -153,6 +155,11 @@ class GatewayServer:
                     name=f"gateway-{worker_name()}", publisher=backend.publisher(),
                 )  # fmt: skip
                 self.scheduler.start()
+            self.retention = Retention(
+                backend, self.config.tenants, every_s=settings.retention_sweep_s,
+                cancel_wait_s=settings.erase_cancel_wait_s,
+            )  # fmt: skip
+            self.retention.start()
         except BaseException:
             await self.close()
             raise
@@ -165,6 +172,9 @@ class GatewayServer:
         await self.close()
 
     async def close(self) -> None:
+        retention, self.retention = self.retention, None
+        if retention is not None:
+            await retention.close()
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is not None:
             await scheduler.close()

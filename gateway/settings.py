@@ -106,6 +106,12 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     #: An A2A task whose gateway went away is written back from its turn's events
     #: after this long (a read folds them in before that).
     a2a_repair_after_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    #: ``DELETE /v1/sessions/{session}`` waits this long for the session's running turn
+    #: to end once cancelled, then erases it anyway.
+    erase_cancel_wait_s: Positive = 10.0
+    #: How often the gateway looks for sessions idle past their retention
+    #: (``[tenants] session_retention_s``, an agent's ``session_retention_s``; 0: never).
+    retention_sweep_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
 
 
 OnBusy = Literal["enqueue", "reject", "interrupt", "rollback"]

@@ -48,6 +48,8 @@ COMMANDS: dict[str, str] = {
     "approve": "loopmesh.commands.approval",
     "deny": "loopmesh.commands.approval",
     "cancel": "loopmesh.commands.cancel",
+    "erase": "loopmesh.commands.erase",
+    "sessions": "loopmesh.commands.sessions",
     "pause": "loopmesh.commands.pause",
     "resume": "loopmesh.commands.pause",
     "fork": "loopmesh.commands.branch",

@@ -12,6 +12,7 @@ LoopmeshError
 │   └── UnresolvableHost   the host has no address
 ├── InvalidWebhook         a webhook's URL is refused (:mod:`.webhook`; ``.field``, ``.message``)
 ├── BranchRefused          a fork or rewind is refused (:mod:`.branching`; ``.kind``, ``.field``)
+├── EraseError             a session could not be erased (:mod:`.erase`; ``.message``)
 └── StoppedAtOnce          a second signal stopped a service without its drain (``.signal``)
 """
 
@@ -90,6 +91,15 @@ class BranchRefused(LoopmeshError):
         self.kind = kind
         self.message = message
         self.field = field
+
+
+class EraseError(LoopmeshError):
+    """A session could not be erased: the audit stream is missing (nothing was erased),
+    or a stream refused a purge. ``message`` says what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class NatsConnectError(LoopmeshError):

@@ -129,7 +129,8 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[tenants."<name>"]``: one tenant's share of the fleet; ``[tenants."*"]`` is every
     tenant not named. Read by the loop workers (weight, max_active_turns) and the
-    gateway (max_backlog, min_schedule_interval_s); set the same in every process."""
+    gateway (max_backlog, min_schedule_interval_s, the retention of sessions); set the same
+    in every process."""
 
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
@@ -143,6 +144,13 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: The shortest time between two ticks of one of the tenant's schedules, in seconds:
     #: the gateway refuses a faster cron expression (422; 0: no minimum).
     min_schedule_interval_s: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
+    #: The tenant's sessions idle this long (seconds) expire (0: never); an agent's own
+    #: ``session_retention_s`` wins. The gateway sweeps them (``[gateway]
+    #: retention_sweep_s``).
+    session_retention_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    #: What expiring does: ``delete`` erases the session everywhere, ``snapshot`` keeps
+    #: its last snapshot (and title and labels) and erases the rest.
+    retention: Literal["delete", "snapshot"] = "delete"
 
 
 Tenants = dict[str, TenantSettings]

@@ -16,9 +16,9 @@ from .ids import (
     safe_token,
     turn_msg_id,
 )
-from .messages import ChatMessage, PlanStep, SessionSnapshot, ToolCall, TurnEnd
+from .messages import ChatMessage, PlanStep, SessionMeta, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
-from .subjects import Subjects, catalog_key, session_key
+from .subjects import Subjects, catalog_key, session_key, session_meta_key
 from .types import AGENTS_SERVER, BUILTIN_SERVER, MEMORY_SERVER, SCHEMA_VERSION, Parent, Token
 from .webhook import WEBHOOK_EVENTS, Webhook
 from .wire import (
@@ -67,6 +67,7 @@ __all__ = [
     "Pause",
     "PlanStep",
     "Resume",
+    "SessionMeta",
     "SessionSnapshot",
     "StreamDef",
     "Subjects",
@@ -91,5 +92,6 @@ __all__ = [
     "pool_consumer",
     "safe_token",
     "session_key",
+    "session_meta_key",
     "turn_msg_id",
 ]

@@ -88,6 +88,12 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: ``auto`` (those, and the nearest memories recalled into each turn's prompt),
     #: instead of ``[loop.memory] mode``.
     memory: Literal["off", "tools", "auto"] | None = None
+    #: Its sessions idle this long (seconds) expire, instead of ``[tenants]
+    #: session_retention_s`` (0: they never do).
+    session_retention_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    #: What expiring does to its sessions, instead of ``[tenants] retention``: ``delete``
+    #: erases them, ``snapshot`` keeps their last snapshot only.
+    retention: Literal["delete", "snapshot"] | None = None
     #: The agents bucket's revision of the definition: set by the bucket, refused in
     #: configuration.
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0

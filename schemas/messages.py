@@ -136,7 +136,21 @@ class SessionSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     #: as it checkpoints its end. A delivery of one of them after a later turn ran (a
     #: check of the turns stream that raced its ack) is acked without running again.
     ended_turns: tuple[Token, ...] = ()
+    #: The LLM tokens of the session's ended turns (the turn in progress: ``turn_tokens``).
+    tokens: int = 0
 
 
 #: How many turn ids :attr:`SessionSnapshot.ended_turns` keeps.
 ENDED_TURNS_KEPT = 16
+
+
+class SessionMeta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a person set on a session (``POST``/``PATCH /v1/sessions``), stored beside its
+    snapshot under :func:`~schemas.subjects.session_meta_key`, so a loop worker's
+    checkpoint never races it. ``expired_at``: when retention kept the session as its
+    last snapshot only (its events and the rest were erased)."""
+
+    title: str = ""
+    labels: dict[str, str] = {}
+    created_at: Timestamp = 0.0
+    expired_at: Timestamp = 0.0

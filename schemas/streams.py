@@ -76,6 +76,7 @@ def definitions(
     effects_ttl_s: float = 24 * 3600.0,
     catalog_ttl_s: float = 30.0,
     embeddings_ttl_s: float = 30 * 24 * 3600.0,
+    audit_max_age_s: float = 365 * 24 * 3600.0,
     replicas: int = 1,
 ) -> Definitions:
     """Everything loopmesh needs on a NATS server, for one prefix.
@@ -112,6 +113,7 @@ def definitions(
                 description="messages given up on, with the reason in their headers",
             ),
             advisories_stream(s, max_age_s=deadletter_max_age_s, replicas=replicas),
+            audit_stream(s, max_age_s=audit_max_age_s, replicas=replicas),
         ),
         retired=((s.turns_stream, s.legacy_turns_consumer),),
         consumers=(
@@ -303,6 +305,21 @@ def advisories_stream(
         max_age_s=max_age_s,
         replicas=replicas,
         description="max-deliveries and terminated advisories of turns, until dead-lettered",
+    )
+
+
+def audit_stream(
+    subjects: Subjects, *, max_age_s: float = 365 * 24 * 3600.0, replicas: int = 1
+) -> StreamDef:
+    """Each tenant's audit records (:mod:`schemas.audit`) on ``<prefix>.audit.<tenant>``:
+    what was erased or expired, and by whom. They name sessions, never their content."""
+    return StreamDef(
+        name=subjects.audit_stream,
+        subjects=(subjects.all_audit,),
+        retention="limits",
+        max_age_s=max_age_s,
+        replicas=replicas,
+        description="audit records by tenant: sessions erased or expired",
     )
 
 

@@ -178,6 +178,15 @@ class Subjects:
     def all_control(self) -> str:
         return f"{self.prefix}.control.>"
 
+    def audit(self, tenant: str) -> str:
+        """Where the tenant's audit records go (:mod:`schemas.audit`: a session erased or
+        expired), kept in :attr:`audit_stream`."""
+        return f"{self.prefix}.audit.{check_token(tenant, 'tenant')}"
+
+    @property
+    def all_audit(self) -> str:
+        return f"{self.prefix}.audit.*"
+
     def deadletter(self, stream: str) -> str:
         """Where the dead-letter record of a message of ``stream`` is kept."""
         return f"{self.prefix}.deadletter.{check_token(stream, 'stream')}"
@@ -254,6 +263,10 @@ class Subjects:
         """The one consumer all loop workers once shared: it overlaps every tenant's, so
         provisioning removes it (a work-queue stream allows no overlap)."""
         return "loop-workers"
+
+    @property
+    def audit_stream(self) -> str:
+        return self._name("AUDIT")
 
     @property
     def advisories_stream(self) -> str:
@@ -339,6 +352,12 @@ def session_key(tenant: str, session: str) -> str:
 
 #: Set on a control message whose sender already recorded it in the control bucket.
 CONTROL_RECORDED_HEADER = "Loopmesh-Recorded"
+
+
+def session_meta_key(tenant: str, session: str) -> str:
+    """The sessions-bucket key of a session's metadata (title, labels: what a person set,
+    kept apart from the snapshot the loop workers write): ``<tenant>.<session>.meta``."""
+    return f"{_pair(tenant, session)}.meta"
 
 
 def approval_key(tenant: str, session: str, call_id: str) -> str:

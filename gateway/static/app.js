@@ -747,6 +747,7 @@ function open(session) {
   if (agent) view.showAgent(agent);
   $("input").disabled = $("send").disabled = false;
   $("cancel").disabled = $("pause").disabled = $("resume").disabled = true;
+  armErase(false);
   $("question").hidden = true;
   history.replaceState(null, "", `#${encodeURIComponent(session)}`);
   for (const item of document.querySelectorAll("#session-list li")) {
@@ -772,7 +773,8 @@ async function refreshSessions() {
         item.dataset.session = s.session;
         item.dataset.agent = s.agent;
         item.classList.toggle("selected", app.session?.session === s.session);
-        const name = el("span", "session-name", s.session);
+        const name = el("span", "session-name", s.title || s.session);
+        if (s.title) name.title = s.session;
         const badge = el("span", "badge", s.status);
         badge.dataset.status = s.status;
         const meta = el("span", "session-meta",
@@ -951,6 +953,45 @@ async function cancel() {
   }
 }
 
+// Erase the open session (DELETE): a first click asks, a second erases. The gateway
+// cancels a running turn first; the session then leaves the list and the page.
+function armErase(asking) {
+  const button = $("erase");
+  button.disabled = !app.session;
+  button.dataset.asking = asking ? "true" : "";
+  button.textContent = asking ? "Erase for good?" : "Erase";
+}
+
+async function erase() {
+  const view = app.session;
+  if (!view) return;
+  if ($("erase").dataset.asking !== "true") {
+    armErase(true);
+    return;
+  }
+  $("erase").disabled = true;
+  try {
+    const erased = await api("DELETE", sessionPath(view.session));
+    if (app.session !== view) return;
+    view.close();
+    app.session = null;
+    $("timeline").replaceChildren(el("div", "erased",
+      `Session ${erased.session} was erased` +
+      (erased.children.length ? `, with ${erased.children.length} session(s) of agents it called` : "") +
+      "."));
+    $("session-title").textContent = "No session selected";
+    $("session-status").hidden = $("session-agent").hidden = true;
+    $("input").disabled = $("send").disabled = true;
+    $("cancel").disabled = $("pause").disabled = $("resume").disabled = true;
+    history.replaceState(null, "", "#");
+    armErase(false);
+    refreshSessions();
+  } catch (error) {
+    notice(`Could not erase: ${error.message}`);
+    armErase(false);
+  }
+}
+
 // Pause or resume the session's running turn. A pause takes hold at the turn's next
 // iteration, which says so with a `paused` event; `resumed` says it runs again.
 async function pauseOrResume(kind) {
@@ -978,6 +1019,7 @@ function start() {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) send(ev);
   });
   $("cancel").addEventListener("click", cancel);
+  $("erase").addEventListener("click", erase);
   $("pause").addEventListener("click", () => pauseOrResume("pause"));
   $("resume").addEventListener("click", () => pauseOrResume("resume"));
   showKeyState();

@@ -555,8 +555,9 @@ class TurnRun:
                     error=end.error,
                 )
             snapshot = msgspec.structs.replace(
-                snapshot, status="idle", turns=snapshot.turns + 1, last_end=last_end
-            )
+                snapshot, status="idle", turns=snapshot.turns + 1, last_end=last_end,
+                tokens=snapshot.tokens + self.meter.tokens,
+            )  # fmt: skip
         await self.e.store.save(snapshot)
         self.snapshot = snapshot
 

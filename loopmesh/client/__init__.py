@@ -10,6 +10,8 @@ One async API over NATS (:mod:`.nats`) or through the HTTP gateway (:mod:`.gatew
         await client.approve("s1", call_id)       # deny, cancel, pause, resume
         fork = await client.fork("s1", before_turn=turn_id)  # a new session; rewind too
         agents = await client.agents()
+        page = await client.sessions(labels={"team": "red"})  # .sessions, .next_cursor
+        await client.delete_session("s1")         # erased everywhere, audited
 
 Errors: :mod:`.errors`. Settings: :mod:`.config` (``[client]``, ``[nats]``).
 """
@@ -28,13 +30,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
+from .transport import Erased, Fork, MemoryItem, Rewind, SessionEvent, SessionPage, Submitted
 
 __all__ = [
     "Client",
     "ClientConfig",
     "ClientError",
     "ClientSettings",
+    "Erased",
     "Fork",
     "InvalidRequest",
     "MemoryItem",
@@ -43,6 +46,7 @@ __all__ = [
     "RateLimited",
     "Rewind",
     "SessionEvent",
+    "SessionPage",
     "Submitted",
     "TurnOptions",
     "TurnRefused",

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, TypedDict, Unpack
 
 import msgspec
 
+from loopmesh.sessions import DEFAULT_PAGE, MAX_PAGE, Query
 from loopmesh.settings import NatsSettings, load, replace
 from schemas import (
     AgentSpec,
@@ -34,7 +35,16 @@ from .config import ClientConfig
 from .errors import InvalidRequest, TurnRefused
 from .gateway import GatewayTransport
 from .nats import NatsTransport
-from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted, Transport
+from .transport import (
+    Erased,
+    Fork,
+    MemoryItem,
+    Rewind,
+    SessionEvent,
+    SessionPage,
+    Submitted,
+    Transport,
+)
 
 
 class TurnOptions(TypedDict, total=False):
@@ -348,6 +358,42 @@ class Client:
         """Erase every memory of ``user`` (or of ``agent``), all trace of them; how many."""
         kind, name = _namespace(user, agent)
         return await (await self._ready()).erase_memories(kind, name)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        active_after: float | None = None,
+        active_before: float | None = None,
+        limit: int = DEFAULT_PAGE,
+        cursor: str | None = None,
+    ) -> SessionPage:
+        """A page of the tenant's sessions, most recently active first, each with its
+        title, labels and counts: only ``agent``'s, those with every label of ``labels``
+        (a value of ``None``: any value), last active in [``active_after``,
+        ``active_before``) (seconds since the epoch). ``limit``: 1 to 1000 a page; pass a
+        page's ``next_cursor`` as ``cursor`` for the next one."""
+        if agent is not None:
+            check_token(agent, "agent")
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit={limit}: 1 to {MAX_PAGE} sessions a page")
+        query = Query(
+            agent=agent, labels=dict(labels or {}), active_after=active_after,
+            active_before=active_before, limit=limit, after=cursor,
+        )  # fmt: skip
+        return await (await self._ready()).sessions(self.tenant, query)
+
+    async def delete_session(self, session: str) -> Erased:
+        """Erase the session everywhere loopmesh keeps it: its running turn cancelled
+        first, its events, snapshot, effects, controls and A2A tasks, and the sessions of
+        the agents it called; recorded on the tenant's audit subject (docs/GATEWAY.md,
+        "Erasing a session"). :class:`~loopmesh.client.errors.NotFound` when nothing of
+        it is stored (another tenant's session included)."""
+        check_token(session, "session")
+        return await (await self._ready()).delete_session(self.tenant, session)
 
     # -- inside -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import httpx
 import msgspec
 from httpx_sse import aconnect_sse
 
+from loopmesh.sessions import Query
 from schemas import AgentSpec, ApprovalDecision, Cancel, Control, Pause, Resume, Turn
 
 from .errors import (
@@ -30,7 +31,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
+from .transport import Erased, Fork, MemoryItem, Rewind, SessionEvent, SessionPage, Submitted
 
 log = logging.getLogger("loopmesh.client")
 
@@ -209,6 +210,33 @@ class GatewayTransport:
         path = f"/v1/sessions/{session}/rewind"
         r = await self._request("POST", path, body, what=f"session {session!r}")
         return msgspec.json.decode(r.content, type=Rewind)
+
+    async def sessions(self, tenant: str, query: Query) -> SessionPage:
+        params: list[tuple[str, str]] = [("limit", str(query.limit))]
+        if query.agent is not None:
+            params.append(("agent", query.agent))
+        for key, value in query.labels.items():
+            params.append(("label", key if value is None else f"{key}={value}"))
+        if query.active_after is not None:
+            params.append(("active_after", repr(query.active_after)))
+        if query.active_before is not None:
+            params.append(("active_before", repr(query.active_before)))
+        if query.after is not None:
+            params.append(("cursor", query.after))
+        try:
+            r = await self._http.get("/v1/sessions", params=tuple(params))
+        except httpx.HTTPError as exc:
+            raise Unavailable(
+                f"cannot reach the gateway at {self.url}: {exc}", url=self.url
+            ) from None
+        if r.status_code >= 400:
+            raise self._refused(r, what="/v1/sessions")
+        return msgspec.json.decode(r.content, type=SessionPage)
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        path = f"/v1/sessions/{session}"
+        r = await self._request("DELETE", path, None, what=f"session {session!r}")
+        return msgspec.json.decode(r.content, type=Erased)
 
     # -- answers ------------------------------------------------------------------------
 

@@ -25,13 +25,21 @@ from loopmesh.agents import read_agents
 from loopmesh.aio import quietly
 from loopmesh.branching import Branching
 from loopmesh.controls import send_control
-from loopmesh.errors import BranchRefused, NatsConnectError, NatsTlsError, ProvisionError
+from loopmesh.erase import Eraser
+from loopmesh.errors import (
+    BranchRefused,
+    EraseError,
+    NatsConnectError,
+    NatsTlsError,
+    ProvisionError,
+)
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.kv import open_kv
 from loopmesh.memory import MemoryStore
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
 from loopmesh.publisher import Publisher
+from loopmesh.sessions import Query, page, read_sessions
 from loopmesh.settings import NatsSettings
 from loopmesh.turns import publish_turn
 from schemas import AgentSpec, Control, Subjects, Turn, new_id
@@ -40,7 +48,7 @@ from schemas.events import Event
 from schemas.memory import Memory, MemorySource
 
 from .errors import ClientError, InvalidRequest, NotFound, NotSetUp, Unauthorized, Unavailable
-from .transport import Fork, MemoryItem, Rewind, SessionEvent, Submitted
+from .transport import Erased, Fork, MemoryItem, Rewind, SessionEvent, SessionPage, Submitted
 
 T = TypeVar("T")
 
@@ -245,6 +253,26 @@ class NatsTransport:
                 raise InvalidRequest(exc.message, field=exc.field) from None
             code = "session_busy" if exc.kind == "busy" else exc.kind
             raise ClientError(exc.message, code=code) from None
+
+    async def sessions(self, tenant: str, query: Query) -> SessionPage:
+        found = await self._call(
+            "read the sessions", read_sessions(self.nc.jetstream(), self.subjects, tenant)
+        )
+        try:
+            shown, cursor = page(found, query)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), field="cursor") from None
+        return SessionPage(shown, cursor)
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        eraser = Eraser(self.nc, self.subjects, timeout=self._timeout)
+        try:
+            erased = await eraser.erase(tenant, session, by=f"client {self._name}")
+        except EraseError as exc:
+            raise ClientError(exc.message, code="erase") from exc
+        if erased is None:
+            raise NotFound(f"no session {session!r}", what=f"session {session!r}")
+        return Erased(erased.session, erased.at, list(erased.children), dict(erased.removed))
 
     # -- connecting -----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import msgspec
 
+from loopmesh.sessions import Query, SessionSummary
 from schemas import AgentSpec, Control, DecodeError, Turn
 from schemas.events import Event, RanCall, decode_event
 from schemas.memory import MemorySource
@@ -80,6 +81,25 @@ class Rewind(msgspec.Struct, frozen=True, kw_only=True):
     messages: int = 0
 
 
+class Erased(msgspec.Struct, frozen=True):
+    """A session erased (:meth:`~loopmesh.client.Client.delete_session`): when, the
+    sessions of the agents it called (erased with it), and how many stored messages went
+    from where (``events``, ``sessions``, ``effects``, ``a2a_tasks``, ...)."""
+
+    session: str
+    erased_at: float
+    children: list[str]
+    removed: dict[str, int]
+
+
+class SessionPage(msgspec.Struct, frozen=True):
+    """A page of sessions, most recently active first (:meth:`Client.sessions`);
+    ``next_cursor``: pass it as ``cursor`` for the next page (``None``: the last)."""
+
+    sessions: list[SessionSummary]
+    next_cursor: str | None = None
+
+
 class Transport(Protocol):
     """NATS or the gateway, as :class:`~loopmesh.client.Client` uses them."""
 
@@ -120,4 +140,13 @@ class Transport(Protocol):
 
     async def rewind(self, session: str, *, turn: str, before: bool) -> Rewind:
         """Take ``session`` back to the end of ``turn`` (``before``: to its start)."""
+        ...
+
+    async def sessions(self, tenant: str, query: Query) -> SessionPage:
+        """A page of the tenant's sessions that match ``query``."""
+        ...
+
+    async def delete_session(self, tenant: str, session: str) -> Erased:
+        """Erase the session everywhere; :class:`~loopmesh.client.errors.NotFound` if
+        nothing of it is stored."""
         ...

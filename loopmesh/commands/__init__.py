@@ -6,7 +6,8 @@ pause and resume), registered in :data:`loopmesh.cli.COMMANDS`:
 - ``run``: run a turn and print its events; ``events``: a session's events. Both print
   with the one :class:`~loopmesh.commands.printer.Printer`.
 - ``approval``, ``cancel``, ``pause``: the session's controls; ``branch``: fork a
-  session at a turn, rewind it to one.
+  session at a turn, rewind it to one; ``sessions``: the tenant's sessions, filtered
+  and paged; ``erase``: a session erased everywhere.
 - ``agents``, ``schedules``, ``tools``: the agents, schedules and catalog buckets.
 - ``options``: how they reach loopmesh (``--gateway``, ``--api-key``, ``--tenant``).
 

@@ -49,7 +49,7 @@ async def test_a_key_never_sees_another_tenants_sessions(gateway, nats_url):
     async with httpx.AsyncClient(base_url=url, headers=auth(ACME_KEY)) as acme, \
             httpx.AsyncClient(base_url=url, headers=auth(GLOBEX_KEY)) as globex:  # fmt: skip
         assert (await globex.post("/v1/sessions", json={"session": "theirs"})).status_code == 201
-        assert (await acme.get("/v1/sessions")).json() == {"sessions": []}
+        assert (await acme.get("/v1/sessions")).json() == {"sessions": [], "next_cursor": None}
         not_found = {"code": "not_found", "message": "no session 'theirs'"}
         for method, path, body in [
             ("GET", "/v1/sessions/theirs", None),
@@ -58,6 +58,8 @@ async def test_a_key_never_sees_another_tenants_sessions(gateway, nats_url):
             ("POST", "/v1/sessions/theirs/pause", {}),
             ("POST", "/v1/sessions/theirs/resume", {}),
             ("POST", "/v1/sessions/theirs/approvals/c1", {"approve": True}),
+            ("PATCH", "/v1/sessions/theirs", {"title": "mine now"}),
+            ("DELETE", "/v1/sessions/theirs", None),
         ]:
             r = await acme.request(method, path, json=body)
             assert (r.status_code, error(r)) == (404, not_found), path

@@ -46,7 +46,7 @@ def test_the_commands_people_type_live_beside_the_client_and_are_quiet():
     typed = {n for n, m in cli.COMMANDS.items() if m.startswith("loopmesh.commands.")}
     assert typed == {
         "run", "events", "approve", "deny", "cancel", "pause", "resume", "agents",
-        "schedules", "tools", "memory", "fork", "rewind",
+        "schedules", "tools", "memory", "fork", "rewind", "erase", "sessions",
     }  # fmt: skip
     for name in typed:
         assert getattr(cli.load_command(name), "LOG_LEVEL", "INFO") == "WARNING", name

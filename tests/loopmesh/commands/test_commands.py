@@ -222,10 +222,9 @@ async def test_approve_and_deny_decide_a_waiting_tool_call(
         assert not target.exists() and f"✗ call {call_id} denied: looked at it" in out
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_cancel_stops_a_running_turn(
-    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
-):
+async def while_a_turn_waits(mesh: Mesh, tmp_path: Path, *command: str) -> tuple[list[str], Proc]:
+    """Run ``loopmesh COMMAND`` while a turn of session ``s1`` waits for a person, and
+    wait for that turn to end cancelled; the command's output and the ``run``."""
     async with Watch(mesh.nc, tenant="local", session="s1") as watch:
         run = await Proc(
             "-m", "loopmesh", "run", "--nats-url", mesh.url, "--session", "s1",
@@ -233,15 +232,25 @@ async def test_cancel_stops_a_running_turn(
         ).start()  # fmt: skip
         try:
             await watch.wait("approval_required", timeout=30)  # it waits for a person
-            code, lines = await loopmesh(
-                "cancel", *via(transport, mesh, gateway), "--session", "s1", "--reason", "enough"
-            )
-            assert (code, lines) == (0, ["cancel sent to session s1"])
+            code, lines = await loopmesh(*command)
+            assert code == 0, lines
             end = await watch.wait("loop_end", timeout=30)
             assert end.reason == "cancelled"  # type: ignore[attr-defined]
             assert await asyncio.wait_for(run.proc.wait(), 30) == 1  # type: ignore[union-attr]
         finally:
             await run.close()
+    return lines, run
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_cancel_stops_a_running_turn(
+    transport: str, mesh: Mesh, gateway: GatewayServer, tmp_path: Path
+):
+    remote = via(transport, mesh, gateway)
+    lines, run = await while_a_turn_waits(
+        mesh, tmp_path, "cancel", *remote, "--session", "s1", "--reason", "enough"
+    )
+    assert lines == ["cancel sent to session s1"]
     assert "✘ cancelled after 1 iteration(s) (enough)" in run.lines
 
 
