@@ -11,6 +11,10 @@ Every gateway sweeps every ``[gateway] retention_sweep_s``: it reads the session
 bucket once, and claims each expiry by a revision-checked write of the session's
 metadata (``expired_at``), so of several gateways one erases a session and records it;
 a session kept as its snapshot is not expired again until it is active again.
+
+Memories ([loop.memory]) older than their tenant's ``memory_retention_s`` are erased in
+the same pass (every trace of each, as ``DELETE /v1/memory/{memory}`` does); of several
+gateways erasing one, the second finds it gone.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import msgspec
 from nats.js.errors import KeyWrongLastSequenceError
 
 from loopmesh.errors import EraseError
-from loopmesh.jetstream import kv_entries
+from loopmesh.jetstream import kv_entries, kv_values
+from loopmesh.memory import decode_memory
 from loopmesh.sessions import meta_of
 from loopmesh.settings import Tenants
 from schemas import AgentSpec, DecodeError, SessionSnapshot, decode
@@ -87,9 +92,31 @@ class Retention:
             await asyncio.sleep(self.every_s)
             try:
                 await self.sweep()
+                await self.sweep_memories()
             except Exception as exc:  # NATS away for a while: the next pass tries again
                 log.warning("retention sweep failed error=%r", exc)
             self.sweeps += 1
+
+    async def sweep_memories(self) -> int:
+        """Erase the memories older than their tenant's ``memory_retention_s``; how many."""
+        if not any(t.memory_retention_s for t in self.tenants.values()):
+            return 0
+        store = await self.backend.memory()
+        values = await self.backend.call(
+            "read the memories",
+            kv_values(self.backend.js, store.bucket, ">", timeout=self.backend.timeout),
+        )
+        now, erased = time.time(), 0
+        for value in values.values():
+            memory = decode_memory(value)
+            if memory is None:
+                continue
+            limits = self.tenants.get(memory.tenant) or self.tenants.get("*")
+            after = limits.memory_retention_s if limits is not None else 0.0
+            if after and now - memory.created_at >= after:
+                gone = await store.delete(memory.tenant, memory.kind, memory.name, memory.id)
+                erased += int(gone)
+        return erased
 
     async def sweep(self) -> int:
         """Expire the sessions idle past their retention; how many."""

@@ -151,6 +151,9 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: What expiring does: ``delete`` erases the session everywhere, ``snapshot`` keeps
     #: its last snapshot (and title and labels) and erases the rest.
     retention: Literal["delete", "snapshot"] = "delete"
+    #: The tenant's memories ([loop.memory]) older than this (seconds) are erased (0:
+    #: they stay until deleted). The gateway sweeps them with the sessions.
+    memory_retention_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 Tenants = dict[str, TenantSettings]

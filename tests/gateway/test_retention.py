@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from gateway.server import GatewayServer
 from gateway.settings import GatewayConfig, GatewaySettings
 from loopmesh.agents import apply_agents
+from loopmesh.kv import kv_values
 from loopmesh.settings import NatsSettings, TenantSettings
 from loopmesh.testing.durable import SUBJECTS, stream_events, wait_for
 from schemas import AgentSpec
@@ -74,3 +75,29 @@ async def test_idle_sessions_expire_to_their_snapshot_or_are_deleted(nats_url: s
         assert (records["kept"].mode, records["kept"].reason) == ("snapshot", "retention")
         assert (records["gone"].mode, records["gone"].by) == ("delete", "retention")
         assert records["kept"].removed["events"] == 3
+
+
+async def test_memories_older_than_their_tenants_retention_are_erased(nats_url: str, nc: Client):
+    config = GatewayConfig(
+        nats=NatsSettings(url=nats_url, reconnect_wait_s=0.05),
+        gateway=GatewaySettings(port=0, api_keys=KEYS, retention_sweep_s=0.2),
+        tenants={"acme": TenantSettings(memory_retention_s=1.0)},
+    )
+    async with (
+        GatewayServer(config) as gw,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(ACME_KEY)) as acme,
+        httpx.AsyncClient(base_url=gw.url, headers=auth(GLOBEX_KEY)) as globex,
+    ):
+        for client in (acme, globex):
+            r = await client.post("/v1/memory", json={"user": "ada", "text": "Ada keeps bees."})
+            assert r.status_code == 201
+
+        async def forgotten() -> bool:
+            return (await acme.get("/v1/memory", params={"user": "ada"})).json()["memories"] == []
+
+        await wait_for(forgotten, timeout=20, every=API_POLL_S, what="acme's memory to expire")
+        # the bucket keeps nothing of it; globex, with no retention, keeps its own
+        left = await kv_values(nc.jetstream(), SUBJECTS.memory_bucket)
+        assert [k.split(".")[0] for k in left] == ["globex"]
+        kept = (await globex.get("/v1/memory", params={"user": "ada"})).json()["memories"]
+        assert [m["text"] for m in kept] == ["Ada keeps bees."]
