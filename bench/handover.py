@@ -3,7 +3,8 @@
     python -m bench.handover [--workers 2] [--clients 128] [--seconds 10] [--runs 3] [--piped]
 
 An embedded nats-server, ``--workers`` loop-worker processes with the zero-latency model
-(``bench.instant_worker``), a tool worker, AckWait and lease TTL at their defaults (30 s).
+(``bench.instant_worker``), a tool worker, AckWait and lease TTL at 30 s (not the 2 s
+defaults: far above a hand-over, so one left to AckWait stands out).
 ``--clients`` clients each run sessions of 4 turns, publishing a session's next turn the
 moment the last one's ``loop_end`` arrives (as a pipeline, or a person answering, does),
 for ``--seconds``; with ``--piped``, a session's 4 turns are published at once, each

@@ -43,7 +43,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import LLMServer, bench_main, loadavg
-from bench.harness import PRODUCTION_S, CpuMeter, Ends, Mesh, pid_of, production_mesh
+from bench.harness import QUIET_S, CpuMeter, Ends, Mesh, pid_of, production_mesh
 from bench.llm_stream import Pace
 from bench.load.clients import TENANT, Load, Shape
 from bench.load.figures import Result, chart, report, stored, table
@@ -65,7 +65,7 @@ class Bench:
         self.http: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        self.tools = await self.mesh.tool_worker(concurrency=512, ack_wait_s=PRODUCTION_S)
+        self.tools = await self.mesh.tool_worker(concurrency=512, ack_wait_s=QUIET_S)
         self.gateway, self.url = await self.mesh.gateway(unlimited(self.args.watched + 16))
         self.http = httpx.AsyncClient(base_url=self.url, timeout=30)
         self.ends = Ends(self.mesh.nc, tenant=TENANT)
