@@ -58,7 +58,10 @@ class Ends:
         self.changed.set()
 
     def ended(self, tenant: str) -> int:
-        return sum(1 for t, ten, _, _ in self.seen if t == "loop_end" and ten == tenant)
+        """The tenant's turns ended: each once, though a core subscriber may hear a turn's
+        ``loop_end`` published twice (a worker that finds it ended says it again; the
+        stream keeps one)."""
+        return len({turn for t, ten, _, turn in self.seen if t == "loop_end" and ten == tenant})
 
     async def until(self, tenant: str, count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
