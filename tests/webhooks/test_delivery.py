@@ -174,11 +174,12 @@ async def test_a_recreated_events_stream_gives_the_same_sequence_a_new_webhook_i
     (or of another deployment) that reuse a sequence."""
     async with receiving() as receiver:
         hook = Webhook(url=receiver.url)
-        async with delivering(nats_url, settings()):  # the same service throughout
+        async with delivering(nats_url, settings()):
             _, first = await publish(nc, *turn_events("t1", hook))
             await receiver.wait(lambda r: len(r.delivered) == 1, "the first delivery")
-            await nc.jetstream().delete_stream(SUBJECTS.events_stream)
-            await provision_short(nc)
+        await nc.jetstream().delete_stream(SUBJECTS.events_stream)
+        await provision_short(nc)
+        async with delivering(nats_url, settings()):  # the deployment made again
             _, second = await publish(nc, *turn_events("t2", hook))
             await receiver.wait(lambda r: len(r.delivered) == 2, "the second delivery")
     assert first == second
