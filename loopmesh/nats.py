@@ -168,11 +168,14 @@ async def reset(nc: Client) -> bool:
     then store what it wrote under that lease after another worker took over. nats-py
     (2.16, pinned) shows no socket: this reads ``Client._transport._io_writer``; where
     that is not there (a websocket transport, another nats-py) it reconnects with a
-    plain close and says so in the log (tests/loopmesh/test_nats_reset.py)."""
+    plain close and says so in the log (tests/loopmesh/test_nats_reset.py). A client
+    that is not connected is left to its reconnect."""
+    if not nc.is_connected:  # reconnecting already: its socket is closed
+        return False
     writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
     transport = getattr(writer, "transport", None)
     sock = transport.get_extra_info("socket") if transport is not None else None
-    if transport is None or sock is None or not nc.is_connected:
+    if transport is None or sock is None:
         log.warning("nats connection not reset (no socket to reset): reconnecting")
         await nc.force_reconnect()
         return False

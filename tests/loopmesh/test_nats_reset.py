@@ -1,7 +1,10 @@
 """``loopmesh.nats.reset``: a connection dropped with a TCP reset, then reconnected. It
 reads nats-py's ``Client._transport`` (pinned 2.16): these fail when that moves."""
 
+import asyncio
+
 import httpx
+import pytest
 
 from loopmesh.nats import connect, reset
 from loopmesh.settings import NatsSettings
@@ -34,7 +37,8 @@ async def test_a_reset_drops_the_connection_and_the_client_reconnects(nats_serve
 
 
 async def test_a_client_already_reconnecting_is_left_to_it(nats_server):
-    """The fallback: no socket to reset (here, none open), a plain reconnect."""
+    """Its socket is closed already (a second lease that lapsed during the reconnect a
+    reset started): nothing to reset, and the client still reconnects."""
     nc = await connect(NatsSettings(url=nats_server.url, reconnect_wait_s=0.05))
     try:
         await nats_server.stop()
@@ -44,3 +48,21 @@ async def test_a_client_already_reconnecting_is_left_to_it(nats_server):
         await wait_for(lambda: nc.is_connected, timeout=30)
     finally:
         await nc.close()
+
+
+def test_a_reset_finds_the_socket_on_uvloop_too(nats_server):
+    """The services run on uvloop (``[runtime] event_loop``), whose transports show
+    their socket as uvloop's own object: it takes the linger option as well."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def reset_once() -> bool:
+        nc = await connect(NatsSettings(url=nats_server.url, reconnect_wait_s=0.05))
+        try:
+            made = await reset(nc)
+            await wait_for(lambda: nc.is_connected and nc.stats["reconnects"] == 1, timeout=30)
+            return made
+        finally:
+            await nc.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(reset_once())
