@@ -354,6 +354,14 @@ class Lease:
         age = ttl - (self.expires - time.monotonic())
         return age < ttl * 0.8 and time.time() - self.record.at < ttl * 0.8
 
+    def lapsed(self, margin_s: float = 0.0) -> bool:
+        """Whether, by the local monotonic clock, the lease has lapsed or will within
+        ``margin_s``: from then on nobody vouches that this worker still holds it (its
+        TTL on the server counts from a write this worker sent before :attr:`expires`'s
+        start, so the server frees it no earlier). The fence of every write of its
+        turn (the loop worker's :meth:`~loop_worker.service.LoopWorker._writable`)."""
+        return time.monotonic() >= self.expires - margin_s
+
     def due(self, now: float) -> bool:
         """Whether the lease should be renewed: a third of its TTL has passed since it
         was taken or last renewed (what :meth:`keep` waits between renewals)."""

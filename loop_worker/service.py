@@ -87,6 +87,7 @@ from .engine.errors import StaleSessionError
 from .engine.prefilter import Prefilter
 from .engine.protocols import LLM
 from .errors import LeaseLostError
+from .fence import Fence
 from .lease import Leases
 from .limiter import SharedLimiter
 from .memory import NatsMemories
@@ -149,14 +150,17 @@ class LoopWorker:
         js = nc.jetstream()
         self._js = js
         self.publisher = publisher = Publisher(nc)  # every ack and KV read, on one inbox
+        self._running: dict[str, TurnRun] = {}  # session key → the turn running it
+        self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
+        self.fence = Fence(nc, self.leases, self._running)
         self.events = JetStreamEvents(
-            nc, self.subjects, publisher=publisher, flush_ms=config.loop.stream_flush_ms
-        )
+            nc, self.subjects, publisher=publisher, flush_ms=config.loop.stream_flush_ms,
+            writable=self.fence.writable,
+        )  # fmt: skip
         self.store = KVSessionStore(
             nc, self.subjects, on_stale=self._on_stale, pipelined=True, publisher=publisher,
             before_commit=self._events_stored,
         )  # fmt: skip
-        self.leases = Leases(nc, self.subjects, owner=self.name, publisher=publisher)
         self.controls = Controls(nc, self.subjects, publisher=publisher)
         self.agent_calls = NatsAgentCalls(nc, self.subjects, publisher, self.controls)
         self.deadletters = DeadLetters(nc, self.subjects, publisher=publisher)
@@ -212,7 +216,6 @@ class LoopWorker:
         )
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}
-        self._running: dict[str, TurnRun] = {}  # session key → the turn running it
         self._slots = asyncio.Semaphore(self.settings.max_active_turns)
         self._tenants: dict[str, int] = {}
         self._tenant_room = asyncio.Condition()
@@ -241,6 +244,7 @@ class LoopWorker:
             async with asyncio.TaskGroup() as tg:
                 keepalive = tg.create_task(self._keepalive(), name="in-progress")
                 renewer = tg.create_task(self._renew_leases(), name="leases")
+                fence = tg.create_task(self.fence.run(), name="fence")
                 committer = tg.create_task(self.store.run(), name="checkpoints")
                 deltas = tg.create_task(self.events.run(), name="deltas")
                 listening = asyncio.Event()
@@ -266,6 +270,7 @@ class LoopWorker:
                 await self._finish_in_flight()
                 keepalive.cancel()
                 renewer.cancel()
+                fence.cancel()
                 committer.cancel()
                 deltas.cancel()
                 buryer.cancel()
@@ -536,14 +541,18 @@ class LoopWorker:
         Nor is a checkpoint of a turn whose events are muted (its lease was lost, or a
         checkpoint lost its race) committed: the events it stands for were dropped, and
         a worker resuming from it would skip them. The lease may have lapsed with no
-        one writing the session yet, so the revision check alone would let it through."""
+        one writing the session yet, so the revision check alone would let it through;
+        one that lapsed by this worker's clock loses the turn here (:mod:`.fence`)."""
         if not snapshot.turn_id:
             return
         key = turn_msg_id(snapshot.tenant, snapshot.session, snapshot.turn_id)
-        if self.events.acks_each:
-            await self.events.flush(key)
         session = session_key(snapshot.tenant, snapshot.session)
         held = self._running.get(session)
+        if held is not None and self.fence.lapsed(held):  # by this worker's clock
+            self.fence.lose(held)
+            raise StaleSessionError(session)
+        if self.events.acks_each:
+            await self.events.flush(key)
         if self.events.muted(key) or (held is not None and held.lost is not None):
             raise StaleSessionError(session)
 

@@ -47,6 +47,14 @@ tracks a turn (:meth:`JetStreamEvents.begin` and the rest take it):
 - a resumed ``loop_start``: ``<turn>:loop_start:r<delivery>``, so each resume shows;
 - everything else: ``<turn>:<iteration>:<type>:<n>``, the n-th event of that type in
   that iteration.
+
+**Fenced.** An event goes to the client only while the connection is up and, given a
+``writable`` check (the loop worker's: its turn's lease has not lapsed by the worker's own
+clock), while its turn may still write. Otherwise it stays pending, unpublished: nats-py
+keeps what is published while it reconnects and sends it once back, which could be long
+after the lease lapsed and another worker ended the turn. A flush of a turn that may no
+longer write raises :class:`~loop_worker.errors.LeaseLostError` instead of publishing
+its pending events again.
 """
 
 from __future__ import annotations
@@ -56,10 +64,12 @@ import contextlib
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client
 
 from loopmesh.aio import raise_if_cancelled
@@ -68,6 +78,8 @@ from loopmesh.payload import DoesNotFit, fit, limit_of
 from schemas import Subjects, encode, turn_msg_id
 from schemas.events import Error, Event, PayloadTruncated, tool_event_msg_id
 from schemas.ids import check_turn_msg_id
+
+from .errors import LeaseLostError
 
 log = logging.getLogger("loopmesh.loop_worker.sink")
 
@@ -148,8 +160,10 @@ class JetStreamEvents:
         publisher: Publisher | None = None,
         barrier_every: int = BARRIER_EVERY,
         flush_ms: int = 0,
+        writable: Callable[[str], bool] | None = None,
     ) -> None:
         self._nc = nc
+        self._writable = writable  # whether a turn (its key) may still write
         self._flush_s = flush_ms / 1000
         self._due: list[tuple[float, int, _Held]] = []  # held text by when it goes out
         self._dues = 0  # a tie-breaker for the heap
@@ -295,7 +309,10 @@ class JetStreamEvents:
             or len(turn.unacked) + 1 >= self._barrier_every
             or turn.unacked_bytes + len(item.payload) > UNACKED_BYTES
         ):
-            await self._barrier(turn, item)
+            await self._barrier(turn, key, item)
+            return
+        if not self._sendable(key):
+            turn.deferred = True  # flush publishes it, if the turn may still write
             return
         reconnects = self._nc.stats["reconnects"]
         try:
@@ -337,10 +354,13 @@ class JetStreamEvents:
         await self.emit(notice)
         return fitted.value, fitted.data
 
-    async def _barrier(self, turn: _Turn, item: _Pending) -> None:
+    async def _barrier(self, turn: _Turn, key: str, item: _Pending) -> None:
         """Publish ``item`` with an ack that vouches for the turn's unacked events."""
         barrier = _Barrier(item, turn.unacked, turn.reconnects)
         turn.unacked, turn.unacked_bytes = [], 0
+        if not self._sendable(key):
+            turn.deferred = True  # flush publishes them, if the turn may still write
+            return
         try:
             future = await self._publisher.publish(
                 item.subject, item.payload, {"Nats-Msg-Id": item.msg_id}
@@ -376,6 +396,25 @@ class JetStreamEvents:
     def _reconnects(self) -> int:
         return int(self._nc.stats["reconnects"])
 
+    def _sendable(self, key: str) -> bool:
+        """Whether an event of the turn ``key`` may go to the client now: connected
+        (not into nats-py's reconnect buffer) and, by ``writable``, its turn's to write."""
+        return self._nc.is_connected and (self._writable is None or self._writable(key))
+
+    def _fence(self, key: str) -> None:
+        """Raise :class:`LeaseLostError` if the turn ``key`` may no longer write."""
+        if self._writable is not None and not self._writable(key):
+            raise LeaseLostError(key, f"turn {key} may no longer write: its lease lapsed")
+
+    async def _send(self, key: str, item: _Pending) -> object:
+        """Publish ``item`` and wait for its ack, if the turn may still write and the
+        client is connected (else a transient error: ``retry`` tries again)."""
+        self._fence(key)
+        if not self._nc.is_connected:
+            raise nats.errors.ConnectionReconnectingError
+        headers = {"Nats-Msg-Id": item.msg_id}
+        return await acked(self._publisher, item.subject, item.payload, headers)
+
     async def flush(self, key: str | None = None) -> None:
         """Wait until every event of the turn ``key`` (or of every turn) is stored."""
         keys = [check_turn_msg_id(key)] if key is not None else list(self._turns)
@@ -384,29 +423,28 @@ class JetStreamEvents:
             if turn is not None and turn.held is not None:
                 await self._release(turn)
             if turn is not None and turn.pending:
-                await self._flush_turn(turn)
+                await self._flush_turn(k, turn)
 
-    async def _flush_turn(self, turn: _Turn) -> None:
+    async def _flush_turn(self, key: str, turn: _Turn) -> None:
+        self._fence(key)
         end = turn.held_end
         if end is None:
-            await self._store_pending(turn)
+            await self._store_pending(key, turn)
             return
         del turn.pending[end.msg_id]
         try:
-            await self._store_pending(turn)
+            await self._store_pending(key, turn)
         finally:
             turn.pending[end.msg_id] = end  # pending until stored
         await retry(
-            lambda: acked(self._publisher, end.subject, end.payload, {"Nats-Msg-Id": end.msg_id}),
-            f"publish event {end.msg_id}",
-            timeout=self._timeout,
+            lambda: self._send(key, end), f"publish event {end.msg_id}", timeout=self._timeout
         )
         turn.pending.pop(end.msg_id, None)
         turn.held_end = None
 
-    async def _store_pending(self, turn: _Turn) -> None:
+    async def _store_pending(self, key: str, turn: _Turn) -> None:
         if turn.unacked:  # the last events have no barrier yet: publish the last again
-            await self._barrier(turn, turn.unacked[-1])
+            await self._barrier(turn, key, turn.unacked[-1])
         waiting = [p.future for p in turn.pending.values() if p.future is not None]
         if waiting:
             await asyncio.wait(waiting, timeout=_ACK_WAIT_S)
@@ -421,9 +459,7 @@ class JetStreamEvents:
             if item.future is not None and not item.future.done():
                 item.future.cancel()
             await retry(
-                lambda item=item: acked(  # type: ignore[misc]
-                    self._publisher, item.subject, item.payload, {"Nats-Msg-Id": item.msg_id}
-                ),
+                lambda item=item: self._send(key, item),  # type: ignore[misc]
                 f"publish event {item.msg_id}",
                 timeout=self._timeout,
             )

@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import ssl
+import struct
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -155,6 +157,34 @@ class _Client(Client):
             log.warning("nats close gave up waiting after %ss", self._close_timeout_s)
 
 
+async def reset(nc: Client) -> bool:
+    """Drop ``nc``'s connection at once with a TCP reset, then reconnect; whether the
+    reset was made.
+
+    What a client wrote and the kernel has not delivered yet (the server is cut off: a
+    partition drops the packets, the client does not know yet) is discarded, never
+    delivered once the partition heals. A plain close, nats-py's own on a reconnect,
+    sends it first, however late: a worker whose lease lapsed by its own clock would
+    then store what it wrote under that lease after another worker took over. nats-py
+    (2.16, pinned) shows no socket: this reads ``Client._transport._io_writer``; where
+    that is not there (a websocket transport, another nats-py) it reconnects with a
+    plain close and says so in the log (tests/loopmesh/test_nats_reset.py). A client
+    that is not connected is left to its reconnect."""
+    if not nc.is_connected:  # reconnecting already: its socket is closed
+        return False
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    transport = getattr(writer, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None or sock is None:
+        log.warning("nats connection not reset (no socket to reset): reconnecting")
+        await nc.force_reconnect()
+        return False
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()  # the socket closes with a reset; nats-py reconnects
+    await nc.force_reconnect()
+    return True
+
+
 def shown(url: str) -> str:
     """``url`` (one server or a comma-separated list) as logs and errors show it: a
     password or token in it replaced by ``***``."""
@@ -176,4 +206,4 @@ def _current(nc: Client) -> str:
     return shown(server.geturl()) if server is not None else "-"
 
 
-__all__ = ["Client", "connect", "nats", "shown"]
+__all__ = ["Client", "connect", "nats", "reset", "shown"]

@@ -228,3 +228,15 @@ async def test_a_late_release_leaves_a_second_take_of_the_same_turn_by_its_worke
     await first.release(continuable=True)
     assert await b.try_acquire("acme", "s1", "t2") is None  # still held by the second
     await second.renew()
+
+
+async def test_a_lease_lapses_by_the_local_clock_a_margin_before_it_expires(leases):
+    """What the loop worker fences its writes with: by its own clock, with no round trip;
+    a lease that another worker can take by now counts as lapsed."""
+    a, b = await leases("a"), await leases("b")
+    lease = await a.try_acquire("acme", "s1", "t1")
+    assert not lease.lapsed() and not lease.lapsed(a.ttl_s / 2)
+    assert lease.lapsed(a.ttl_s)  # a margin of a whole TTL: lapsed from the start
+    taken = await asyncio.wait_for(b.acquire("acme", "s1", "t2"), 30)  # its TTL passed
+    assert lease.lapsed()  # whoever takes it over, this worker's clock already says so
+    await taken.release()

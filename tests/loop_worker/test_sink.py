@@ -4,6 +4,7 @@ import signal
 
 import pytest
 
+from loop_worker.errors import LeaseLostError
 from loop_worker.sink import JetStreamEvents
 from loopmesh.testing.durable import (
     SUBJECTS,
@@ -142,6 +143,51 @@ async def test_flush_stores_events_emitted_while_the_server_was_down(durable, nc
         await durable.stop(SUBJECTS.events_stream)
         for event in run_events():
             await sink.emit(event)
+        await durable.start()
+        await sink.flush()
+        stored = await stream_events(client, "acme", "s1")
+    finally:
+        await client.close()
+    assert len(stored) == 6
+
+
+async def test_a_turn_that_may_no_longer_write_keeps_its_events_unpublished(nc):
+    """The loop worker's fence: once the turn's lease lapsed by the worker's clock, its
+    events do not go to the client, and a flush raises instead of publishing them."""
+    may_write = {"acme.s1.t1": True}
+    sink = await started(JetStreamEvents(nc, SUBJECTS, writable=may_write.__getitem__))
+    sink.begin("acme.s1.t1")
+    events = run_events()
+    await sink.emit(events[0])
+    await sink.flush("acme.s1.t1")
+    may_write["acme.s1.t1"] = False  # the lease lapsed
+    for event in events[1:]:
+        await sink.emit(event)
+    assert sink.pending("acme.s1.t1") == 5
+    with pytest.raises(LeaseLostError):
+        await sink.flush("acme.s1.t1")
+    assert [e.type for e, _ in await stream_events(nc, "acme", "s1")] == ["loop_start"]
+    may_write["acme.s1.t1"] = True  # renewed after all: the flush stores them, in order
+    await sink.flush("acme.s1.t1")
+    stored = await stream_events(nc, "acme", "s1")
+    assert [e.type for e, _ in stored] == [e.type for e in events]
+
+
+async def test_events_emitted_while_reconnecting_are_not_left_in_the_clients_buffer(durable, nc):
+    """nats-py keeps what is published while it reconnects and sends it once back, however
+    late: the sink publishes nothing then, and its flush publishes the events once the
+    client is connected again."""
+    url = durable.url  # on the cluster, only the node stopped: the client waits for it
+    if durable.cluster is not None:
+        url = durable.cluster.node(await durable.cluster.leader_of(SUBJECTS.events_stream)).url
+    client = await connect_fast(url)
+    try:
+        sink = await started(JetStreamEvents(client, SUBJECTS))
+        await durable.stop(SUBJECTS.events_stream)
+        await wait_for(lambda: not client.is_connected, timeout=30)
+        for event in run_events():
+            await sink.emit(event)
+        assert client.pending_data_size == 0
         await durable.start()
         await sink.flush()
         stored = await stream_events(client, "acme", "s1")
