@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from loopmesh.agents import apply_agents, read_agents
-from loopmesh.testing.durable import SUBJECTS, kv_read
+from loopmesh.testing.durable import SUBJECTS, kv_read, wait_for
 from schemas import AgentSpec, SessionSnapshot, decode, encode
 from schemas.events import Error, LoopEnd, LoopStart
 from tests.loop_worker.durable import Mesh, Watch, count_task, mesh_on, send_turn, turn
@@ -114,6 +114,12 @@ async def test_a_turn_for_another_agent_in_a_session_is_refused_with_an_error_ev
     async with Watch(mesh.nc, "acme", "s1") as watch:
         await send_turn(mesh.nc, turn("t1", "count nothing", agent="calc"))
         await watch.wait("loop_end", "t1")
+
+        async def stored() -> bool:  # the end's checkpoint may follow its loop_end
+            value = await kv_read(mesh.nc, SUBJECTS.sessions_bucket, "acme.s1")
+            return value is not None and decode(value, SessionSnapshot).status == "idle"
+
+        await wait_for(stored, timeout=10, what="t1's last checkpoint")
         before = await kv_read(mesh.nc, SUBJECTS.sessions_bucket, "acme.s1")
 
         await send_turn(mesh.nc, turn("t2", "write something", agent="writer"))
