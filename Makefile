@@ -134,7 +134,7 @@ bench-load: $(STAMP)
 
 # The fleet-wide LLM rate limits: 4 loop workers against a provider's tokens-per-minute
 # limit, with and without [llm.limits] (docs/PERFORMANCE.md), then what sharing the limit
-# costs at 1,000 calls/s (docs/ARCHITECTURE.md).
+# costs at 1,000 calls/s (docs/PERFORMANCE.md).
 BENCH_RATELIMIT_ARGS ?=
 BENCH_RATELIMIT_COST_ARGS ?=
 

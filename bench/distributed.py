@@ -23,7 +23,7 @@ run (so every ratio is a same-run comparison):
    starts a fresh session, until it has run its share of ``--turns`` (at least one
    session), so history stays short and the figure is the system's, not history
    growth's. The two paths alternate, ``--repeats`` runs each, and the ratio is the
-   median of each distributed run over the in-process run just before it (this
+   median of each distributed run over the in-process run just before it (a shared
    machine's speed drifts by tens of percent within a minute). Goal: distributed >=
    50% of in-process at 256 sessions with one loop-worker process. A scale-out line:
    the largest run again with two loop-worker processes on the same consumer. Then
@@ -322,7 +322,7 @@ def report(args: argparse.Namespace, f: Figures) -> None:
     busy = max(m.spent[CpuMeter.OTHERS] / m.wall for m in (f.local_cpu, f.one_cpu, f.two_cpu))
     if busy > 0.2:
         print(
-            f"  note: other processes on this machine used up to {busy:.0%} of a core during "
+            f"  note: other processes on the machine used up to {busy:.0%} of a core during "
             "these runs; the throughput figures are disturbed"
         )
 

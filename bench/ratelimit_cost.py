@@ -1,7 +1,7 @@
 """What sharing a rate limit through NATS costs at 1,000 calls/s: a token bucket in KV
 (revision-checked) against a limiter leader (request/reply over core NATS, what
-``loop_worker/limiter.py`` does). The figures in docs/ARCHITECTURE.md ("Fleet-wide LLM
-rate limits") come from here.
+``loop_worker/limiter.py`` does). docs/PERFORMANCE.md holds its figures, and
+docs/ARCHITECTURE.md ("Fleet-wide LLM rate limits") the reasons they back.
 
     python -m bench.ratelimit_cost [--rate 1000] [--seconds 10] [--clients 4]
 

@@ -12,8 +12,8 @@ the bytes of every stream and bucket, and prints:
 - the samples (turns done, RSS per process, stored bytes);
 - the RSS plateau: each process's RSS at the end of warm-up (the first tenth of the
   turns) and its highest after, so growth after warm-up shows;
-- bytes per turn of the events stream (measured while nothing was discarded yet) and
-  whether every limited stream stayed within its limit.
+- bytes per turn of the events stream (taken from the last sample in which the stream
+  had discarded nothing) and whether every limited stream stayed within its limit.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def report(soak: Soak) -> None:
     if undiscarded:
         s = undiscarded[-1]
         print(f"\nevents bytes per turn: {s.bytes['events'] / s.turns:.0f} "
-              f"(at {s.turns} turns, before any event was discarded)")  # fmt: skip
+              f"(at {s.turns} turns, none discarded)")  # fmt: skip
     limit = args.events_max_mb * MB
     top_events = max(s.bytes["events"] for s in samples)
     print(

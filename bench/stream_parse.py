@@ -3,28 +3,28 @@ sessions a core reads at a model's pace:
 
     python -m bench.stream_parse [--chunks 2000] [--repeats 5]
                                  [--sessions 50] [--tokens-per-s 50] [--tokens 100]
-                                 [--seconds 10] [--paths old,new] [--no-http]
+                                 [--seconds 10] [--paths sse,engine] [--no-http]
 
 A model streams one chunk per token, each its own read. The stream read three ways:
 
 - ``typed``: ``openai.AsyncStream[ChatCompletionChunk]``, the client's SSE decoding and
   its pydantic model built for every chunk (``chat.completions.create(stream=True)``);
-- ``old``: ``openai.AsyncStream[object]``, the client's SSE decoding and JSON, each chunk
-  converted by msgspec into the loop's fields (:func:`old_complete`);
-- ``new``: :class:`OpenAILLM` itself: the raw response's bytes split into events and
+- ``sse``: ``openai.AsyncStream[object]``, the client's SSE decoding and JSON, each chunk
+  converted by msgspec into the loop's fields (:func:`client_complete`);
+- ``engine``: :class:`OpenAILLM` itself: the raw response's bytes split into events and
   each decoded by msgspec straight into the loop's fields (``engine/chunks.py``);
-- ``bytes``: the raw response's bytes as ``new`` gets them, not parsed at all: what the
+- ``bytes``: the raw response's bytes as ``engine`` gets them, not parsed at all: what the
   client's HTTP stack (httpx, httpcore, h11, anyio) costs per read, the floor under
-  ``new`` on that transport;
+  ``engine`` on that transport;
 - ``socket``: no HTTP client: an asyncio protocol on the socket finds the events in what
-  it reads and decodes them as ``new`` does (:class:`SocketReply`): what the event loop's
+  it reads and decodes them as ``engine`` does (:class:`SocketReply`): what the event loop's
   read and the decoding cost per chunk, the floor under any client.
 
 **In memory** (no sockets: the client's and the parse's own CPU): the same SSE bytes,
 ``--chunks`` content chunks one per read, each way; CPU µs per chunk, the best of
 ``--repeats`` runs.
 
-**Over HTTP** (``--paths``, ``socket,bytes,old,new``; ``--no-http`` skips it):
+**Over HTTP** (``--paths``, ``socket,bytes,sse,engine``; ``--no-http`` skips it):
 ``bench.llm_server`` paced in its own process, ``--tokens`` content chunks per reply at
 ``--tokens-per-s``, then a tool call, the finish and the usage; this process (uvloop, as
 the loop worker) runs ``--sessions`` sessions each asking for the next reply as soon as
@@ -89,7 +89,9 @@ def sse_chunks(n: int) -> list[bytes]:
     return out
 
 
-async def old_complete(client: openai.AsyncOpenAI, on_delta: OnDelta, typed: bool = False) -> None:
+async def client_complete(
+    client: openai.AsyncOpenAI, on_delta: OnDelta, typed: bool = False
+) -> None:
     """One reply read through the client's own stream (``typed``: its pydantic chunks),
     each chunk converted by msgspec into the loop's fields and assembled as the loop
     does."""
@@ -202,10 +204,10 @@ async def read_once(path: str, client: openai.AsyncOpenAI, window: Window) -> No
         await socket_reply(client, window.note)
     elif path == "bytes":
         await raw_bytes(client, on_delta)
-    elif path == "new":
+    elif path == "engine":
         await OpenAILLM(LLMSettings(model="m"), client=client).complete(HI, on_delta=on_delta)
     else:
-        await old_complete(client, on_delta, typed=path == "typed")
+        await client_complete(client, on_delta, typed=path == "typed")
 
 
 class _Chunks(httpx.AsyncByteStream):
@@ -288,12 +290,12 @@ async def over_http(path: str, base_url: str, args: argparse.Namespace) -> dict[
 async def main(args: argparse.Namespace) -> None:
     chunks = sse_chunks(args.chunks)
     best: dict[str, float] = {}
-    for _, path in itertools.product(range(args.repeats), ("typed", "old", "new")):
+    for _, path in itertools.product(range(args.repeats), ("typed", "sse", "engine")):
         us = await per_chunk_us(path, chunks)
         best[path] = min(best.get(path, us), us)
     print(f"In memory: CPU per streamed chunk, best of {args.repeats} replies of {args.chunks}:")
     for path, us in best.items():
-        print(f"  {path:6} {us:7.1f} us   (old: {best['old'] / us:.2f}x this)")
+        print(f"  {path:6} {us:7.1f} us   (sse: {best['sse'] / us:.2f}x this)")
     if args.no_http:
         return
     pace = Pace(tokens_per_s=args.tokens_per_s, tokens=args.tokens)
@@ -315,11 +317,11 @@ async def main(args: argparse.Namespace) -> None:
                 f"{f['sessions_per_core']:5.0f} sessions per core at {args.tokens_per_s:g} tok/s"
             )
     us = {path: f["cpu_us_per_chunk"] for path, f in figures.items()}
-    if "old" in us and "new" in us:
-        print(f"  new: {us['old'] / us['new']:.2f}x less CPU per chunk than old")
-    if "bytes" in us and "new" in us:
-        share = us["bytes"] / us["new"] * 100
-        print(f"  the transport's reads alone (bytes): {share:.0f} % of new's CPU per chunk")
+    if "sse" in us and "engine" in us:
+        print(f"  engine: {us['sse'] / us['engine']:.2f}x less CPU per chunk than sse")
+    if "bytes" in us and "engine" in us:
+        share = us["bytes"] / us["engine"] * 100
+        print(f"  the transport's reads alone (bytes): {share:.0f} % of engine's CPU per chunk")
 
 
 if __name__ == "__main__":
@@ -337,8 +339,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--paths",
         type=lambda s: s.split(","),
-        default=["socket", "bytes", "old", "new"],
-        help="socket,bytes,old,new",
+        default=["socket", "bytes", "sse", "engine"],
+        help="socket,bytes,sse,engine",
     )
     parser.add_argument("--no-http", action="store_true", help="in memory only")
     parser.add_argument(

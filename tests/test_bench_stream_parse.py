@@ -24,13 +24,13 @@ def test_a_small_run_prints_cpu_per_chunk_for_every_path() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    for path in ("typed", "old", "new"):
-        assert re.search(rf"^  {path} +[\d.]+ us +\(old: [\d.]+x this\)$", run.stdout, re.M)
-    for path in ("socket", "bytes", "old", "new"):
+    for path in ("typed", "sse", "engine"):
+        assert re.search(rf"^  {path} +[\d.]+ us +\(sse: [\d.]+x this\)$", run.stdout, re.M)
+    for path in ("socket", "bytes", "sse", "engine"):
         line = re.search(
             rf"^  {path} +([\d.]+) us CPU per chunk .* (\d+) chunks/s", run.stdout, re.M
         )
         assert line is not None, run.stdout
         assert float(line.group(1)) > 0 and int(line.group(2)) > 0
     assert "sessions per core at 50 tok/s" in run.stdout
-    assert re.search(r"new: [\d.]+x less CPU per chunk than old", run.stdout)
+    assert re.search(r"engine: [\d.]+x less CPU per chunk than sse", run.stdout)

@@ -10,17 +10,7 @@ from typing import cast
 
 import msgspec
 
-from schemas import (
-    AGENTS_SERVER,
-    ChatMessage,
-    Passage,
-    PlanStep,
-    SessionSnapshot,
-    ToolResult,
-    ToolSpec,
-    TurnEnd,
-    WireError,
-)
+from schemas import ChatMessage, Passage, SessionSnapshot, ToolResult, ToolSpec, TurnEnd
 from schemas.events import (
     BudgetReached,
     EndReason,
@@ -42,38 +32,16 @@ from .context import bound, passage_text
 from .inference import Conversation, Inference
 from .kit import TurnKit
 from .limits import Limits
+from .loop_tools import LOOP_BREAKING, NOT_AN_ANSWER, callee_spec, error_result, failed, plan_steps
 from .nudges import echoes_loop
 from .orchestrator import Orchestrator
 from .parser import ToolNames, has_text_call
-from .prompt import BUILTIN_SERVER, builtin_specs, loop_message
+from .prompt import BUILTIN_SERVER, builtin_specs
 from .recall import Recall, memory_specs
 from .scope import End, TurnCancelled, TurnDeadline, TurnInterrupted, TurnScope
 from .tokens import TokenCounter
 from .tooling import Call, CircuitBreaker, Outcome, ToolRunner, native_calls, text_calls
-
-#: Loop-breaking tools: name -> (end reason, the argument carrying the text).
-LOOP_BREAKING: dict[str, tuple[EndReason, str]] = {
-    "task_completion": ("task_completion", "result"),
-    "ask_question": ("ask_question", "question"),
-    "converse": ("converse", "message"),
-}
-
-
-#: What an agent called as a tool takes.
-CALLEE_INPUT: dict[str, object] = {
-    "type": "object",
-    "properties": {
-        "input": {
-            "type": "string",
-            "description": "What to ask the agent: the whole request, in words.",
-        }
-    },
-    "required": ["input"],
-    "additionalProperties": False,
-}
-
-#: The error a loop-breaking call gets when its text only repeats the loop's reminders.
-NOT_AN_ANSWER = "this only repeats the loop's reminder; give your own answer for the user"
+from .transcript import add_results, before_turn
 
 
 class TurnRun:
@@ -368,15 +336,7 @@ class TurnRun:
             spec = await self.e.agents.agent(name)
             if spec is None:
                 continue
-            out.append(
-                ToolSpec(
-                    server=AGENTS_SERVER,
-                    name=name,
-                    description=spec.description or f"Ask the agent {name}.",
-                    input_schema=CALLEE_INPUT,
-                    timeout_s=self.settings.agent_timeout_s,
-                )
-            )
+            out.append(callee_spec(name, spec, self.settings.agent_timeout_s))
         return out
 
     def _note_ran(self, outcomes: list[Outcome]) -> None:
@@ -393,14 +353,9 @@ class TurnRun:
         (``rolled_back``, with the calls that ran: their side effects stay). A run that
         resumed the turn after a crash kept no copy of that snapshot: its conversation
         is cut back to before the turn's input, its summary and plan stay as they are."""
-        before = self.before
-        messages = list(self.messages)
+        before, ran = self.before, list(self.ran.values())
         if before is None:
-            start = self._turn_start(messages)
-            ran = self._calls_in(messages[start:])
-            before = msgspec.structs.replace(self.snapshot, messages=tuple(messages[:start]))
-        else:
-            ran = list(self.ran.values())
+            before, ran = before_turn(self.snapshot, self.messages, self.turn.input)
         self.messages = list(before.messages)
         self.snapshot = msgspec.structs.replace(
             self.snapshot,
@@ -413,54 +368,17 @@ class TurnRun:
         previous = before.turn_id if before.turn_id != self.turn.id else None
         await self.scope.emit(RolledBack, by_turn=by, to_turn=previous, calls=tuple(ran))
 
-    def _turn_start(self, messages: list[ChatMessage]) -> int:
-        """The index of this turn's input message (the first it added), else the end."""
-        for i in range(len(messages) - 1, -1, -1):
-            m = messages[i]
-            if m.role == "user" and m.name is None and m.content == self.turn.input:
-                return i
-        return len(messages)
-
-    @staticmethod
-    def _calls_in(messages: list[ChatMessage]) -> list[RanCall]:
-        """The calls that got a result in ``messages`` (how they ended is not known)."""
-        names = {c.id: c.name for m in messages for c in m.tool_calls}
-        out = []
-        for m in messages:
-            if m.role == "tool" and m.tool_call_id in names:
-                server, _, tool = names[m.tool_call_id].rpartition("__")
-                out.append(
-                    RanCall(call_id=m.tool_call_id, server=server, tool=tool, status="unknown")
-                )
-        return out
-
     def _close_pending(self, code: str, message: str) -> None:
         """Answer calls that will never run, so the history has no call without a result."""
         if self.snapshot.pending:
             calls = [Call.restore(i, c) for i, c in enumerate(self.snapshot.pending)]
-            self._add_results([_failed(c, code, message) for c in calls])
+            self._add_results([failed(c, code, message) for c in calls])
 
     def _add_results(self, outcomes: list[Outcome]) -> None:
         """The results of the pending calls, after the assistant message that made them
         (in the text format, that message has no native ``tool_calls``)."""
         self.snapshot = msgspec.structs.replace(self.snapshot, pending=())
-        if self.messages and self.messages[-1].tool_calls:
-            for o in outcomes:
-                self.messages.append(
-                    ChatMessage(role="tool", content=o.text, tool_call_id=o.call.call_id)
-                )
-            return
-        template = self.e.prompts.nudges.text_result.strip()
-        blocks = [
-            template.format(
-                server=o.call.server or "?",
-                tool=o.call.tool or o.call.name,
-                status=o.result.status,
-                content=o.text,
-            )
-            for o in outcomes
-        ]
-        self.messages.append(loop_message("\n\n".join(blocks)))
+        add_results(self.messages, outcomes, self.e.prompts)
 
     async def _circuit_open(self, outcome: Outcome, count: int) -> End:
         call = outcome.call
@@ -476,12 +394,9 @@ class TurnRun:
         args = call.arguments or {}
         if call.tool == "update_plan":
             try:
-                steps = msgspec.convert(
-                    [{"title": s} if isinstance(s, str) else s for s in args.get("steps", [])],
-                    tuple[PlanStep, ...],
-                )
+                steps = plan_steps(args)
             except (msgspec.ValidationError, TypeError) as exc:
-                return _error(call, "invalid_arguments", f"update_plan: {exc}")
+                return error_result(call, "invalid_arguments", f"update_plan: {exc}")
             self.snapshot = msgspec.structs.replace(self.snapshot, plan=steps)
             await self.scope.emit(PlanUpdate, plan=steps)
             return ToolResult(
@@ -493,10 +408,11 @@ class TurnRun:
         reason, field = LOOP_BREAKING[call.tool]
         value = args.get(field)
         if value is None or value == "":
-            return _error(call, "invalid_arguments", f"{call.tool} needs a {field!r} argument")
+            text = f"{call.tool} needs a {field!r} argument"
+            return error_result(call, "invalid_arguments", text)
         text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
         if echoes_loop(text, self.e.prompts):
-            return _error(call, "invalid_arguments", f"{call.tool}: {NOT_AN_ANSWER}")
+            return error_result(call, "invalid_arguments", f"{call.tool}: {NOT_AN_ANSWER}")
         if self.end is None:
             self.end = End(reason, content=text[: self.settings.message_max_chars])
             if call.tool == "ask_question":
@@ -577,20 +493,6 @@ async def ended_again(scope: TurnScope, end: TurnEnd | None) -> LoopEnd | None:
         iterations=end.iterations,
         error=end.error,
     )
-
-
-def _error(call: Call, code: str, message: str) -> ToolResult:
-    return ToolResult(
-        call_id=call.call_id,
-        status="error",
-        error=WireError(code=code, message=message),
-        server=call.server,
-        tool=call.tool,
-    )
-
-
-def _failed(call: Call, code: str, message: str) -> Outcome:
-    return Outcome(call, _error(call, code, message), f"Error ({code}): {message}")
 
 
 def describe(exc: BaseException) -> str:
