@@ -14,8 +14,9 @@ A model streams one chunk per token, each its own read. The stream read three wa
 - ``engine``: :class:`OpenAILLM` itself: the raw response's bytes split into events and
   each decoded by msgspec straight into the loop's fields (``engine/chunks.py``);
 - ``bytes``: the raw response's bytes as ``engine`` gets them, not parsed at all: what the
-  client's HTTP stack (httpx, httpcore, h11, anyio) costs per read, the floor under
-  ``engine`` on that transport;
+  client and its transport (``--transport``: ``lean``, loopmesh's HTTP/1.1 transport;
+  ``httpx``, the client's own stack of httpx, httpcore, h11 and anyio) cost per read,
+  the floor under ``engine`` on that transport;
 - ``socket``: no HTTP client: an asyncio protocol on the socket finds the events in what
   it reads and decodes them as ``engine`` does (:class:`SocketReply`): what the event loop's
   read and the decoding cost per chunk, the floor under any client.
@@ -59,6 +60,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from bench.common import LLMServer
 from bench.llm_stream import STAMP, Pace
 from loop_worker.engine.chunks import Chunk, read_chunk
+from loop_worker.engine.http1 import Http1Transport
 from loop_worker.engine.llm import OpenAILLM, ToolCallAssembler
 from loop_worker.engine.settings import LLMSettings
 from loopmesh.aio import run
@@ -238,10 +240,13 @@ async def per_chunk_us(path: str, chunks: list[bytes]) -> float:
 
 
 def transport(args: argparse.Namespace) -> dict[str, Any]:
-    """The client's HTTP transport: its default (httpx), or ``openai.DefaultAioHttpClient``
-    (aiohttp's, ``pip install openai[aiohttp]``)."""
+    """The client's HTTP transport: ``lean`` (:class:`Http1Transport`, what
+    :class:`OpenAILLM` uses by default), the client's own (``httpx``), or
+    ``openai.DefaultAioHttpClient`` (``aiohttp``, ``pip install openai[aiohttp]``)."""
     if args.transport == "aiohttp":
         return {"http_client": openai.DefaultAioHttpClient()}
+    if args.transport == "lean":
+        return {"http_client": openai.DefaultAsyncHttpxClient(transport=Http1Transport())}
     return {}
 
 
@@ -344,7 +349,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--no-http", action="store_true", help="in memory only")
     parser.add_argument(
-        "--transport", choices=["httpx", "aiohttp"], default="httpx",
+        "--transport", choices=["lean", "httpx", "aiohttp"], default="lean",
         help="the client's, over HTTP (aiohttp: openai[aiohttp] installed)",
     )  # fmt: skip
     run(main(parser.parse_args()))

@@ -1,6 +1,6 @@
 """A streamed chat-completions reply, read from the provider's server-sent-event bytes.
 
-:func:`sse_data` splits the response body into its events' ``data`` and
+:class:`SseSplitter` splits the response body into its events' ``data`` and
 :func:`read_chunk` decodes each with msgspec straight into :class:`Chunk`: the few fields
 the loop reads (the text, the tool-call fragments, the finish reason, the usage, an error
 sent inside the stream); every other field is skipped unread. A model streams one chunk per
@@ -86,22 +86,44 @@ def read_chunk(data: bytes) -> Chunk:
         ) from None
 
 
-async def sse_data(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """The ``data`` of each event in an SSE byte stream, however its reads split it."""
-    pending = b""
-    async for part in body:
-        pending += part
+class SseSplitter:
+    """The ``data`` of each event in an SSE byte stream, however its reads split it:
+    :meth:`feed` each read, then :meth:`end`. A plain method, not a generator: it runs
+    once per token, and each generator between the socket and the loop costs a resume."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, part: bytes) -> list[bytes]:
+        pending = self._pending + part if self._pending else part
         if b"\r" in pending:
             pending = _lf(pending)
         if b"\n\n" not in pending:
-            continue
-        *events, pending = pending.split(b"\n\n")
+            self._pending = pending
+            return []
+        *events, self._pending = pending.split(b"\n\n")
+        out = []
         for event in events:
             if event.startswith(b"data: ") and b"\n" not in event:
-                yield event[6:]  # the short path: one data line
+                out.append(event[6:])  # the short path: one data line
             elif (data := _data(event)) is not None:
-                yield data
-    if (data := _data(_lf(pending))) is not None:  # the body ended without a blank line
+                out.append(data)
+        return out
+
+    def end(self) -> list[bytes]:
+        """What the body held after its last blank line (an event not ended by one)."""
+        data = _data(_lf(self._pending))
+        self._pending = b""
+        return [] if data is None else [data]
+
+
+async def sse_data(body: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """:class:`SseSplitter` over an async byte stream."""
+    splitter = SseSplitter()
+    async for part in body:
+        for data in splitter.feed(part):
+            yield data
+    for data in splitter.end():
         yield data
 
 

@@ -32,6 +32,11 @@ client's stream did besides is done here: an ``error`` sent inside the stream ra
 ``APITimeoutError`` or ``APIConnectionError``, the body is read to its end after
 ``[DONE]`` (HTTP/1.1 then keeps the connection), and the response is closed on every
 exit, cancellation too.
+
+Under the client, the HTTP/1.1 is :mod:`.http1`'s (``[llm] http = "lean"``, the default):
+an httpx transport, so everything above it is still the client's, that reads the
+response off the socket with a fraction of the CPU per read of the client's own stack.
+``http = "httpx"`` keeps the client's own.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import email.utils
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -56,8 +61,9 @@ from schemas import ChatMessage, ToolCall
 from schemas.events import Usage
 
 from .agents import TURN_FALLBACKS
-from .chunks import Chunk, StreamChunkError, read_chunk, sse_data
+from .chunks import Chunk, SseSplitter, StreamChunkError, read_chunk
 from .errors import LLMError
+from .http1 import Http1Transport
 from .protocols import Completion, OnDelta, OnRetry
 from .ratelimit import PROMPT_TOKENS, TURN_TENANT, Permit, RateLimiter, estimate_tokens
 from .settings import LLMSettings
@@ -94,6 +100,15 @@ class StreamCutError(Exception):
     """The stream ended before the model finished (no ``finish_reason``)."""
 
 
+def _body(response: Any) -> AsyncIterator[bytes]:
+    """The response's body as its transport reads it: ``response.stream`` itself when it
+    has no content coding (what a model's stream is sent with), one generator fewer per
+    read than ``aiter_bytes``, which decodes gzip and the like."""
+    if response.headers.get("content-encoding", "identity").lower() == "identity":
+        return aiter(response.stream)
+    return response.aiter_bytes()
+
+
 def to_openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Our messages as chat-completions ``messages``."""
     return [_to_openai(m) for m in messages]
@@ -115,6 +130,44 @@ def _to_openai(m: ChatMessage) -> dict[str, Any]:
     elif m.name:
         out["name"] = m.name
     return out
+
+
+class _Reply:
+    """A streamed reply as its events arrive: :meth:`take` reads one event's data."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.content: list[str] = []
+        self.calls = ToolCallAssembler()
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+        self.model = ""
+        self.done = False
+
+    def take(self, data: bytes) -> str | None:
+        """Read one event; its text, if it brings some. After ``[DONE]`` the rest of the
+        body is read and skipped: HTTP/1.1 then keeps the connection."""
+        if self.done:
+            return None
+        if data.startswith(b"[DONE]"):
+            self.done = True
+            return None
+        chunk = read_chunk(data)
+        if chunk.error is not None:
+            raise _stream_error(chunk.error, self.request)
+        self.model = self.model or chunk.model or ""
+        self.usage = _usage(chunk) or self.usage
+        text = None
+        for choice in (chunk.choices or ())[:1]:
+            self.finish = choice.finish_reason or self.finish
+            if (delta := choice.delta) is None:  # some servers' last chunk
+                continue
+            if delta.content:
+                self.content.append(delta.content)
+                text = delta.content
+            for fragment in delta.tool_calls or ():
+                self.calls.add(fragment)
+        return text
 
 
 class OpenAILLM:
@@ -146,6 +199,11 @@ class OpenAILLM:
             api_key=settings.api_key or environ("OPENAI_API_KEY") or "not-needed",
             max_retries=0,
             timeout=settings.timeout_s,
+            http_client=(
+                openai.DefaultAsyncHttpxClient(transport=Http1Transport())
+                if settings.http == "lean"
+                else None
+            ),
         )
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -244,49 +302,30 @@ class OpenAILLM:
         response = await self._client.post(
             "/chat/completions", body=body, cast_to=httpx.Response, stream=True
         )
-        content: list[str] = []
-        calls = ToolCallAssembler()
-        finish: str | None = None
-        usage: Usage | None = None
-        answered = ""
-        done = False
-        request: Any = response.request  # httpx's or httpx2's, as the client's errors take
+        reply = _Reply(response.request)  # httpx's or httpx2's, as the client's errors take
+        splitter = SseSplitter()
         try:
-            async for data in sse_data(response.aiter_bytes()):
-                if done:  # read to the end: HTTP/1.1 then keeps the connection
-                    continue
-                if data.startswith(b"[DONE]"):
-                    done = True
-                    continue
-                chunk = read_chunk(data)
-                if chunk.error is not None:
-                    raise _stream_error(chunk.error, request)
-                answered = answered or chunk.model or ""
-                usage = _usage(chunk) or usage
-                for choice in (chunk.choices or ())[:1]:
-                    finish = choice.finish_reason or finish
-                    if (delta := choice.delta) is None:  # some servers' last chunk
-                        continue
-                    if delta.content:
-                        content.append(delta.content)
-                        if on_delta is not None:
-                            await on_delta(delta.content)
-                    for fragment in delta.tool_calls or ():
-                        calls.add(fragment)
+            async for part in _body(response):
+                for data in splitter.feed(part):
+                    if (text := reply.take(data)) and on_delta is not None:
+                        await on_delta(text)
+            for data in splitter.end():
+                if (text := reply.take(data)) and on_delta is not None:
+                    await on_delta(text)
         except _TIMEOUTS as exc:
-            raise openai.APITimeoutError(request=request) from exc
+            raise openai.APITimeoutError(request=reply.request) from exc
         except _BROKEN as exc:
-            raise openai.APIConnectionError(request=request) from exc
+            raise openai.APIConnectionError(request=reply.request) from exc
         finally:
             await response.aclose()  # on every exit, cancellation too
-        if finish is None:
+        if reply.finish is None:
             raise StreamCutError("the stream ended before the model finished")
         return Completion(
-            content="".join(content),
-            tool_calls=calls.result(),
-            finish_reason=finish,
-            usage=usage,
-            model=answered or model,
+            content="".join(reply.content),
+            tool_calls=reply.calls.result(),
+            finish_reason=reply.finish,
+            usage=reply.usage,
+            model=reply.model or model,
             latency_ms=(time.perf_counter() - started) * 1000,
         )
 

@@ -140,6 +140,10 @@ class LLMSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     fallback_models: tuple[str, ...] = ()
     #: One request's limit.
     timeout_s: Positive = 60.0
+    #: The HTTP client under the ``openai`` client: ``lean``, loopmesh's HTTP/1.1
+    #: transport (``loop_worker/engine/http1.py``: a fraction of the CPU per streamed
+    #: chunk, ``python -m bench.stream_parse``); ``httpx``, the client's own.
+    http: Literal["lean", "httpx"] = "lean"
     #: Retries per model on a 429, a 5xx, a timeout, a connection error or a cut stream.
     max_retries: Count = 3
     #: The first retry's wait ceiling (full jitter); it doubles each retry.

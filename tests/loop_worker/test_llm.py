@@ -45,8 +45,11 @@ def rec() -> Recorder:
     return Recorder()
 
 
-@pytest.fixture
-async def make_llm(fake_llm: FakeLLM, rec: Recorder) -> AsyncIterator[Callable[..., OpenAILLM]]:
+@pytest.fixture(params=["lean", "httpx"])
+async def make_llm(
+    request: pytest.FixtureRequest, fake_llm: FakeLLM, rec: Recorder
+) -> AsyncIterator[Callable[..., OpenAILLM]]:
+    """Each test runs on both HTTP clients under the openai client (``[llm] http``)."""
     made: list[OpenAILLM] = []
 
     def make(rng: random.Random | None = None, **settings: Any) -> OpenAILLM:
@@ -57,6 +60,7 @@ async def make_llm(fake_llm: FakeLLM, rec: Recorder) -> AsyncIterator[Callable[.
             "timeout_s": 5.0,
             "backoff_initial_s": 0.01,
             "backoff_max_s": 8.0,
+            "http": request.param,
         }
         llm = OpenAILLM(LLMSettings(**{**defaults, **settings}), sleep=rec.sleep, rng=rng)
         made.append(llm)
