@@ -6,7 +6,7 @@
                              [--back-to-back 2] [--ttft-ms 150] [--tokens 6]
                              [--tokens-per-s 50] [--turn-timeout-s 300]
 
-Everything is a real process on this machine: nats-server (R1), or a cluster of three
+Everything is a real process on the machine it runs on: nats-server (R1), or a cluster of three
 with every stream and bucket on three replicas (R3); 1, 2 or 4 loop workers (``python -m
 loop_worker``: the real ``OpenAILLM`` over HTTP), each running at most ``--max-active``
 turns at once (``[loop_worker] max_active_turns``; ``--tenant-max-active`` sets

@@ -6,11 +6,11 @@
                          [--ttft-ms 200] [--tokens-per-s 50] [--tokens 20]
                          [--set LOOPMESH_LOOP__FIELD=VALUE ...] [--json PATH] [--chart PNG]
 
-Everything is a real process on this machine: nats-server (R1), or a cluster of three
+Everything is a real process on the machine it runs on: nats-server (R1), or a cluster of three
 with every stream and bucket on three replicas (R3: ``loopmesh.cluster.NatsCluster``);
 one tool worker (``bench.tools`` echo); ``loopmesh gateway`` (no auth, loopback); 1, 2,
 4… loop workers (``python -m loop_worker``: the real ``OpenAILLM`` over HTTP), AckWait
-and lease TTL at their production defaults (30 s); and the fake LLM
+and lease TTL at their defaults (2 s); and the fake LLM
 (``bench.llm_server``, paced: a first token after ``--ttft-ms``, then ``--tokens-per-s``,
 one token per chunk, ``--tokens`` per reply, then a tool call). This process is the load
 generator (``bench/load/clients.py``): ``--sessions`` clients at once running
