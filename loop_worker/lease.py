@@ -17,6 +17,10 @@ session (``release(continuable=True)``) leaves a marker to continue from: a leas
 and given back unused (the session's last turn was still in the stream) vouches for
 nothing the worker kept of the session, which may be turns old.
 
+The same bucket holds the slots of agents' ``max_active_turns`` (:mod:`.agent_slots`):
+:meth:`Leases.try_acquire_one` takes a lease on any free key of a set, a semaphore whose
+places free as leases do.
+
 A worker that waits for a session (its lease, or its last turn's hand-over, which ends
 with the lease's release) is woken by the release itself (:meth:`Leases.handover`: a
 watch of the key's deletes), not by polling; it reads again a few times just after a
