@@ -17,7 +17,8 @@ turn of its session (no running place used, in-progress acks), woken by a releas
 one of the agent's slots (a watch of their deletes), with a read every third of the
 lease TTL for a slot that lapsed. One waiter per agent in each worker reads the slots;
 the others queue behind it in the worker, in the order they came. A worker whose every
-place is held hands back, to make room, a turn that waited ``order_wait_s``.
+place is held hands back, to make room, a turn that waited ``order_wait_s``; a stopping
+worker hands back the turns that wait.
 
 Its session gets one ``turn_queued`` event naming the agent when the wait begins.
 """
@@ -58,15 +59,15 @@ def slot_keys(tenant: str, agent: str, cap: int) -> list[str]:
     return [f"{tenant}.{agent}.{k}" for k in range(cap)]
 
 
-class Full(Exception):
-    """The worker is full, and the turn waited ``order_wait_s`` for a slot: hand it back."""
+class GaveUp(Exception):
+    """The turn stops waiting for a slot (its worker is full, or stopping): hand it back."""
 
 
 class AgentSlots:
     """The slots of the capped agents, for one worker's turns::
 
     cap = await slots.cap(agent)  # None: no cap
-    slot = await slots.try_take(turn, agent, cap) or await slots.wait(turn, agent, cap, full=f)
+    slot = await slots.try_take(turn, agent, cap) or await slots.wait(turn, agent, cap, ...)
     try:
         ...  # run the turn; slot.renew() with its lease
     finally:
@@ -79,14 +80,11 @@ class AgentSlots:
         agents: AgentBook,
         publisher: Publisher,
         subjects: Subjects,
-        *,
-        wait_s: float,
     ) -> None:
         self._leases = leases
         self._agents = agents
         self._publisher = publisher
         self._subjects = subjects
-        self._wait_s = wait_s
         self._lines: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # one waiter reads
 
     async def any_capped(self) -> bool:
@@ -111,12 +109,11 @@ class AgentSlots:
         keys = slot_keys(turn.tenant, agent, cap)
         return await self._leases.try_acquire_one(keys, turn.id, held=SLOTS_HELD.labels(agent))
 
-    async def wait(self, turn: Turn, agent: str, cap: int, *, full: Callable[[], bool]) -> Lease:
+    async def wait(self, turn: Turn, agent: str, cap: int, *, give_up: Callable[[], bool]) -> Lease:
         """A slot of ``agent`` for ``turn``, once one frees; its session hears that it
-        waits. Raises :class:`Full` when ``full()`` says so after ``wait_s``."""
+        waits. Raises :class:`GaveUp` when ``give_up()`` says so after a read."""
         SLOT_WAITS.labels(agent).inc()
         await self._queued(turn, agent)
-        deadline = time.monotonic() + self._wait_s
         name = f"{turn.tenant}.{agent}"
         async with self._line(name):
             idle_s = self._leases.ttl_s / 3  # a slot that lapsed (its worker died)
@@ -126,8 +123,8 @@ class AgentSlots:
                     slot = await self.try_take(turn, agent, cap)
                     if slot is not None:
                         return slot
-                    if time.monotonic() > deadline and full():
-                        raise Full
+                    if give_up():
+                        raise GaveUp
                     await wait.next()
 
     @contextlib.asynccontextmanager

@@ -172,9 +172,7 @@ class LoopWorker:
             load_timeout_s=self.settings.catalog_load_timeout_s,
             on_change=self._unmatched,
         )
-        self.agent_slots = AgentSlots(
-            self.leases, self.agents, publisher, self.subjects, wait_s=self.settings.order_wait_s
-        )
+        self.agent_slots = AgentSlots(self.leases, self.agents, publisher, self.subjects)
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,

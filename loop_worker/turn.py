@@ -59,7 +59,7 @@ from schemas import DEFAULT_AGENT, Cancel, Turn, session_key
 from schemas.admit import Refused, admit_turn
 
 from . import refusals
-from .agent_slots import Full
+from .agent_slots import GaveUp
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
@@ -103,6 +103,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         _held: dict[str, TurnRun]
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
+        _stopping: bool
         _slots: asyncio.Semaphore
 
         @property
@@ -343,7 +344,8 @@ class TurnRun:
     async def _agent_slot(self, turn: Turn, lease: Lease) -> Lease | None:
         """One of the slots of the turn's agent's ``max_active_turns``, when it has one
         (:mod:`.agent_slots`), waited for like an earlier turn of the session: with no
-        running place used. A full worker hands the turn back after ``order_wait_s``."""
+        running place used. A full worker hands the turn back after ``order_wait_s``, a
+        stopping one at once."""
         w = self._w
         if not await w.agent_slots.any_capped():
             return None
@@ -356,11 +358,15 @@ class TurnRun:
             return slot
         self.ordering = True  # its running place is free meanwhile
         w.share.wake()
+        deadline = time.monotonic() + w.settings.order_wait_s
+
+        def give_up() -> bool:
+            full = len(w._held) >= w.capacity and time.monotonic() > deadline
+            return full or w._stopping
+
         try:
-            return await w.agent_slots.wait(
-                turn, agent, cap, full=lambda: len(w._held) >= w.capacity
-            )
-        except Full:
+            return await w.agent_slots.wait(turn, agent, cap, give_up=give_up)
+        except GaveUp:
             raise HandBack(delay=1.0) from None
         finally:
             self.ordering = False
