@@ -1,7 +1,8 @@
 """An agent's ``max_active_turns`` on real loop-worker processes: a tenant's turns of the
-agent never run more than that many at once across the fleet, the others wait (with a
-``turn_queued`` naming the agent) and all end; the tenant's turns of other agents are
-not held back; the slots of a worker killed with SIGKILL free when their TTL passes."""
+agent (naming it, or in a session of it) never run more than that many at once across
+the fleet, the others wait (with a ``turn_queued`` naming the agent) and all end; the
+tenant's turns of other agents are not held back; the slots of a worker killed with
+SIGKILL free when their TTL passes."""
 
 from __future__ import annotations
 
@@ -144,12 +145,14 @@ async def test_an_agents_max_active_turns_caps_its_turns_across_the_fleet(fleet)
     fleet.llm.script_for("slow-model", *[answer(0.25) for _ in range(40)])  # about 1 s each
     await fleet.start()
     await _slow_turns(fleet.nc, 8)
+    for k in range(4):  # naming no agent: they run as their session's, and count in its cap
+        await send_turn(fleet.nc, _turn(f"s{k}", f"slowb{k}"))
     for k in range(3):  # the tenant's turns of its default agent, published after
         await send_turn(fleet.nc, _turn(f"d{k}", f"dflt{k}"))
     await fleet.events.until(lambda: len(fleet.events.ended("dflt")) == 3, timeout=60)
     # they ran while the slow agent's turns still waited for its slots
-    assert len(fleet.events.ended("slow")) < 8
-    await fleet.events.until(lambda: len(fleet.events.ended("slow")) == 8, timeout=120)
+    assert len(fleet.events.ended("slow")) < 12
+    await fleet.events.until(lambda: len(fleet.events.ended("slow")) == 12, timeout=120)
     assert fleet.events.most_running("slow") == CAP  # reached, and never passed
     queued = fleet.events.of("turn_queued", "")
     assert queued and {e["agent"] for e in queued} == {"slow"}
