@@ -17,6 +17,10 @@ session (``release(continuable=True)``) leaves a marker to continue from: a leas
 and given back unused (the session's last turn was still in the stream) vouches for
 nothing the worker kept of the session, which may be turns old.
 
+The same bucket holds the slots of agents' ``max_active_turns`` (:mod:`.agent_slots`):
+:meth:`Leases.try_acquire_one` takes a lease on any free key of a set, a semaphore whose
+places free as leases do.
+
 A worker that waits for a session (its lease, or its last turn's hand-over, which ends
 with the lease's release) is woken by the release itself (:meth:`Leases.handover`: a
 watch of the key's deletes), not by polling; it reads again a few times just after a
@@ -37,10 +41,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import random
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
 import msgspec
 from nats.aio.client import Client
@@ -196,6 +202,56 @@ class Leases:
             del self._markers[next(iter(self._markers))]
         self._markers[key] = marker
 
+    async def try_acquire_one(
+        self, keys: Sequence[str], turn_id: str, *, held: Gauge = HELD
+    ) -> Lease | None:
+        """A lease on one of ``keys`` that nobody holds, or ``None`` while all are held:
+        a semaphore of ``len(keys)`` places (an agent's ``max_active_turns``). The keys
+        are read at once, then the free ones tried in a random order (two workers that
+        read the same free key race for it: the loser tries the next), each take a
+        write checked against the revision read. ``held``: the gauge the lease counts in."""
+        record = LeaseRecord(
+            owner=self.owner, turn_id=turn_id, at=time.time(), take=secrets.token_hex(6)
+        )
+        data = msgspec.json.encode(record)
+        started = time.monotonic()
+        entries = await asyncio.gather(
+            *(retry(functools.partial(self.kv.entry, key), f"read lease {key}") for key in keys)
+        )
+        free = [
+            (key, entry.revision if entry is not None else 0)
+            for key, entry in zip(keys, entries, strict=True)
+            if entry is None or entry.value is None
+        ]
+        random.shuffle(free)
+        for key, last in free:
+            revision = await self._take(key, data, last)
+            if revision is not None:
+                return Lease(self, key, record, revision, expires=started + self.ttl_s, held=held)
+        return None
+
+    async def _take(self, key: str, data: bytes, last: int) -> int | None:
+        """Write ``data`` to ``key`` if ``last`` is still its revision: the new revision,
+        or ``None`` when someone wrote the key first."""
+        attempts = 0
+
+        async def write() -> int:
+            nonlocal attempts
+            attempts += 1
+            return await self.kv.update(key, data, last)
+
+        try:
+            return await retry(write, f"acquire lease {key}", timeout=self.ttl_s)
+        except KeyWrongLastSequenceError:  # a retried write may have landed the first time
+            return await self._landed(key, data) if attempts > 1 else None
+
+    @contextlib.asynccontextmanager
+    async def released(self, keys: str, *, idle_s: float) -> AsyncIterator[Handover]:
+        """A wait woken when a lease on ``keys`` (a key, or a pattern with ``*``) is
+        released; without a release it reads again every ``idle_s``."""
+        async with self._watch.on(keys) as deletions:
+            yield Handover(deletions, idle_s=idle_s)
+
     async def acquire(self, tenant: str, session: str, turn_id: str) -> Lease:
         """Wait for the session's lease (it frees when released or its TTL passes),
         woken by its release."""
@@ -234,7 +290,14 @@ class Lease:
     """A held lease. ``expires`` is when, by the local clock, it may have lapsed."""
 
     def __init__(
-        self, leases: Leases, key: str, record: LeaseRecord, revision: int, *, expires: float
+        self,
+        leases: Leases,
+        key: str,
+        record: LeaseRecord,
+        revision: int,
+        *,
+        expires: float,
+        held: Gauge = HELD,
     ) -> None:
         self._leases = leases
         self.key = key
@@ -245,7 +308,8 @@ class Lease:
         #: Taken over this worker's own release (a write checked against the revision
         #: of the delete marker it left): nobody held the session in between.
         self.continued = False
-        HELD.inc()
+        self._held = held
+        held.inc()
 
     async def renew(self) -> None:
         """Extend the lease by a TTL; raise :class:`LeaseLostError` if it is not ours."""
@@ -303,7 +367,7 @@ class Lease:
                 await after
             return
         self.released = True
-        HELD.dec()
+        self._held.dec()
         kv = self._leases.kv
         releasing = self._leases._releasing[self.key] = asyncio.Event()
         try:

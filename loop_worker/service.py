@@ -74,6 +74,7 @@ from schemas.streams import (
 
 from . import refusals
 from .agent_calls import NatsAgentCalls
+from .agent_slots import AgentSlots
 from .agents import AgentBook
 from .agents import Report as AgentReport
 from .config import LoopWorkerConfig, ServiceSettings
@@ -88,7 +89,7 @@ from .engine.prefilter import Prefilter
 from .engine.protocols import LLM
 from .errors import LeaseLostError
 from .fence import Fence
-from .lease import Leases
+from .lease import Lease, Leases
 from .limiter import SharedLimiter
 from .memory import NatsMemories
 from .share import FairShare
@@ -171,6 +172,7 @@ class LoopWorker:
             load_timeout_s=self.settings.catalog_load_timeout_s,
             on_change=self._unmatched,
         )
+        self.agent_slots = AgentSlots(self.leases, self.agents, publisher, self.subjects)
         self.tools = NatsToolDispatcher(
             nc,
             self.subjects,
@@ -414,23 +416,30 @@ class LoopWorker:
             raise_if_cancelled()
 
     async def _renew_leases(self) -> None:
-        """Renew the lease of every running turn once a third of its TTL has passed;
-        a turn whose lease cannot be renewed is muted and stopped (:meth:`TurnRun.lose`)."""
+        """Renew the lease of every running turn, and its agent's slot, once a third of
+        its TTL has passed; a turn whose lease cannot be renewed is muted and stopped
+        (:meth:`TurnRun.lose`)."""
         while True:
             await asyncio.sleep(self.leases.ttl_s / 6)
             now = time.monotonic()
-            due = [h for h in self._held.values() if h.lease is not None and h.lease.due(now)]
+            due = [
+                (held, lease)
+                for held in self._held.values()
+                for lease in (held.lease, held.slot)
+                if lease is not None and lease.due(now)
+            ]
             if due:
-                await asyncio.gather(*(self._renew(held) for held in due))
+                await asyncio.gather(*(self._renew(held, lease) for held, lease in due))
             raise_if_cancelled()
 
-    async def _renew(self, held: TurnRun) -> None:
-        lease = held.lease
-        assert lease is not None
+    async def _renew(self, held: TurnRun, lease: Lease) -> None:
         try:
             await lease.renew()
         except LeaseLostError as exc:
-            if not lease.released:
+            if lease is held.slot:  # it lapsed (the worker stalled): the turn runs on
+                log.warning("agent slot lost; the turn runs on turn=%s: %s", held.turn_id, exc)
+                await lease.release()  # (if another took it, the key is left alone)
+            elif not lease.released:
                 held.lose(exc)
         except Exception as exc:  # not a lost lease: the next round tries again
             log.warning("lease not renewed key=%s error=%r", lease.key, exc)

@@ -159,6 +159,11 @@ class KVSessionStore:
         loaded = self._preloaded.get(session_key(tenant, session))
         return loaded.turn_id if isinstance(loaded, SessionSnapshot) else None
 
+    def preloaded_agent(self, tenant: str, session: str) -> str | None:
+        """The agent of a preloaded snapshot (``None``: none, or no preload)."""
+        loaded = self._preloaded.get(session_key(tenant, session))
+        return loaded.agent if isinstance(loaded, SessionSnapshot) else None
+
     async def load(self, tenant: str, session: str) -> SessionSnapshot | None:
         key = session_key(tenant, session)
         if key in self._preloaded:

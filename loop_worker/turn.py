@@ -11,7 +11,8 @@ is here, in the order it happens:
    work queue: one still there has not finished);
 3. **lease** — the session's lease, so one worker runs the session at a time (with
    no tenant limit the first order check and a first try for the lease go out
-   together);
+   together); then, when its agent has a ``max_active_turns``, one of the agent's
+   slots, waited for without a running place (:mod:`.agent_slots`);
 4. **start** — the turn's controls open and its snapshot preloads at once, from what
    this worker kept of the session when nobody held it since (:func:`warm`), else read;
 5. **run** the engine;
@@ -54,10 +55,11 @@ from loopmesh.backlog import unfinished
 from loopmesh.errors import InvalidWebhook
 from loopmesh.jetstream import answered, quietly, retry
 from loopmesh.webhook import WebhookSettings, check_webhook
-from schemas import Cancel, Turn, session_key
+from schemas import DEFAULT_AGENT, Cancel, Turn, session_key
 from schemas.admit import Refused, admit_turn
 
 from . import refusals
+from .agent_slots import GaveUp
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
@@ -70,6 +72,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
     from schemas import Subjects
     from schemas.events import LoopEnd
 
+    from .agent_slots import AgentSlots
     from .config import LoopWorkerConfig, ServiceSettings
     from .controls import Controls
     from .deadletter import DeadLetters
@@ -96,10 +99,15 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         engine: Engine
         deadletters: DeadLetters
         share: FairShare
+        agent_slots: AgentSlots
         _held: dict[str, TurnRun]
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
+        _stopping: bool
         _slots: asyncio.Semaphore
+
+        @property
+        def capacity(self) -> int: ...
 
         async def _refuse(self, msg: Msg, refused: Refused, tenant: str) -> None: ...
         async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
@@ -189,7 +197,8 @@ class TurnRun:
     """One delivered turn: its state while held, and :meth:`run`, its whole story."""
 
     __slots__ = (
-        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "task", "tenant", "turn"
+        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "slot", "task", "tenant",
+        "turn",
     )  # fmt: skip
 
     def __init__(self, msg: Msg, owner: Owner, tenant: str = "") -> None:
@@ -201,6 +210,7 @@ class TurnRun:
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.lease: Lease | None = None
+        self.slot: Lease | None = None  # one of its agent's max_active_turns, if capped
         self.lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
         self.acked = False
         self._w = owner
@@ -302,6 +312,7 @@ class TurnRun:
             key = session_key(turn.tenant, turn.session)
             finished = False
             try:
+                self.slot = await self._agent_slot(turn, lease)
                 async with w._slots:
                     w._running[key] = self
                     ACTIVE.inc()
@@ -318,13 +329,54 @@ class TurnRun:
                         # keeps the last snapshot warm when it is known to be stored
                         w.store.forget(turn.tenant, turn.session)
             finally:  # 7. hand over
-                if self.lost is not None:
-                    lease.released = True  # someone else's now: leave the key alone
-                elif finished:  # acked, then released: the release wakes the next turn
-                    await lease.release(after=self._ack(turn), continuable=True)
-                    self.acked = True
-                else:
-                    await lease.release()
+                try:
+                    if self.lost is not None:
+                        lease.released = True  # someone else's now: leave the key alone
+                    elif finished:  # acked, then released: the release wakes the next turn
+                        await lease.release(after=self._ack(turn), continuable=True)
+                        self.acked = True
+                    else:
+                        await lease.release()
+                finally:
+                    if self.slot is not None:  # after the ack: the agent's turn has ended
+                        await self.slot.release()
+
+    async def _agent_slot(self, turn: Turn, lease: Lease) -> Lease | None:
+        """One of the slots of the turn's agent's ``max_active_turns``, when it has one
+        (:mod:`.agent_slots`), waited for like an earlier turn of the session: with no
+        running place used. A full worker hands the turn back after ``order_wait_s``, a
+        stopping one at once."""
+        w = self._w
+        if not await w.agent_slots.any_capped():
+            return None
+        agent = turn.agent or await self._session_agent(turn, lease)
+        cap = await w.agent_slots.cap(agent)
+        if cap is None:
+            return None
+        slot = await w.agent_slots.try_take(turn, agent, cap)
+        if slot is not None:
+            return slot
+        self.ordering = True  # its running place is free meanwhile
+        w.share.wake()
+        deadline = time.monotonic() + w.settings.order_wait_s
+
+        def give_up() -> bool:
+            full = len(w._held) >= w.capacity and time.monotonic() > deadline
+            return full or w._stopping
+
+        try:
+            return await w.agent_slots.wait(turn, agent, cap, give_up=give_up)
+        except GaveUp:
+            raise HandBack(delay=1.0) from None
+        finally:
+            self.ordering = False
+
+    async def _session_agent(self, turn: Turn, lease: Lease) -> str:
+        """The agent of the turn's session, from its snapshot, preloaded for the engine
+        now (a turn that names no agent runs as its session's, as the engine decides)."""
+        w = self._w
+        w.stats["warm"] += await w.store.preload(turn.tenant, turn.session, warm=warm(lease))
+        return w.store.preloaded_agent(turn.tenant, turn.session) or DEFAULT_AGENT
 
     async def _order_and_lease(self, turn: Turn, delivery: int) -> Lease | None:
         """Wait for the turn's order; with no tenant limit to wait for, the first order

@@ -94,6 +94,9 @@ class AgentSpec(msgspec.Struct, frozen=True, kw_only=True):
     #: What expiring does to its sessions, instead of ``[tenants] retention``: ``delete``
     #: erases them, ``snapshot`` keeps their last snapshot only.
     retention: Literal["delete", "snapshot"] | None = None
+    #: Its turns that run at once across the fleet, per tenant: a turn past the cap waits
+    #: (``turn_queued`` with ``agent`` set) for one of them to end. Unset: no cap.
+    max_active_turns: Annotated[int, msgspec.Meta(ge=1)] | None = None
     #: The agents bucket's revision of the definition: set by the bucket, refused in
     #: configuration.
     revision: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -22,9 +22,13 @@ class TurnQueued(Event, tag="turn_queued", frozen=True, kw_only=True):
     """A turn that waits for a loop worker: the gateway accepted it behind ``ahead`` turns
     of its tenant that no loop worker holds yet (the tenant is at its ``[tenants]
     max_active_turns``, or the fleet is busy). Its ``turn_accepted`` follows when a
-    loop worker takes it."""
+    loop worker takes it.
+
+    ``agent`` set: a loop worker holds the turn, and it waits for one of its agent's
+    running turns to end (the agent's ``max_active_turns``); ``ahead`` is 0 then."""
 
     ahead: int = 0
+    agent: str = ""
 
 
 class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):

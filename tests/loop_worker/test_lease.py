@@ -240,3 +240,26 @@ async def test_a_lease_lapses_by_the_local_clock_a_margin_before_it_expires(leas
     taken = await asyncio.wait_for(b.acquire("acme", "s1", "t2"), 30)  # its TTL passed
     assert lease.lapsed()  # whoever takes it over, this worker's clock already says so
     await taken.release()
+
+
+async def test_one_of_a_set_of_keys_is_taken_while_any_is_free_and_a_dead_holders_lapses(leases):
+    a, b = await leases("a"), await leases("b")
+    keys = ["acme.slow.0", "acme.slow.1"]
+    first, second = await a.try_acquire_one(keys, "t1"), await b.try_acquire_one(keys, "t2")
+    assert first is not None and second is not None and first.key != second.key
+    assert await b.try_acquire_one(keys, "t3") is None  # every key held
+    await second.release()
+    third = await b.try_acquire_one(keys, "t3")  # over the release's delete marker
+    assert third is not None and third.key == second.key
+    taken: list[object] = []  # a holds ``first`` and dies: it lapses with the TTL
+
+    async def lapsed() -> bool:
+        taken.append(await b.try_acquire_one(keys, "t4"))
+        return taken[-1] is not None
+
+    keeper = asyncio.create_task(third.keep())  # b keeps ``third``
+    try:
+        await wait_for(lapsed, timeout=30, every=0.1)
+    finally:
+        keeper.cancel()
+    assert taken[-1].key == first.key and taken[-1].record.owner == "b"

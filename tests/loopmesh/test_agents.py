@@ -69,6 +69,11 @@ agents = ["calc"]
             "Invalid enum value 'swarm'",
         ),
         ('[[agents]]\nname = "a"\nmax_iterations = 0', "$.agents[0].max_iterations", ">= 1"),
+        (
+            '[[agents]]\nname = "a"\nmax_active_turns = 0',
+            "$.agents[0].max_active_turns",
+            ">= 1",
+        ),
         (CALC + CALC, "agents[1].name", "defined twice (first as agents[0])"),
         ('[[agents]]\nname = "a"\nagents = ["b"]', "agents[0].agents[0]", "'b', which is not"),
         ('[[agents]]\nname = "a"\nagents = ["a"]', "agents[0].agents[0]", "cannot call itself"),
