@@ -266,7 +266,7 @@ class Backend:
         ack = await self._call(
             "publish turn",
             self.js.publish(
-                self.subjects.turn(turn.tenant, turn.session),
+                self.subjects.turn(turn.tenant, turn.session, turn.priority),
                 encode(turn),
                 headers={**(trace or {}), "Nats-Msg-Id": turn.msg_id},
             ),

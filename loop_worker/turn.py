@@ -468,10 +468,19 @@ class TurnRun:
 
 async def first_turn(publisher: Publisher, subjects: Subjects, turn: Turn) -> int | None:
     """The stream sequence of the oldest turn of ``turn``'s session still in the turns
-    stream, or ``None`` when none is left."""
-    subject = subjects.turn(turn.tenant, turn.session)
-    first_seq = functools.partial(publisher.first_seq, subjects.turns_stream, subject)
-    return await retry(first_seq, f"first turn of {subject}")
+    stream, of either lane, or ``None`` when none of ``turn``'s own lane is left (then
+    ``turn`` is gone: an earlier turn of the other lane would have ended first)."""
+    lanes = subjects.session_turns(turn.tenant, turn.session)  # its own lane first
+    stream = subjects.turns_stream
+    first, first_other = await asyncio.gather(
+        *(
+            retry(functools.partial(publisher.first_seq, stream, s), f"first turn of {s}")
+            for s in (lanes[::-1] if turn.priority == "batch" else lanes)
+        )
+    )
+    if first is None or first_other is None:
+        return first
+    return min(first, first_other)
 
 
 def _msg_id(msg: Msg) -> str | None:
