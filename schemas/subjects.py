@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 from .ids import InvalidIdError, check_token, safe_token
 from .types import Priority
@@ -16,7 +17,7 @@ TENANT_CONSUMER_PREFIX = "turns-"
 BATCH_CONSUMER_PREFIX = "batch-"
 
 #: The last token of a batch turn's subject: ``<prefix>.turns.<tenant>.<session>.batch``.
-BATCH = "batch"
+BATCH: Literal["batch"] = "batch"
 
 DEFAULT_PREFIX = "loopmesh"
 

@@ -169,25 +169,27 @@ def _share(**limits: TenantSettings) -> FairShare:
     return FairShare(None, SUBJECTS, settings, limits, deliver=lambda m, t: None)  # type: ignore[arg-type]
 
 
-def _with(share: FairShare, name: str, *, waiting: int, held: int = 0) -> Tenant:
+def _with(share: FairShare, name: str, *, waiting: int, held: int = 0, batch: int = 0) -> Tenant:
     t = share._tenant(name)
-    t.waiting, t.held, t.consumer = waiting, held, True
+    t.held = held
+    for lane, n in zip(t.lanes.values(), (waiting, batch), strict=True):
+        lane.waiting, lane.consumer = n, True
     return t
 
 
 def test_a_tenant_alone_gets_every_free_place():
     share = _share()
     _with(share, "a", waiting=100)
-    assert [(t.name, n) for t, n in share.assign(8)] == [("a", 8)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(8)] == [("a", 8)]
 
 
 def test_free_places_go_first_to_the_tenant_holding_fewest():
     share = _share()
     _with(share, "a", waiting=100, held=8)  # the flood holds every place
     _with(share, "b", waiting=1)
-    assert [(t.name, n) for t, n in share.assign(1)] == [("b", 1)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(1)] == [("b", 1)]
     _with(share, "c", waiting=5, held=2)
-    given = Counter({t.name: n for t, n in share.assign(6)})
+    given = Counter({lane.tenant.name: n for lane, n in share.assign(6)})
     assert given == {"b": 1, "c": 5}  # b's only turn; then c (2 held) before a (8 held)
 
 
@@ -195,7 +197,7 @@ def test_places_are_shared_by_weight():
     share = _share(heavy=TenantSettings(weight=3.0))
     _with(share, "heavy", waiting=100)
     _with(share, "light", waiting=100)
-    given = {t.name: n for t, n in share.assign(8)}
+    given = {lane.tenant.name: n for lane, n in share.assign(8)}
     assert given == {"heavy": 6, "light": 2}
 
 
@@ -204,4 +206,31 @@ def test_a_tenant_with_nothing_waiting_gets_no_place_and_the_cap_per_worker_hold
     share.settings = ServiceSettings(max_active_turns=8, tenant_max_active=3)
     _with(share, "idle", waiting=0)
     _with(share, "busy", waiting=100, held=1)
-    assert [(t.name, n) for t, n in share.assign(8)] == [("busy", 2)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(8)] == [("busy", 2)]
+
+
+def _lanes(share: FairShare, places: int) -> list[tuple[str, str, int]]:
+    return [(lane.tenant.name, lane.priority, n) for lane, n in share.assign(places)]
+
+
+def test_interactive_turns_of_every_tenant_get_places_before_batch_ones():
+    share = _share()
+    _with(share, "bulk", waiting=0, batch=100)  # holds nothing: fewest for its weight
+    _with(share, "a", waiting=2, held=3, batch=10)
+    _with(share, "b", waiting=1, held=1)
+    assert _lanes(share, 3) == [("b", "interactive", 1), ("a", "interactive", 2)]
+    # the places left go to the batch lanes, the tenant holding fewest first
+    assert _lanes(share, 5) == [
+        ("b", "interactive", 1), ("a", "interactive", 2), ("bulk", "batch", 2)
+    ]  # fmt: skip
+
+
+def test_a_tenants_batch_lane_counts_its_interactive_places_and_the_cap_spans_both():
+    share = _share()
+    share.settings = ServiceSettings(max_active_turns=8, tenant_max_active=3)
+    _with(share, "a", waiting=2, batch=100)
+    _with(share, "b", waiting=0, held=1, batch=100)
+    # a: 2 interactive, then 1 batch (its cap of 3); b: 2 batch (1 held, its cap of 3)
+    assert sorted(_lanes(share, 8)) == [
+        ("a", "batch", 1), ("a", "interactive", 2), ("b", "batch", 2)
+    ]  # fmt: skip
