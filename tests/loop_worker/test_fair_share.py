@@ -63,6 +63,11 @@ class Ends:
         stream keeps one)."""
         return len({turn for t, ten, _, turn in self.seen if t == "loop_end" and ten == tenant})
 
+    def ended_turn(self, tenant: str, turn_id: str) -> bool:
+        return ("loop_end", tenant) in {
+            (t, ten) for t, ten, _, turn in self.seen if turn == turn_id
+        }
+
     async def until(self, tenant: str, count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
             while self.ended(tenant) < count:
@@ -109,13 +114,15 @@ async def fleet(durable, tmp_path):
             await nc.close()
 
 
-def _turn(tenant: str, session: str, turn_id: str) -> Turn:
-    return Turn(id=turn_id, tenant=tenant, session=session, input="hi", created_at=time.time())
+def _turn(tenant: str, session: str, turn_id: str, **kw) -> Turn:
+    return Turn(
+        id=turn_id, tenant=tenant, session=session, input="hi", created_at=time.time(), **kw
+    )
 
 
-async def _flood(nc) -> int:
+async def _flood(nc, tenant: str = "flood", **kw) -> int:
     sends = [
-        send_turn(nc, _turn("flood", f"f{s}", f"f{s}t{i}"))
+        send_turn(nc, _turn(tenant, f"f{s}", f"f{s}t{i}", **kw))
         for i in range(FLOOD_EACH)
         for s in range(FLOOD_SESSIONS)
     ]
@@ -159,6 +166,41 @@ async def test_a_tenants_max_active_turns_caps_its_turns_across_the_fleet(fleet)
             most = max(most, running)
     assert most == 2  # the cap, reached and never passed, on two workers of 4 places
     assert fleet.ends.ended("calm") == 1
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_tenants_interactive_turns_run_before_its_batch_backlog_drains(fleet):
+    await fleet.start()
+    flood = await _flood(fleet.nc, "acme", priority="batch")
+    for k in range(3):  # published after the whole batch flood, by the same tenant
+        await send_turn(fleet.nc, _turn("acme", f"c{k}", f"c{k}t0"))
+    async with asyncio.timeout(60):
+        while not all(fleet.ends.ended_turn("acme", f"c{k}t0") for k in range(3)):
+            fleet.ends.changed.clear()
+            await fleet.ends.changed.wait()
+    # they ran while most of the flood still waited (in stream order they came last)
+    assert fleet.ends.ended("acme") - 3 < flood // 2, fleet.ends.ended("acme")
+    await fleet.ends.until("acme", flood + 3, timeout=120)
+    await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_sessions_turns_keep_their_order_across_the_lanes(fleet):
+    """A batch turn, then an interactive turn of its session, behind a batch flood: the
+    interactive one is pulled first, and waits for the batch one to end."""
+    await fleet.start()
+    await send_turn(fleet.nc, _turn("acme", "s", "b1", priority="batch"))
+    await send_turn(fleet.nc, _turn("acme", "s", "i2"))
+    await send_turn(fleet.nc, _turn("acme", "s", "b3", priority="batch"))
+    flood = await _flood(fleet.nc, "acme", priority="batch")
+    await send_turn(fleet.nc, _turn("acme", "s", "i4"))
+    await fleet.ends.until("acme", flood + 4, timeout=120)
+    in_time = sorted(zip(fleet.ends.times, fleet.ends.seen, strict=True), key=lambda p: p[0])
+    session = [(t, turn) for _, (t, _, s, turn) in in_time if s == "s"]
+    assert session == [
+        (kind, turn) for turn in ("b1", "i2", "b3", "i4") for kind in ("loop_start", "loop_end")
+    ], session
+    await drained(fleet.nc, SUBJECTS.turns_stream)
 
 
 # -- the sharing rule ------------------------------------------------------------------
