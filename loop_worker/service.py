@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -95,7 +95,7 @@ from .share import FairShare
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
-from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turn, gone
+from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turns, gone
 from .usage import LedgerUsage
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
@@ -462,8 +462,8 @@ class LoopWorker:
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)
 
-    async def _first_turn(self, turn: Turn) -> int | None:
-        return await first_turn(self.publisher, self.subjects, turn)
+    async def _first_turns(self, turn: Turn) -> tuple[int | None, int | None]:
+        return await first_turns(self.publisher, self.subjects, turn)
 
     async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream.
@@ -486,15 +486,35 @@ class LoopWorker:
             held.ordering = False
 
     async def _order_wait(self, held: TurnRun, turn: Turn, deadline: float) -> None:
+        """An interactive turn behind a batch turn of its session lends its rank to its
+        tenant's batch lane meanwhile (:meth:`FairShare.inherit`): the batch turn would
+        otherwise wait for every interactive turn of the fleet, and this one with it."""
+        inherited = False
+
+        def inherit(behind: bool) -> None:
+            nonlocal inherited
+            if behind != inherited:
+                inherited = behind
+                self.share.inherit(held.tenant, behind)
+
+        try:
+            await self._order_loop(held, turn, deadline, inherit)
+        finally:
+            inherit(False)
+
+    async def _order_loop(
+        self, held: TurnRun, turn: Turn, deadline: float, behind_batch: Callable[[bool], None]
+    ) -> None:
         async with self.leases.handover(turn.tenant, turn.session) as wait:
             while True:
                 wait.mark()
-                first = await self._first_turn(turn)
-                if gone(first, held.seq):
+                own, other = await self._first_turns(turn)
+                if gone(own, held.seq):
                     raise DoneElsewhere
-                first_seq = first or held.seq
+                first_seq = min(own or held.seq, other or held.seq)
                 if first_seq >= held.seq:
                     return
+                behind_batch(turn.priority != "batch" and (other or held.seq) < held.seq)
                 earlier = self._by_seq.get(first_seq)
                 if earlier is not None:  # it runs here: wait for it
                     await earlier.done.wait()

@@ -96,6 +96,7 @@ class Tenant:
     name: str
     weight: float
     held: int = 0  # its turns this worker holds, of both lanes
+    inheriting: int = 0  # its interactive turns held here behind a batch turn of their session
     lanes: dict[Priority, Lane] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -217,6 +218,15 @@ class FairShare:
     def wake(self) -> None:
         self._changed.set()
 
+    def inherit(self, tenant: str, behind: bool) -> None:
+        """An interactive turn of ``tenant`` held here waits (``behind``), or no longer
+        waits, for an earlier batch turn of its session: meanwhile the tenant's batch
+        lane is served with the interactive lanes (priority inheritance), so the batch
+        turn is not left behind every interactive turn of the fleet, and this one with it."""
+        t = self._tenant(tenant)
+        t.inheriting += 1 if behind else -1
+        self._changed.set()
+
     def finished(self, tenant: str) -> None:
         """A turn of ``tenant`` this worker held is done with: its place is free."""
         t = self.tenants.get(tenant)
@@ -228,28 +238,27 @@ class FairShare:
 
     def assign(self, places: int) -> list[tuple[Lane, int]]:
         """Share ``places`` between the tenants' lanes with turns waiting: the
-        interactive lanes' first, then the batch lanes'; within a lane one at a time to
-        the tenant holding the fewest for its weight: ``[(lane, places), ...]``."""
+        interactive lanes' first (and the batch lanes of tenants that :meth:`inherit`),
+        then the batch lanes'; within a rank one at a time to the tenant holding the
+        fewest for its weight, its interactive lane first: ``[(lane, places), ...]``."""
         given: dict[str, int] = {}  # places given to each tenant, both lanes
-        out: list[tuple[Lane, int]] = []
-        for priority in LANES:
-            lanes = (t.lanes[priority] for t in self.tenants.values())
+        lane_given: dict[Lane, int] = {}
+        for rank in (0, 1):
             heap = [
-                (lane.tenant.load(given.get(lane.tenant.name, 0)), lane.tenant.name, lane)
-                for lane in lanes
-                if self._wanting(lane, 0, given.get(lane.tenant.name, 0)) > 0
+                (t.load(given.get(t.name, 0)), t.name, LANES.index(lane.priority), lane)
+                for t in self.tenants.values()
+                for lane in t.lanes.values()
+                if _rank(lane) == rank and self._wanting(lane, 0, given.get(t.name, 0)) > 0
             ]
             heapq.heapify(heap)
-            lane_given: dict[str, int] = {}
             while places > 0 and heap:
-                _, name, lane = heapq.heappop(heap)
-                lane_given[name] = lane_given.get(name, 0) + 1
+                _, name, order, lane = heapq.heappop(heap)
+                lane_given[lane] = lane_given.get(lane, 0) + 1
                 given[name] = given.get(name, 0) + 1
                 places -= 1
-                if self._wanting(lane, lane_given[name], given[name]) > 0:
-                    heapq.heappush(heap, (lane.tenant.load(given[name]), name, lane))
-            out += [(self.tenants[name].lanes[priority], n) for name, n in lane_given.items()]
-        return out
+                if self._wanting(lane, lane_given[lane], given[name]) > 0:
+                    heapq.heappush(heap, (lane.tenant.load(given[name]), name, order, lane))
+        return list(lane_given.items())
 
     def _wanting(self, lane: Lane, given: int = 0, tenant_given: int = 0) -> int:
         """Places ``lane`` could use now, beyond ``given`` (``tenant_given`` to its
@@ -485,12 +494,19 @@ class FairShare:
         tenants_waiting = {name for name, _ in counts}
         for name, t in list(self.tenants.items()):  # forget the tenants gone quiet
             pulls = any(lane.pulls for lane in t.lanes.values())
-            idle = not (t.waiting or t.asked or t.held or pulls or name in self._making)
+            busy = t.waiting or t.asked or t.held or t.inheriting or pulls
+            idle = not busy and name not in self._making
             if idle and name not in tenants_waiting:
                 del self.tenants[name]
                 for priority in LANES:
                     self._by_consumer.pop(self.subjects.tenant_consumer(name, priority), None)
         self._changed.set()
+
+
+def _rank(lane: Lane) -> int:
+    """0: served first (an interactive lane, or the batch lane of a tenant whose
+    interactive turn waits for a batch turn); 1: served when no rank 0 lane wants."""
+    return 0 if lane.priority == "interactive" or lane.tenant.inheriting else 1
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, *, timeout: float) -> None:

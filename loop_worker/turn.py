@@ -470,17 +470,24 @@ async def first_turn(publisher: Publisher, subjects: Subjects, turn: Turn) -> in
     """The stream sequence of the oldest turn of ``turn``'s session still in the turns
     stream, of either lane, or ``None`` when none of ``turn``'s own lane is left (then
     ``turn`` is gone: an earlier turn of the other lane would have ended first)."""
+    own, other = await first_turns(publisher, subjects, turn)
+    return own if own is None or other is None else min(own, other)
+
+
+async def first_turns(
+    publisher: Publisher, subjects: Subjects, turn: Turn
+) -> tuple[int | None, int | None]:
+    """The stream sequences of the oldest turns of ``turn``'s session still in the turns
+    stream: in ``turn``'s own lane, and in the other."""
     lanes = subjects.session_turns(turn.tenant, turn.session)  # its own lane first
     stream = subjects.turns_stream
-    first, first_other = await asyncio.gather(
+    own, other = await asyncio.gather(
         *(
             retry(functools.partial(publisher.first_seq, stream, s), f"first turn of {s}")
             for s in (lanes[::-1] if turn.priority == "batch" else lanes)
         )
     )
-    if first is None or first_other is None:
-        return first
-    return min(first, first_other)
+    return own, other
 
 
 def _msg_id(msg: Msg) -> str | None:

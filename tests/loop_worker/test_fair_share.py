@@ -204,6 +204,21 @@ async def test_a_sessions_turns_keep_their_order_across_the_lanes(fleet):
     await drained(fleet.nc, SUBJECTS.turns_stream)
 
 
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_an_interactive_turn_behind_a_batch_turn_of_its_session_waits_for_no_flood(fleet):
+    """Another tenant's interactive flood fills every place; a batch turn, then an
+    interactive turn of one session: the interactive one lends its rank to its tenant's
+    batch lane, so both run while most of the flood still waits."""
+    await fleet.start()
+    flood = await _flood(fleet.nc)
+    await send_turn(fleet.nc, _turn("acme", "s", "b1", priority="batch"))
+    await send_turn(fleet.nc, _turn("acme", "s", "i2"))
+    await fleet.ends.until("acme", 2, timeout=60)
+    assert fleet.ends.ended("flood") < flood // 2, fleet.ends.ended("flood")
+    await fleet.ends.until("flood", flood, timeout=120)
+    await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
 # -- the sharing rule ------------------------------------------------------------------
 
 
@@ -277,3 +292,14 @@ def test_a_tenants_batch_lane_counts_its_interactive_places_and_the_cap_spans_bo
     assert sorted(_lanes(share, 8)) == [
         ("a", "batch", 1), ("a", "interactive", 2), ("b", "batch", 2)
     ]  # fmt: skip
+
+
+def test_a_tenant_whose_interactive_turn_waits_for_a_batch_turn_has_its_batch_lane_served_first():
+    share = _share()
+    _with(share, "a", waiting=0, held=2, batch=5)
+    _with(share, "b", waiting=100, held=2)
+    assert _lanes(share, 2) == [("b", "interactive", 2)]
+    share.inherit("a", True)  # a's interactive turn waits behind a batch turn of its session
+    assert _lanes(share, 2) == [("a", "batch", 1), ("b", "interactive", 1)]  # shared fairly
+    share.inherit("a", False)
+    assert _lanes(share, 2) == [("b", "interactive", 2)]
