@@ -13,7 +13,9 @@ lane it goes to the tenant with turns waiting that holds the fewest places there
 lanes counted) for its weight (``[tenants]``). So a tenant alone gets every place (the
 dispatch is work-conserving), one tenant's flood takes no place that another tenant's
 turn of the same lane asks for (that turn waits for the next place to free, not behind
-the flood), and no batch backlog stands in front of an interactive turn.
+the flood), and no batch backlog stands in front of an interactive turn. An interactive
+turn held behind a batch turn of its session lends its rank to its tenant's batch lane
+while it waits (:meth:`FairShare.inherit`).
 
 A worker learns which tenants have turns waiting from:
 
