@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -489,39 +489,31 @@ class LoopWorker:
         """An interactive turn behind a batch turn of its session lends its rank to its
         tenant's batch lane meanwhile (:meth:`FairShare.inherit`): the batch turn would
         otherwise wait for every interactive turn of the fleet, and this one with it."""
-        inherited = False
-
-        def inherit(behind: bool) -> None:
-            nonlocal inherited
-            if behind != inherited:
-                inherited = behind
-                self.share.inherit(held.tenant, behind)
-
+        lending = False
         try:
-            await self._order_loop(held, turn, deadline, inherit)
+            async with self.leases.handover(turn.tenant, turn.session) as wait:
+                while True:
+                    wait.mark()
+                    own, other = await self._first_turns(turn)
+                    if gone(own, held.seq):
+                        raise DoneElsewhere
+                    first_seq = min(own or held.seq, other or held.seq)
+                    if first_seq >= held.seq:
+                        return
+                    behind_batch = turn.priority != "batch" and (other or held.seq) < held.seq
+                    if behind_batch != lending:
+                        lending = behind_batch
+                        self.share.inherit(held.tenant, lending)
+                    earlier = self._by_seq.get(first_seq)
+                    if earlier is not None:  # it runs here: wait for it
+                        await earlier.done.wait()
+                        continue
+                    if time.monotonic() > deadline and len(self._held) >= self.capacity:
+                        raise HandBack(delay=1.0)
+                    await wait.next()
         finally:
-            inherit(False)
-
-    async def _order_loop(
-        self, held: TurnRun, turn: Turn, deadline: float, behind_batch: Callable[[bool], None]
-    ) -> None:
-        async with self.leases.handover(turn.tenant, turn.session) as wait:
-            while True:
-                wait.mark()
-                own, other = await self._first_turns(turn)
-                if gone(own, held.seq):
-                    raise DoneElsewhere
-                first_seq = min(own or held.seq, other or held.seq)
-                if first_seq >= held.seq:
-                    return
-                behind_batch(turn.priority != "batch" and (other or held.seq) < held.seq)
-                earlier = self._by_seq.get(first_seq)
-                if earlier is not None:  # it runs here: wait for it
-                    await earlier.done.wait()
-                    continue
-                if time.monotonic() > deadline and len(self._held) >= self.capacity:
-                    raise HandBack(delay=1.0)
-                await wait.next()
+            if lending:
+                self.share.inherit(held.tenant, False)
 
     @contextlib.asynccontextmanager
     async def _tenant_slot(self, tenant: str) -> AsyncIterator[None]:
