@@ -392,7 +392,7 @@ class LoopWorker:
         if self._stopping:  # answered after the stop: hand it back
             self._tg.create_task(quietly(msg.nak()))
             self._tg.create_task(self.share.handed_back(tenant, subject=msg.subject))
-            self.share.finished(tenant)
+            self.share.finished(tenant, msg.subject)
             return
         with contextlib.suppress(Exception):
             WAIT.labels(tenant).observe(max(time.time() - msg.metadata.timestamp.timestamp(), 0.0))
@@ -403,7 +403,7 @@ class LoopWorker:
 
     def _released(self, held: TurnRun) -> None:
         """A held turn is done with (acked, handed back or given up): its place is free."""
-        self.share.finished(held.tenant)
+        self.share.finished(held.tenant, held.msg.subject)
 
     async def _keepalive(self) -> None:
         period = self.ack_wait_s / 3

@@ -85,6 +85,7 @@ class Lane:
     priority: Priority
     waiting: int = 0  # turns believed waiting in its consumer (errs high)
     asked: int = 0  # places asked for in pulls not yet answered
+    held: int = 0  # its turns this worker holds
     rung: int = 0  # doorbells heard, ever
     consumer: bool = False  # its consumer is known to exist, with this lane's filter
     snooze_until: float = 0.0  # its consumer is at its fleet-wide cap until about then
@@ -97,12 +98,15 @@ class Tenant:
 
     name: str
     weight: float
-    held: int = 0  # its turns this worker holds, of both lanes
     inheriting: int = 0  # its interactive turns held here behind a batch turn of their session
     lanes: dict[Priority, Lane] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.lanes = {p: Lane(self, p) for p in LANES}
+
+    @property
+    def held(self) -> int:
+        return sum(lane.held for lane in self.lanes.values())
 
     @property
     def asked(self) -> int:
@@ -229,11 +233,13 @@ class FairShare:
         t.inheriting += 1 if behind else -1
         self._changed.set()
 
-    def finished(self, tenant: str) -> None:
-        """A turn of ``tenant`` this worker held is done with: its place is free."""
+    def finished(self, tenant: str, subject: str = "") -> None:
+        """A turn of ``tenant`` this worker held is done with: its place is free.
+        ``subject``: the turn's (its lane)."""
         t = self.tenants.get(tenant)
-        if t is not None and t.held > 0:
-            t.held -= 1
+        lane = t.lanes[self.subjects.lane_of(subject) if subject else "interactive"] if t else None
+        if lane is not None and lane.held > 0:
+            lane.held -= 1
         self._changed.set()
 
     # -- who gets the free places -------------------------------------------------------
@@ -380,7 +386,7 @@ class FairShare:
         pull.left -= 1
         pull.got += 1
         lane.asked -= 1
-        lane.tenant.held += 1
+        lane.held += 1
         lane.waiting = max(lane.waiting - 1, msg.metadata.num_pending)
         if pull.left <= 0:
             self._end(pull_id, answered=True)
@@ -444,7 +450,7 @@ class FairShare:
         for a redelivery, so a pull goes to look, for as many as are held elsewhere (a
         listing of the consumers, and a pull per tenant with turns held elsewhere)."""
         async for lane, info in self._consumers():
-            lane.waiting = max(lane.waiting, (info.num_ack_pending or 0) - lane.tenant.held)
+            lane.waiting = max(lane.waiting, (info.num_ack_pending or 0) - lane.held)
         self._changed.set()
 
     async def _consumers(self) -> AsyncIterator[tuple[Lane, ConsumerInfo]]:

@@ -229,7 +229,7 @@ def _share(**limits: TenantSettings) -> FairShare:
 
 def _with(share: FairShare, name: str, *, waiting: int, held: int = 0, batch: int = 0) -> Tenant:
     t = share._tenant(name)
-    t.held = held
+    t.lanes["interactive"].held = held
     for lane, n in zip(t.lanes.values(), (waiting, batch), strict=True):
         lane.waiting, lane.consumer = n, True
     return t
