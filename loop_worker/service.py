@@ -391,7 +391,7 @@ class LoopWorker:
         assert self._tg is not None  # pulls run inside the worker's task group
         if self._stopping:  # answered after the stop: hand it back
             self._tg.create_task(quietly(msg.nak()))
-            self._tg.create_task(self.share.handed_back(tenant, subject=msg.subject))
+            self._tg.create_task(self.share.handed_back(tenant, msg.subject))
             self.share.finished(tenant, msg.subject)
             return
         with contextlib.suppress(Exception):
@@ -457,7 +457,7 @@ class LoopWorker:
             if meta.num_delivered < self.settings.max_deliveries:
                 log.warning("refusal not reported; retrying later error=%r", exc)
                 await quietly(msg.nak(delay=1.0))
-                await self.share.handed_back(tenant, 1.0, subject=msg.subject)
+                await self.share.handed_back(tenant, msg.subject, 1.0)
                 return
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)

@@ -233,11 +233,11 @@ class FairShare:
         t.inheriting += 1 if behind else -1
         self._changed.set()
 
-    def finished(self, tenant: str, subject: str = "") -> None:
-        """A turn of ``tenant`` this worker held is done with: its place is free.
-        ``subject``: the turn's (its lane)."""
+    def finished(self, tenant: str, subject: str) -> None:
+        """A turn of ``tenant`` this worker held, delivered on ``subject`` (its lane), is
+        done with: its place is free."""
         t = self.tenants.get(tenant)
-        lane = t.lanes[self.subjects.lane_of(subject) if subject else "interactive"] if t else None
+        lane = t.lanes[self.subjects.lane_of(subject)] if t is not None else None
         if lane is not None and lane.held > 0:
             lane.held -= 1
         self._changed.set()
@@ -411,10 +411,10 @@ class FairShare:
             return  # not a subject the stream keeps (it has no tenant)
         self._ring(tokens[prefix_len], self.subjects.lane_of(msg.subject))
 
-    async def handed_back(self, tenant: str, delay: float = 0.0, *, subject: str = "") -> None:
-        """Tell every worker that a turn of ``tenant`` was handed back, to be delivered
-        again after ``delay`` seconds; ``subject``: the turn's (its lane)."""
-        lane = self.subjects.lane_of(subject) if subject else "interactive"
+    async def handed_back(self, tenant: str, subject: str, delay: float = 0.0) -> None:
+        """Tell every worker that a turn of ``tenant``, delivered on ``subject`` (its
+        lane), was handed back, to be delivered again after ``delay`` seconds."""
+        lane = self.subjects.lane_of(subject)
         with contextlib.suppress(Exception):
             await self.nc.publish(self.subjects.handback(tenant, lane), f"{delay:g}".encode())
 

@@ -447,7 +447,7 @@ class TurnRun:
         """Hand the turn back, to be delivered again after ``delay``; every worker hears
         of it (a redelivery is no publish: the workers would not see it coming)."""
         await quietly(self.msg.nak(delay=delay) if delay else self.msg.nak())
-        await self._w.share.handed_back(self.tenant, delay or 0.0, subject=self.msg.subject)
+        await self._w.share.handed_back(self.tenant, self.msg.subject, delay or 0.0)
 
     async def _ack(self, turn: Turn) -> None:
         """``msg.ack_sync()``, with the reply on the publisher's inbox."""
