@@ -3,8 +3,8 @@
 Each tenant's turns are read through its own durable consumers on the turns stream, one
 per lane (:func:`schemas.streams.tenant_consumer`): ``turns-<tenant>`` takes its
 interactive turns (``loopmesh.turns.<tenant>.*``), ``batch-<tenant>`` its batch ones
-(``loopmesh.turns.<tenant>.*.>``: ``.batch`` after the session). The workers make them
-when they first see one of its turns, narrowing a consumer of both lanes
+(``loopmesh.turns.<tenant>.*.>``: ``.batch`` after the session). The workers make each
+when they first see one of its turns of that lane, narrowing a consumer of both lanes
 (``loopmesh.turns.<tenant>.>``, as made before the lanes) to the interactive one first.
 
 A place that frees on a worker goes to an interactive turn while any tenant has one
@@ -307,12 +307,12 @@ class FairShare:
         asyncio.get_running_loop().call_later(lost_s, self._end, pull_id)
 
     def _make_consumers(self) -> None:
-        """Make the consumers of each tenant with turns waiting that lacks one, each
+        """Make the consumer of each lane with turns waiting that has none known, each
         tenant in a task of its own: a slow one (a cluster placing it) holds up no other
         tenant; the scan finds those another worker made meanwhile."""
         for t in self.tenants.values():
-            lacking = any(not lane.consumer for lane in t.lanes.values())
-            if t.waiting and lacking and t.name not in self._making:
+            lacking = any(lane.waiting and not lane.consumer for lane in t.lanes.values())
+            if lacking and t.name not in self._making:
                 self._making[t.name] = asyncio.create_task(self._make(t))
 
     async def _make(self, t: Tenant) -> None:
@@ -326,12 +326,16 @@ class FairShare:
             self._changed.set()
 
     async def _ensure(self, t: Tenant) -> None:
-        """Make (or update) both of the tenant's consumers, the interactive one first:
-        it narrows a consumer of both lanes made before the lanes, which would overlap
-        the batch one. A narrowed consumer keeps its turns, delivered or not."""
+        """Make (or update) the tenant's consumers of the lanes with turns waiting, the
+        interactive one first whenever it is not known: it narrows a consumer of both
+        lanes made before the lanes, which would overlap the batch one (a narrowed
+        consumer keeps its turns, delivered or not). A tenant that sends no batch turns
+        gets no batch consumer: on a cluster each is a raft group."""
         limits = self.limits(t.name)
         s = self.settings
         for priority, lane in t.lanes.items():
+            if lane.consumer or not (lane.waiting or priority == "interactive"):
+                continue
             await ensure_consumer(
                 self._js,
                 tenant_consumer(

@@ -1,7 +1,7 @@
 """A tenant's two lanes on real workers, on one server and on the R3 cluster: a
 consumer made before the lanes (one filter for both) is narrowed to the interactive lane
-by the first worker that sees it, the batch lane's made beside it, and every turn it
-held, delivered or not, still runs."""
+by the first worker that sees it, the batch lane's made at the tenant's first batch
+turn, and every turn it held, delivered or not, still runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 
 import pytest
 from nats.js.api import ConsumerInfo
+from nats.js.errors import NotFoundError
 
 from loopmesh.provision import ensure_consumer
 from loopmesh.testing.durable import SUBJECTS, drained, wait_for
@@ -46,11 +47,14 @@ async def test_a_consumer_of_both_lanes_is_narrowed_and_keeps_its_turns(durable)
         await wait_for(lambda: {"t0", "t1", "t2"} <= set(ended), timeout=30, what="every turn")
         interactive: ConsumerInfo = await js.consumer_info(stream, old)
         assert interactive.config.filter_subject == SUBJECTS.lane_turns("acme")
-        batch = await js.consumer_info(stream, SUBJECTS.tenant_consumer("acme", "batch"))
-        assert batch.config.filter_subject == SUBJECTS.lane_turns("acme", "batch")
+        batch_consumer = SUBJECTS.tenant_consumer("acme", "batch")
+        with pytest.raises(NotFoundError):  # made at the tenant's first batch turn
+            await js.consumer_info(stream, batch_consumer)
 
         await send_turn(mesh.nc, turn("t3", "say hi", session="s0", priority="batch"))
         await wait_for(lambda: "t3" in ended, timeout=30, what="the batch turn")
+        batch = await js.consumer_info(stream, batch_consumer)
+        assert batch.config.filter_subject == SUBJECTS.lane_turns("acme", "batch")
         await drained(mesh.nc, stream)
         await sub.unsubscribe()
     assert sorted(set(ended)) == ["t0", "t1", "t2", "t3"]
