@@ -77,7 +77,9 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     unless ``[webhooks] allow_http``; ``events``, default ``["loop_end"]``), signed with
     the deployment's secret; a URL whose host is not public (and not in ``[webhooks]
     allowlist``) is refused with 422 naming ``webhook.url``. ``user``: who the turn is
-    for, the namespace of the memories its agent keeps of them (``[loop.memory]``)."""
+    for, the namespace of the memories its agent keeps of them (``[loop.memory]``).
+    ``priority``: ``interactive`` (the default: a person waits) or ``batch`` (bulk work):
+    loop workers take interactive turns of every tenant before batch ones."""
 
     input: str
     instructions: str | None = None
@@ -93,6 +95,7 @@ class PostTurn(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
     agent: Id | None = None
     webhook: WebhookRequest | None = None
     user: Id | None = None
+    priority: Literal["interactive", "batch"] = "interactive"
 
 
 class CreateSchedule(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -102,7 +105,8 @@ class CreateSchedule(_Request, frozen=True, kw_only=True, forbid_unknown_fields=
     ``null``: a new session per run. ``policy``, while the previous run has not ended:
     ``skip`` the tick, ``buffer_one`` (at most one run waits), ``allow`` (always fire).
     ``catch_up_s``: a tick missed while no scheduler ran fires when one comes back if
-    it is at most this old. Without ``id`` the gateway picks one."""
+    it is at most this old. Without ``id`` the gateway picks one. ``priority``: the lane
+    of its runs' turns, ``batch`` (the default) or ``interactive``."""
 
     id: Id | None = None
     cron: str
@@ -112,6 +116,7 @@ class CreateSchedule(_Request, frozen=True, kw_only=True, forbid_unknown_fields=
     input: str
     policy: Literal["skip", "buffer_one", "allow"] = "skip"
     catch_up_s: float = 3600.0
+    priority: Literal["interactive", "batch"] = "batch"
 
 
 class ControlRequest(_Request, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -346,6 +351,7 @@ class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
     input: str
     policy: str
     catch_up_s: float
+    priority: str = "batch"
     paused: bool
     created_at: float
     next_tick: float | None

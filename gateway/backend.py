@@ -11,7 +11,7 @@ import heapq
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Mapping
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 import msgspec
 from nats.aio.client import Client
@@ -57,6 +57,7 @@ from schemas.audit import SessionErased
 from schemas.events import Event
 from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER
+from schemas.types import Priority
 
 from .errors import Unavailable
 
@@ -145,18 +146,23 @@ class Backend:
         return await self._call("read usage", read_days(self.js, self.subjects, tenant))
 
     async def turns_waiting(self, tenant: str) -> int:
-        """The tenant's turns no loop worker holds yet: its consumer's count, or, before
-        a worker made its consumer, every turn of the tenant in the stream."""
+        """The tenant's turns no loop worker holds yet, of both lanes: each lane's
+        consumer's count, or, before a worker made it, every turn of the lane in the
+        stream."""
+        lanes = await asyncio.gather(*(self._lane_waiting(tenant, p) for p in get_args(Priority)))
+        return sum(lanes)
+
+    async def _lane_waiting(self, tenant: str, priority: Priority) -> int:
         js, stream = self.js, self.subjects.turns_stream
         try:
             info = await self._call(
                 "read the tenant's backlog",
-                js.consumer_info(stream, self.subjects.tenant_consumer(tenant)),
+                js.consumer_info(stream, self.subjects.tenant_consumer(tenant, priority)),
             )
             return int(info.num_pending or 0)
         except NotFoundError:
             pass
-        filter_ = self.subjects.tenant_turns(tenant)
+        filter_ = self.subjects.lane_turns(tenant, priority)
         state = (
             await self._call("read the tenant's backlog", js.stream_info(stream, filter_))
         ).state
@@ -266,7 +272,7 @@ class Backend:
         ack = await self._call(
             "publish turn",
             self.js.publish(
-                self.subjects.turn(turn.tenant, turn.session),
+                self.subjects.turn(turn.tenant, turn.session, turn.priority),
                 encode(turn),
                 headers={**(trace or {}), "Nats-Msg-Id": turn.msg_id},
             ),

@@ -213,4 +213,5 @@ class Gateway:
             agent=check_id(body.agent, "agent") if body.agent is not None else None,
             webhook=body.webhook.plain() if body.webhook is not None else None,
             user=check_id(body.user, "user") if body.user is not None else None,
+            priority=body.priority,
         )  # fmt: skip

@@ -86,7 +86,7 @@ class NatsAgentCalls:
                 if stored is not None:
                     return stored
                 await self._relay_pending(child, relay)
-                subject = self._subjects.turn(child.tenant, child.session)
+                subject = self._subjects.turn(child.tenant, child.session, child.priority)
                 headers = {"Nats-Msg-Id": child.msg_id}
                 await retry(
                     lambda: acked(self._publisher, subject, encode(child), headers),

@@ -96,7 +96,7 @@ from .share import FairShare
 from .sink import JetStreamEvents
 from .store import KVSessionStore
 from .traces import traced_llm
-from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turn, gone
+from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turns, gone
 from .usage import LedgerUsage
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
@@ -393,8 +393,8 @@ class LoopWorker:
         assert self._tg is not None  # pulls run inside the worker's task group
         if self._stopping:  # answered after the stop: hand it back
             self._tg.create_task(quietly(msg.nak()))
-            self._tg.create_task(self.share.handed_back(tenant))
-            self.share.finished(tenant)
+            self._tg.create_task(self.share.handed_back(tenant, msg.subject))
+            self.share.finished(tenant, msg.subject)
             return
         with contextlib.suppress(Exception):
             WAIT.labels(tenant).observe(max(time.time() - msg.metadata.timestamp.timestamp(), 0.0))
@@ -405,7 +405,7 @@ class LoopWorker:
 
     def _released(self, held: TurnRun) -> None:
         """A held turn is done with (acked, handed back or given up): its place is free."""
-        self.share.finished(held.tenant)
+        self.share.finished(held.tenant, held.msg.subject)
 
     async def _keepalive(self) -> None:
         period = self.ack_wait_s / 3
@@ -466,13 +466,13 @@ class LoopWorker:
             if meta.num_delivered < self.settings.max_deliveries:
                 log.warning("refusal not reported; retrying later error=%r", exc)
                 await quietly(msg.nak(delay=1.0))
-                await self.share.handed_back(tenant, 1.0)
+                await self.share.handed_back(tenant, msg.subject, 1.0)
                 return
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)
 
-    async def _first_turn(self, turn: Turn) -> int | None:
-        return await first_turn(self.publisher, self.subjects, turn)
+    async def _first_turns(self, turn: Turn) -> tuple[int | None, int | None]:
+        return await first_turns(self.publisher, self.subjects, turn)
 
     async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream.
@@ -495,22 +495,34 @@ class LoopWorker:
             held.ordering = False
 
     async def _order_wait(self, held: TurnRun, turn: Turn, deadline: float) -> None:
-        async with self.leases.handover(turn.tenant, turn.session) as wait:
-            while True:
-                wait.mark()
-                first = await self._first_turn(turn)
-                if gone(first, held.seq):
-                    raise DoneElsewhere
-                first_seq = first or held.seq
-                if first_seq >= held.seq:
-                    return
-                earlier = self._by_seq.get(first_seq)
-                if earlier is not None:  # it runs here: wait for it
-                    await earlier.done.wait()
-                    continue
-                if time.monotonic() > deadline and len(self._held) >= self.capacity:
-                    raise HandBack(delay=1.0)
-                await wait.next()
+        """An interactive turn behind a batch turn of its session lends its rank to its
+        tenant's batch lane meanwhile (:meth:`FairShare.inherit`): the batch turn would
+        otherwise wait for every interactive turn of the fleet, and this one with it."""
+        lending = False
+        try:
+            async with self.leases.handover(turn.tenant, turn.session) as wait:
+                while True:
+                    wait.mark()
+                    own, other = await self._first_turns(turn)
+                    if gone(own, held.seq):
+                        raise DoneElsewhere
+                    first_seq = min(own or held.seq, other or held.seq)
+                    if first_seq >= held.seq:
+                        return
+                    behind_batch = turn.priority != "batch" and (other or held.seq) < held.seq
+                    if behind_batch != lending:
+                        lending = behind_batch
+                        self.share.inherit(held.tenant, lending)
+                    earlier = self._by_seq.get(first_seq)
+                    if earlier is not None:  # it runs here: wait for it
+                        await earlier.done.wait()
+                        continue
+                    if time.monotonic() > deadline and len(self._held) >= self.capacity:
+                        raise HandBack(delay=1.0)
+                    await wait.next()
+        finally:
+            if lending:
+                self.share.inherit(held.tenant, False)
 
     @contextlib.asynccontextmanager
     async def _tenant_slot(self, tenant: str) -> AsyncIterator[None]:

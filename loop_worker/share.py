@@ -1,12 +1,21 @@
 """Fair share: the loop worker pulls turns tenant by tenant.
 
-Each tenant's turns are read through its own durable consumer on the turns stream
-(``turns-<tenant>``, filter ``loopmesh.turns.<tenant>.>``; :func:`schemas.streams.tenant_consumer`),
-which the workers make when they first see one of its turns. A place that frees on a
-worker goes to the tenant with turns waiting that holds the fewest places there for its
-weight (``[tenants]``). So a tenant alone gets every place (the dispatch is
-work-conserving), and one tenant's flood takes no place that another tenant's turn asks
-for: that turn waits for the next place to free, not behind the flood.
+Each tenant's turns are read through its own durable consumers on the turns stream, one
+per lane (:func:`schemas.streams.tenant_consumer`): ``turns-<tenant>`` takes its
+interactive turns (``loopmesh.turns.<tenant>.*``), ``batch-<tenant>`` its batch ones
+(``loopmesh.turns.<tenant>.*.>``: ``.batch`` after the session). The workers make each
+when they first see one of its turns of that lane, narrowing a consumer of both lanes
+(``loopmesh.turns.<tenant>.>``, as made before the lanes) to the interactive one first.
+
+A place that frees on a worker goes to an interactive turn while any tenant has one
+waiting, and to a batch turn only when none has: priority first, then fairness. Within a
+lane it goes to the tenant with turns waiting that holds the fewest places there (both
+lanes counted) for its weight (``[tenants]``). So a tenant alone gets every place (the
+dispatch is work-conserving), one tenant's flood takes no place that another tenant's
+turn of the same lane asks for (that turn waits for the next place to free, not behind
+the flood), and no batch backlog stands in front of an interactive turn. An interactive
+turn held behind a batch turn of its session lends its rank to its tenant's batch lane
+while it waits (:meth:`FairShare.inherit`).
 
 A worker learns which tenants have turns waiting from:
 
@@ -27,8 +36,9 @@ the next scan.
 
 Pulls are raw ``CONSUMER.MSG.NEXT`` requests, ``batch`` places at a time, all answered on
 one inbox; a delivered turn is handed to the worker with its tenant. Order within a
-session, ``on_busy``, leases and acks are the worker's, unchanged: a tenant's consumer
-delivers its turns in stream order, as the one shared consumer did.
+session, ``on_busy``, leases and acks are the worker's: a lane's consumer delivers its
+turns in stream order, and a turn whose session has an earlier turn in the other lane
+waits for it (:func:`loop_worker.turn.first_turn` reads both).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from loopmesh.provision import ensure_consumer
 from loopmesh.settings import TenantSettings
 from schemas import Subjects
 from schemas.streams import tenant_consumer
+from schemas.types import Priority
 
 from .config import ServiceSettings
 
@@ -62,6 +73,23 @@ log = logging.getLogger("loopmesh.loop_worker.share")
 Deliver = Callable[[Msg, str], None]
 _RETRY_S = 0.5  # a tenant's consumer that could not be made is tried again after this
 _LOST_S = 1.0  # a pull unanswered this long after it expired is given up
+#: The lanes, the first served first.
+LANES: tuple[Priority, ...] = ("interactive", "batch")
+
+
+@dataclass(eq=False)
+class Lane:
+    """What this worker knows of one lane of a tenant's turns: its consumer."""
+
+    tenant: Tenant
+    priority: Priority
+    waiting: int = 0  # turns believed waiting in its consumer (errs high)
+    asked: int = 0  # places asked for in pulls not yet answered
+    held: int = 0  # its turns this worker holds
+    rung: int = 0  # doorbells heard, ever
+    consumer: bool = False  # its consumer is known to exist, with this lane's filter
+    snooze_until: float = 0.0  # its consumer is at its fleet-wide cap until about then
+    pulls: deque[str] = field(default_factory=deque)  # its pulls in flight, oldest first
 
 
 @dataclass(eq=False)
@@ -70,21 +98,31 @@ class Tenant:
 
     name: str
     weight: float
-    waiting: int = 0  # turns believed waiting in its consumer (errs high)
-    asked: int = 0  # places asked for in pulls not yet answered
-    held: int = 0  # its turns this worker holds
-    rung: int = 0  # doorbells heard, ever
-    consumer: bool = False  # its consumer is known to exist
-    snooze_until: float = 0.0  # its consumer is at its fleet-wide cap until about then
-    pulls: deque[str] = field(default_factory=deque)  # its pulls in flight, oldest first
+    inheriting: int = 0  # its interactive turns held here behind a batch turn of their session
+    lanes: dict[Priority, Lane] = field(default_factory=dict)
 
-    def load(self) -> float:
-        return (self.held + self.asked) / self.weight
+    def __post_init__(self) -> None:
+        self.lanes = {p: Lane(self, p) for p in LANES}
+
+    @property
+    def held(self) -> int:
+        return sum(lane.held for lane in self.lanes.values())
+
+    @property
+    def asked(self) -> int:
+        return sum(lane.asked for lane in self.lanes.values())
+
+    @property
+    def waiting(self) -> int:
+        return sum(lane.waiting for lane in self.lanes.values())
+
+    def load(self, given: int = 0) -> float:
+        return (self.held + self.asked + given) / self.weight
 
 
 @dataclass(eq=False)
 class _Pull:
-    tenant: Tenant
+    lane: Lane
     left: int
     rung_at_send: int
     got: int = 0
@@ -116,7 +154,7 @@ class FairShare:
         self._deliver = deliver
         self.tenants: dict[str, Tenant] = {}
         self._pulls: dict[str, _Pull] = {}
-        self._by_consumer: dict[str, Tenant] = {}
+        self._by_consumer: dict[str, Lane] = {}
         self._making: dict[str, asyncio.Task[None]] = {}  # consumers being made, by tenant
         self._ids = itertools.count()
         self._changed = asyncio.Event()
@@ -186,59 +224,80 @@ class FairShare:
     def wake(self) -> None:
         self._changed.set()
 
-    def finished(self, tenant: str) -> None:
-        """A turn of ``tenant`` this worker held is done with: its place is free."""
+    def inherit(self, tenant: str, behind: bool) -> None:
+        """An interactive turn of ``tenant`` held here waits (``behind``), or no longer
+        waits, for an earlier batch turn of its session: meanwhile the tenant's batch
+        lane is served with the interactive lanes (priority inheritance), so the batch
+        turn is not left behind every interactive turn of the fleet, and this one with it."""
+        t = self._tenant(tenant)
+        t.inheriting += 1 if behind else -1
+        self._changed.set()
+
+    def finished(self, tenant: str, subject: str) -> None:
+        """A turn of ``tenant`` this worker held, delivered on ``subject`` (its lane), is
+        done with: its place is free."""
         t = self.tenants.get(tenant)
-        if t is not None and t.held > 0:
-            t.held -= 1
+        lane = t.lanes[self.subjects.lane_of(subject)] if t is not None else None
+        if lane is not None and lane.held > 0:
+            lane.held -= 1
         self._changed.set()
 
     # -- who gets the free places -------------------------------------------------------
 
-    def assign(self, places: int) -> list[tuple[Tenant, int]]:
-        """Share ``places`` between the tenants with turns waiting, one at a time to the
-        one holding the fewest for its weight: ``[(tenant, places), ...]``."""
-        if places <= 0:
-            return []
-        heap = [(t.load(), t.name, t) for t in self.tenants.values() if self._wanting(t) > 0]
-        heapq.heapify(heap)
-        given: dict[str, int] = {}
-        while places > 0 and heap:
-            _, name, t = heapq.heappop(heap)
-            given[name] = given.get(name, 0) + 1
-            places -= 1
-            if self._wanting(t) - given[name] > 0:
-                load = (t.held + t.asked + given[name]) / t.weight
-                heapq.heappush(heap, (load, name, t))
-        return [(self.tenants[name], n) for name, n in given.items()]
+    def assign(self, places: int) -> list[tuple[Lane, int]]:
+        """Share ``places`` between the tenants' lanes with turns waiting: the
+        interactive lanes' first (and the batch lanes of tenants that :meth:`inherit`),
+        then the batch lanes'; within a rank one at a time to the tenant holding the
+        fewest for its weight, its interactive lane first: ``[(lane, places), ...]``."""
+        given: dict[str, int] = {}  # places given to each tenant, both lanes
+        lane_given: dict[Lane, int] = {}
+        for rank in (0, 1):
+            heap = [
+                (t.load(given.get(t.name, 0)), t.name, LANES.index(lane.priority), lane)
+                for t in self.tenants.values()
+                for lane in t.lanes.values()
+                if _rank(lane) == rank and self._wanting(lane, 0, given.get(t.name, 0)) > 0
+            ]
+            heapq.heapify(heap)
+            while places > 0 and heap:
+                _, name, order, lane = heapq.heappop(heap)
+                lane_given[lane] = lane_given.get(lane, 0) + 1
+                given[name] = given.get(name, 0) + 1
+                places -= 1
+                if self._wanting(lane, lane_given[lane], given[name]) > 0:
+                    heapq.heappush(heap, (lane.tenant.load(given[name]), name, order, lane))
+        return list(lane_given.items())
 
-    def _wanting(self, t: Tenant) -> int:
-        """Places ``t`` could use now: its waiting turns not yet asked for, under this
-        worker's per-tenant cap."""
-        if not t.consumer or (
-            t.snooze_until and asyncio.get_running_loop().time() < t.snooze_until
+    def _wanting(self, lane: Lane, given: int = 0, tenant_given: int = 0) -> int:
+        """Places ``lane`` could use now, beyond ``given`` (``tenant_given`` to its
+        tenant, both lanes): its waiting turns not yet asked for, under this worker's
+        per-tenant cap."""
+        if not lane.consumer or (
+            lane.snooze_until and asyncio.get_running_loop().time() < lane.snooze_until
         ):
             return 0
-        want = t.waiting - t.asked
+        want = lane.waiting - lane.asked - given
         cap = self.settings.tenant_max_active
         if cap:
-            want = min(want, cap - t.held - t.asked)
+            t = lane.tenant
+            want = min(want, cap - t.held - t.asked - tenant_given)
         return want
 
     # -- pulls --------------------------------------------------------------------------
 
-    async def _ask(self, t: Tenant, batch: int) -> None:
+    async def _ask(self, lane: Lane, batch: int) -> None:
         pull_id = str(next(self._ids))
-        self._pulls[pull_id] = _Pull(t, batch, t.rung)
-        t.pulls.append(pull_id)
-        t.asked += batch
+        self._pulls[pull_id] = _Pull(lane, batch, lane.rung)
+        lane.pulls.append(pull_id)
+        lane.asked += batch
         expires = int(self.settings.fetch_timeout_s * 1e9)
         body = json.dumps({"batch": batch, "expires": expires}).encode()
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self.subjects.tenant_consumer(t.name)}"
+        consumer = self.subjects.tenant_consumer(lane.tenant.name, lane.priority)
+        api = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{consumer}"
         try:
             await self.nc.publish(api, body, reply=f"{self._inbox}.{pull_id}")
         except Exception as exc:
-            log.warning("pull for tenant %s not sent error=%r", t.name, exc)
+            log.warning("pull for tenant %s not sent error=%r", lane.tenant.name, exc)
             self._end(pull_id)
             return
         # A pull the server never answers (sent while the consumer was being placed on a
@@ -248,11 +307,12 @@ class FairShare:
         asyncio.get_running_loop().call_later(lost_s, self._end, pull_id)
 
     def _make_consumers(self) -> None:
-        """Make the consumer of each tenant with turns waiting that has none known, each
-        in a task of its own: a slow one (a cluster placing it) holds up no other tenant;
-        the scan finds one another worker made meanwhile."""
+        """Make the consumer of each lane with turns waiting that has none known, each
+        tenant in a task of its own: a slow one (a cluster placing it) holds up no other
+        tenant; the scan finds those another worker made meanwhile."""
         for t in self.tenants.values():
-            if t.waiting and not t.consumer and t.name not in self._making:
+            lacking = any(lane.waiting and not lane.consumer for lane in t.lanes.values())
+            if lacking and t.name not in self._making:
                 self._making[t.name] = asyncio.create_task(self._make(t))
 
     async def _make(self, t: Tenant) -> None:
@@ -266,20 +326,29 @@ class FairShare:
             self._changed.set()
 
     async def _ensure(self, t: Tenant) -> None:
+        """Make (or update) the tenant's consumers of the lanes with turns waiting, the
+        interactive one first whenever it is not known: it narrows a consumer of both
+        lanes made before the lanes, which would overlap the batch one (a narrowed
+        consumer keeps its turns, delivered or not). A tenant that sends no batch turns
+        gets no batch consumer: on a cluster each is a raft group."""
         limits = self.limits(t.name)
         s = self.settings
-        await ensure_consumer(
-            self._js,
-            tenant_consumer(
-                self.subjects,
-                t.name,
-                ack_wait_s=s.ack_wait_s,
-                max_deliver=s.max_deliveries,
-                max_active=limits.max_active_turns,
-                inactive_s=s.tenant_idle_s,
-            ),
-        )
-        t.consumer = True
+        for priority, lane in t.lanes.items():
+            if lane.consumer or not (lane.waiting or priority == "interactive"):
+                continue
+            await ensure_consumer(
+                self._js,
+                tenant_consumer(
+                    self.subjects,
+                    t.name,
+                    ack_wait_s=s.ack_wait_s,
+                    max_deliver=s.max_deliveries,
+                    max_active=limits.max_active_turns,
+                    inactive_s=s.tenant_idle_s,
+                    priority=priority,
+                ),
+            )
+            lane.consumer = True
 
     async def _on_reply(self, msg: Msg) -> None:
         status = JetStreamContext.is_status_msg(msg)
@@ -291,18 +360,19 @@ class FairShare:
         pull = self._pulls.get(pull_id)
         if status == "100" or pull is None:  # a heartbeat, or a pull already ended
             return
-        t = pull.tenant
+        lane = pull.lane
         if status in ("404", "408"):  # nothing (more) to take before the pull expired
-            if not pull.got and not self.limits(t.name).max_active_turns:
+            if not pull.got and not self.limits(lane.tenant.name).max_active_turns:
                 # (a capped tenant's pull may expire with turns waiting: counted still)
-                t.waiting = t.rung - pull.rung_at_send  # those rung since may be coming
+                lane.waiting = lane.rung - pull.rung_at_send  # those rung since may be coming
         elif status == "503":  # no such consumer (an idle one is removed): make it again
-            t.consumer = False
+            lane.consumer = False
         else:  # 409: the consumer is at its fleet-wide cap (max_ack_pending), or changed
             reason = (msg.headers or {}).get("Description", "")
-            log.debug("pull for tenant %s ended status=%s %s", t.name, status, reason)
+            name = lane.tenant.name
+            log.debug("pull for tenant %s ended status=%s %s", name, status, reason)
             loop, pause = asyncio.get_running_loop(), self.settings.fetch_timeout_s
-            t.snooze_until = loop.time() + pause  # ask again after a pause, not at once
+            lane.snooze_until = loop.time() + pause  # ask again after a pause, not at once
             loop.call_later(pause, self._changed.set)
         self._end(pull_id)
 
@@ -310,8 +380,8 @@ class FairShare:
         """A turn delivered: it answers its tenant's oldest pull (the server fills a
         consumer's pulls in the order they came)."""
         try:
-            t = self._by_consumer[msg.metadata.consumer]
-            pull_id = t.pulls[0]
+            lane = self._by_consumer[msg.metadata.consumer]
+            pull_id = lane.pulls[0]
         except (KeyError, IndexError, ValueError):  # no pull of ours asks for it now
             with contextlib.suppress(Exception):
                 await msg.nak()
@@ -319,20 +389,20 @@ class FairShare:
         pull = self._pulls[pull_id]
         pull.left -= 1
         pull.got += 1
-        t.asked -= 1
-        t.held += 1
-        t.waiting = max(t.waiting - 1, msg.metadata.num_pending)
+        lane.asked -= 1
+        lane.held += 1
+        lane.waiting = max(lane.waiting - 1, msg.metadata.num_pending)
         if pull.left <= 0:
             self._end(pull_id, answered=True)
-        self._deliver(msg, t.name)
+        self._deliver(msg, lane.tenant.name)
 
     def _end(self, pull_id: str, *, answered: bool = False) -> None:
         pull = self._pulls.pop(pull_id, None)
         if pull is None:
             return
-        pull.tenant.pulls.remove(pull_id)
+        pull.lane.pulls.remove(pull_id)
         if not answered:
-            pull.tenant.asked -= pull.left
+            pull.lane.asked -= pull.left
         pull.done.set()
         self._changed.set()
 
@@ -343,34 +413,38 @@ class FairShare:
         prefix_len = self.subjects.prefix.count(".") + 2
         if len(tokens) <= prefix_len:
             return  # not a subject the stream keeps (it has no tenant)
-        self._ring(tokens[prefix_len])
+        self._ring(tokens[prefix_len], self.subjects.lane_of(msg.subject))
 
-    async def handed_back(self, tenant: str, delay: float = 0.0) -> None:
-        """Tell every worker that a turn of ``tenant`` was handed back, to be delivered
-        again after ``delay`` seconds."""
+    async def handed_back(self, tenant: str, subject: str, delay: float = 0.0) -> None:
+        """Tell every worker that a turn of ``tenant``, delivered on ``subject`` (its
+        lane), was handed back, to be delivered again after ``delay`` seconds."""
+        lane = self.subjects.lane_of(subject)
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subjects.handback(tenant), f"{delay:g}".encode())
+            await self.nc.publish(self.subjects.handback(tenant, lane), f"{delay:g}".encode())
 
     async def _on_handback(self, msg: Msg) -> None:
-        tenant = msg.subject.rpartition(".")[2]
+        head = self.subjects.handback("")
+        tenant, _, lane = msg.subject[len(head) :].partition(".")
         try:
             delay = min(max(float(msg.data), 0.0), 3600.0)
         except ValueError:
             log.warning("hand-back notice with no delay subject=%s data=%r", msg.subject, msg.data)
             delay = 0.0
-        asyncio.get_running_loop().call_later(delay, self._ring, tenant)
+        priority: Priority = "batch" if lane else "interactive"
+        asyncio.get_running_loop().call_later(delay, self._ring, tenant, priority)
 
-    def _ring(self, tenant: str) -> None:
-        t = self._tenant(tenant)
-        t.rung += 1
-        t.waiting += 1
+    def _ring(self, tenant: str, priority: Priority) -> None:
+        lane = self._tenant(tenant).lanes[priority]
+        lane.rung += 1
+        lane.waiting += 1
         self._changed.set()
 
     def _tenant(self, name: str) -> Tenant:
         t = self.tenants.get(name)
         if t is None:
             t = self.tenants[name] = Tenant(name, weight=self.limits(name).weight)
-            self._by_consumer[self.subjects.tenant_consumer(name)] = t
+            for priority, lane in t.lanes.items():
+                self._by_consumer[self.subjects.tenant_consumer(name, priority)] = lane
         return t
 
     async def look(self) -> None:
@@ -379,21 +453,24 @@ class FairShare:
         worker that died, redelivered once their AckWait has passed. No doorbell rings
         for a redelivery, so a pull goes to look, for as many as are held elsewhere (a
         listing of the consumers, and a pull per tenant with turns held elsewhere)."""
-        async for t, info in self._consumers():
-            t.waiting = max(t.waiting, (info.num_ack_pending or 0) - t.held)
+        async for lane, info in self._consumers():
+            lane.waiting = max(lane.waiting, (info.num_ack_pending or 0) - lane.held)
         self._changed.set()
 
-    async def _consumers(self) -> AsyncIterator[tuple[Tenant, ConsumerInfo]]:
-        """Each tenant's consumer (known to exist from now on), with its info."""
+    async def _consumers(self) -> AsyncIterator[tuple[Lane, ConsumerInfo]]:
+        """Each tenant's consumer of each lane, with its info. A consumer of both lanes
+        (made before the lanes) counts as the interactive lane's, to be narrowed: it
+        delivers the turns it holds meanwhile."""
         offset = 0
         while True:
             infos = await self._js.consumers_info(self._stream, offset=offset)
             for info in infos:
-                name = self.subjects.tenant_of_filter(info.config.filter_subject or "")
-                if name is not None:
-                    t = self._tenant(name)
-                    t.consumer = True
-                    yield t, info
+                found = self.subjects.lane_of_filter(info.config.filter_subject or "")
+                if found is not None:
+                    name, priority = found
+                    lane = self._tenant(name).lanes[priority or "interactive"]
+                    lane.consumer = priority is not None  # (None: narrowed at its next turn)
+                    yield lane, info
             if len(infos) < 256:
                 break
             offset += len(infos)
@@ -401,36 +478,47 @@ class FairShare:
     async def scan(self) -> None:
         """Count the turns waiting per tenant: in each tenant's consumer, and in the
         stream for tenants that have none yet. Counts only ever rise here."""
-        with_consumer: set[str] = set()
-        async for t, info in self._consumers():
-            with_consumer.add(t.name)
+        with_consumer: set[tuple[str, Priority]] = set()
+        async for lane, info in self._consumers():
+            with_consumer.add((lane.tenant.name, lane.priority))
             # turns delivered and not acked may be due again (their worker died): no
             # count tells, so one pull goes to look
             unacked = 1 if info.num_ack_pending else 0
-            t.waiting = max(t.waiting, info.num_pending or unacked)
+            lane.waiting = max(lane.waiting, info.num_pending or unacked)
         try:
             stream = await self._js.stream_info(
                 self._stream, subjects_filter=self.subjects.all_turns
             )
         except NotFoundError:
             return
-        counts: dict[str, int] = {}
+        counts: dict[tuple[str, Priority], int] = {}
         prefix_len = self.subjects.prefix.count(".") + 2
         for subject, n in (stream.state.subjects or {}).items():
             tokens = subject.split(".")
             if len(tokens) > prefix_len:
-                counts[tokens[prefix_len]] = counts.get(tokens[prefix_len], 0) + n
-        for name, n in counts.items():
-            if name not in with_consumer:
-                t = self._tenant(name)
-                t.consumer = False
-                t.waiting = max(t.waiting, n)
+                key = (tokens[prefix_len], self.subjects.lane_of(subject))
+                counts[key] = counts.get(key, 0) + n
+        for (name, priority), n in counts.items():
+            if (name, priority) not in with_consumer:
+                lane = self._tenant(name).lanes[priority]
+                lane.consumer = False
+                lane.waiting = max(lane.waiting, n)
+        tenants_waiting = {name for name, _ in counts}
         for name, t in list(self.tenants.items()):  # forget the tenants gone quiet
-            idle = not (t.waiting or t.asked or t.held or t.pulls or name in self._making)
-            if idle and name not in counts:
+            pulls = any(lane.pulls for lane in t.lanes.values())
+            busy = t.waiting or t.asked or t.held or t.inheriting or pulls
+            idle = not busy and name not in self._making
+            if idle and name not in tenants_waiting:
                 del self.tenants[name]
-                self._by_consumer.pop(self.subjects.tenant_consumer(name), None)
+                for priority in LANES:
+                    self._by_consumer.pop(self.subjects.tenant_consumer(name, priority), None)
         self._changed.set()
+
+
+def _rank(lane: Lane) -> int:
+    """0: served first (an interactive lane, or the batch lane of a tenant whose
+    interactive turn waits for a batch turn); 1: served when no rank 0 lane wants."""
+    return 0 if lane.priority == "interactive" or lane.tenant.inheriting else 1
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, *, timeout: float) -> None:

@@ -499,7 +499,7 @@ class TurnRun:
         """Hand the turn back, to be delivered again after ``delay``; every worker hears
         of it (a redelivery is no publish: the workers would not see it coming)."""
         await quietly(self.msg.nak(delay=delay) if delay else self.msg.nak())
-        await self._w.share.handed_back(self.tenant, delay or 0.0)
+        await self._w.share.handed_back(self.tenant, self.msg.subject, delay or 0.0)
 
     async def _ack(self, turn: Turn) -> None:
         """``msg.ack_sync()``, with the reply on the publisher's inbox."""
@@ -520,10 +520,26 @@ class TurnRun:
 
 async def first_turn(publisher: Publisher, subjects: Subjects, turn: Turn) -> int | None:
     """The stream sequence of the oldest turn of ``turn``'s session still in the turns
-    stream, or ``None`` when none is left."""
-    subject = subjects.turn(turn.tenant, turn.session)
-    first_seq = functools.partial(publisher.first_seq, subjects.turns_stream, subject)
-    return await retry(first_seq, f"first turn of {subject}")
+    stream, of either lane, or ``None`` when none of ``turn``'s own lane is left (then
+    ``turn`` is gone: an earlier turn of the other lane would have ended first)."""
+    own, other = await first_turns(publisher, subjects, turn)
+    return own if own is None or other is None else min(own, other)
+
+
+async def first_turns(
+    publisher: Publisher, subjects: Subjects, turn: Turn
+) -> tuple[int | None, int | None]:
+    """The stream sequences of the oldest turns of ``turn``'s session still in the turns
+    stream: in ``turn``'s own lane, and in the other."""
+    lanes = subjects.session_turns(turn.tenant, turn.session)  # its own lane first
+    stream = subjects.turns_stream
+    own, other = await asyncio.gather(
+        *(
+            retry(functools.partial(publisher.first_seq, stream, s), f"first turn of {s}")
+            for s in (lanes[::-1] if turn.priority == "batch" else lanes)
+        )
+    )
+    return own, other
 
 
 def _msg_id(msg: Msg) -> str | None:

@@ -14,6 +14,7 @@ Both reads go to the streams' leaders (on a cluster a follower may be behind).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import msgspec
@@ -47,9 +48,16 @@ class Queued:
 async def queued(
     publisher: Publisher, subjects: Subjects, tenant: str, session: str, *, before: int = 0
 ) -> list[Queued]:
-    """The session's turns in the turns stream, oldest first (before sequence
-    ``before``, when given)."""
-    subject = subjects.turn(tenant, session)
+    """The session's turns in the turns stream, of both lanes, oldest first (before
+    sequence ``before``, when given)."""
+    lanes = [_lane(publisher, subjects, s, before) for s in subjects.session_turns(tenant, session)]
+    interactive, batch = await asyncio.gather(*lanes)
+    return sorted(interactive + batch, key=lambda q: q.seq)
+
+
+async def _lane(
+    publisher: Publisher, subjects: Subjects, subject: str, before: int
+) -> list[Queued]:
     out: list[Queued] = []
     seq = 1
     while True:

@@ -236,7 +236,8 @@ class Eraser:
         idle = not waiting and (snapshot is None or snapshot.status == "idle")
         if idle and not await self._leased(tenant, session):
             return
-        await self._purge(s.turns_stream, s.turn(tenant, session))
+        for lane in s.session_turns(tenant, session):
+            await self._purge(s.turns_stream, lane)
         cancel = Cancel(
             tenant=tenant, session=session, at=time.time(), reason="the session is being erased"
         )
@@ -308,7 +309,8 @@ class Eraser:
         removed["events"] += await self._purge(
             s.events_stream_of(tenant, session), s.session_events(tenant, session)
         )
-        removed["turns"] += await self._purge(s.turns_stream, s.turn(tenant, session))
+        for lane in s.session_turns(tenant, session):
+            removed["turns"] += await self._purge(s.turns_stream, lane)
         if mode == "delete":
             removed["sessions"] += await self._purge_key(s.sessions_bucket, key)
             removed["sessions"] += await self._purge_key(s.sessions_bucket, f"{key}.>")
@@ -351,7 +353,7 @@ class Eraser:
         """Delete the dead-letter records of the session's turns and events."""
         s = self.subjects
         stream = s.deadletter_stream
-        turn, events = s.turn(tenant, session), f"{s.prefix}.events.{tenant}.{session}."
+        turns, events = s.session_turns(tenant, session), f"{s.prefix}.events.{tenant}.{session}."
         js = self.nc.jetstream(timeout=self.timeout)
         info = await retry(lambda: js.stream_info(stream), f"{stream} info")
         if not info.state.messages:
@@ -359,7 +361,7 @@ class Eraser:
         doomed = [
             msg.metadata.sequence.stream
             async for msg in self._messages(stream, s.all_deadletter, headers_only=True)
-            if (subject := (msg.headers or {}).get("Loopmesh-Subject", "")) == turn
+            if (subject := (msg.headers or {}).get("Loopmesh-Subject", "")) in turns
             or subject.startswith(events)
         ]
         for seq in doomed:

@@ -57,7 +57,7 @@ from schemas.events import (
     ToolResultEvent,
     ToolTimeout,
 )
-from schemas.subjects import TENANT_CONSUMER_PREFIX
+from schemas.subjects import BATCH_CONSUMER_PREFIX, TENANT_CONSUMER_PREFIX
 
 from .aio import quietly
 from .kv import open_kv
@@ -370,7 +370,7 @@ class Exporter:
         waiting: dict[str, int] = {}
         backlog: dict[str, int] = {}
         for info in await self._consumers(self.subjects.turns_stream):
-            if not (info.name or "").startswith(TENANT_CONSUMER_PREFIX):
+            if not (info.name or "").startswith((TENANT_CONSUMER_PREFIX, BATCH_CONSUMER_PREFIX)):
                 continue
             tenant = self.subjects.tenant_of_filter(info.config.filter_subject or "")
             if tenant is None:

@@ -362,8 +362,9 @@ class Scheduler:
             id=run.turn_id, tenant=schedule.tenant, session=run.session, input=schedule.input,
             created_at=self._clock(), agent=schedule.agent, on_busy="enqueue",
             metadata={"schedule": schedule.id, "tick": str(int(run.tick))},
+            priority=schedule.priority,
         )  # fmt: skip
-        subject = self.subjects.turn(turn.tenant, turn.session)
+        subject = self.subjects.turn(turn.tenant, turn.session, turn.priority)
         ack = await retry(
             lambda: acked(self.publisher, subject, encode(turn), {"Nats-Msg-Id": turn.msg_id}),
             f"publish the turn of schedule {schedule.key}",

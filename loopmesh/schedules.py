@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TypeVar, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -40,6 +40,7 @@ from schemas.schedules import (
     schedule_key,
     state_key,
 )
+from schemas.types import Priority
 
 from .kv import KV, kv_entries
 from .publisher import Publisher
@@ -181,6 +182,7 @@ def new_schedule(
     session: str | None = None,
     policy: str = "skip",
     catch_up_s: float = 3600.0,
+    priority: Priority = "batch",
     max_input_chars: int = MAX_INPUT_CHARS,
     min_interval_s: float = 0.0,
     now: float | None = None,
@@ -203,13 +205,15 @@ def new_schedule(
         raise ScheduleError("input", f"{len(input)} characters, over the limit of {limit}")
     if policy not in POLICIES:
         raise ScheduleError("policy", f"{policy[:40]!r} is not one of {', '.join(POLICIES)}")
+    if priority not in get_args(Priority):
+        raise ScheduleError("priority", f"{priority[:40]!r} is not interactive or batch")
     if not 0 <= catch_up_s <= MAX_CATCH_UP_S:
         raise ScheduleError("catch_up_s", f"must be between 0 and {MAX_CATCH_UP_S:g} seconds")
     at = time.time() if now is None else now
     schedule = Schedule(
         id=id or new_id(), tenant=tenant, uid=new_id(), cron=cron, timezone=timezone,
         agent=agent, session=session, input=input, policy=policy,
-        catch_up_s=catch_up_s, created_at=at, active_since=at,
+        catch_up_s=catch_up_s, created_at=at, active_since=at, priority=priority,
     )  # fmt: skip
     try:  # what the schedulers will decode: a value the checks above let by is refused here
         decode(encode(schedule), Schedule)

@@ -135,8 +135,8 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    #: The tenant's turns the whole fleet holds at once, running or waiting for an
-    #: earlier turn of their session (0: no limit).
+    #: The tenant's turns of one lane (interactive, batch) the whole fleet holds at
+    #: once, running or waiting for an earlier turn of their session (0: no limit).
     max_active_turns: Annotated[int, msgspec.Meta(ge=0)] = 0
     #: Turns of the tenant waiting in the turns stream past which the gateway refuses
     #: another (429 ``backlog_full``; 0: no limit).

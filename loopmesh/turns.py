@@ -28,12 +28,15 @@ from .jetstream import ordered_subscribe
 
 
 async def publish_turn(js: JetStreamContext, subjects: Subjects, turn: Turn) -> js_api.PubAck:
-    """Publish ``turn`` to its session's subject; the stream's ack. Its ``Nats-Msg-Id`` is
+    """Publish ``turn`` to its session's subject (its lane's: :attr:`Turn.priority`); the
+    stream's ack. Its ``Nats-Msg-Id`` is
     ``<tenant>.<session>.<id>`` (:attr:`Turn.msg_id`): publishing it twice is
     deduplicated (``ack.duplicate``), another tenant's or session's turn of the same id
     is not, and a worker refuses a turn published under another id."""
     return await js.publish(
-        subjects.turn(turn.tenant, turn.session), encode(turn), headers={"Nats-Msg-Id": turn.msg_id}
+        subjects.turn(turn.tenant, turn.session, turn.priority),
+        encode(turn),
+        headers={"Nats-Msg-Id": turn.msg_id},
     )
 
 

@@ -10,7 +10,7 @@ message and refuse it (:class:`Refused`) when:
   an id that is no token, a wrong type): the decoder's message says which field;
 - ``subject_mismatch``: its ``tenant`` or ``session`` differs from the subject's (both
   are required in the body, so a turn or control stays self-describing wherever it is
-  stored);
+  stored), or a turn's ``priority`` differs from its subject's lane;
 - ``invalid_msg_id``: a turn published with a ``Nats-Msg-Id`` other than
   ``<tenant>.<session>.<id>`` (:func:`schemas.ids.turn_msg_id`). The turns stream
   deduplicates on that header across all tenants, so a bare turn id could make one
@@ -61,7 +61,7 @@ def admit_turn(subjects: Subjects, subject: str, data: bytes, msg_id: str | None
     """The turn in ``data`` delivered on ``subject`` with ``Nats-Msg-Id`` ``msg_id``;
     raise :class:`Refused` unless the subject vouches for it."""
     try:
-        tenant, session = subjects.turn_session(subject)
+        tenant, session, priority = subjects.turn_lane(subject)
     except InvalidIdError as exc:
         raise Refused("invalid_subject", str(exc)) from None
     try:
@@ -69,6 +69,16 @@ def admit_turn(subjects: Subjects, subject: str, data: bytes, msg_id: str | None
     except DecodeError as exc:
         raise _undecodable(exc, data, "turn", "id", tenant, session) from None
     _check(turn.v, turn.tenant, turn.session, tenant, session, "turn", turn.id)
+    if turn.priority != priority:
+        raise Refused(
+            "subject_mismatch",
+            f"the turn's priority is {turn.priority!r} but it was published to the "
+            f"{priority} lane ({subject}): publish it to "
+            f"{subjects.turn(tenant, session, turn.priority)}",
+            tenant=tenant,
+            session=session,
+            turn_id=turn.id,
+        )
     if msg_id is not None and msg_id != turn.msg_id:
         raise Refused(
             "invalid_msg_id",

@@ -24,7 +24,7 @@ import msgspec
 
 from .ids import check_token
 from .subjects import session_key
-from .types import SCHEMA_VERSION, Timestamp, Token
+from .types import SCHEMA_VERSION, Priority, Timestamp, Token
 
 #: What a tick does while the schedule's previous run has not ended: ``skip`` it,
 #: ``buffer_one`` (keep at most one run waiting behind the running one), or ``allow``
@@ -76,6 +76,9 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     paused: bool = False
     created_at: Timestamp = 0.0
     active_since: Timestamp = 0.0
+    #: The lane of its runs' turns (:attr:`schemas.Turn.priority`): batch unless the
+    #: schedule says otherwise.
+    priority: Priority = "batch"
 
     @property
     def key(self) -> str:

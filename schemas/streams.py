@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from .subjects import Subjects
+from .types import Priority
 from .webhook import WEBHOOK_EVENTS
 
 #: The turns consumers' AckWait and the session leases' TTL by default: a loop worker that
@@ -276,20 +277,21 @@ def tenant_consumer(
     max_deliver: int,
     max_active: int = 0,
     inactive_s: float = 3600.0,
+    priority: Priority = "interactive",
 ) -> ConsumerDef:
-    """The durable consumer of ``tenant``'s turns, which the loop workers make when they
-    first see one of its turns (:mod:`loop_worker.share`). ``max_active`` (0: no limit)
-    caps the turns of the tenant the whole fleet holds at once; an idle tenant's
-    consumer is removed after ``inactive_s`` and made again at its next turn."""
+    """The durable consumer of ``tenant``'s turns of one lane, which the loop workers
+    make when they first see one of its turns (:mod:`loop_worker.share`). ``max_active``
+    (0: no limit) caps the turns of the lane the whole fleet holds at once; an idle
+    lane's consumer is removed after ``inactive_s`` and made again at its next turn."""
     return ConsumerDef(
         stream=subjects.turns_stream,
-        durable=subjects.tenant_consumer(tenant),
-        filter_subject=subjects.tenant_turns(tenant),
+        durable=subjects.tenant_consumer(tenant, priority),
+        filter_subject=subjects.lane_turns(tenant, priority),
         ack_wait_s=ack_wait_s,
         max_deliver=max_deliver,
         max_ack_pending=max_active or -1,
         inactive_s=inactive_s,
-        description=f"the turns of tenant {tenant}",
+        description=f"the {priority} turns of tenant {tenant}",
     )
 
 

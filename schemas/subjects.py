@@ -5,12 +5,19 @@ from __future__ import annotations
 import functools
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 from .ids import InvalidIdError, check_token, safe_token
+from .types import Priority
 
 #: What each tenant's consumer on the turns stream is named with; the rest of the name
 #: is no guide to the tenant (one that is no valid id gets a hash).
 TENANT_CONSUMER_PREFIX = "turns-"
+#: The same for each tenant's consumer of its batch turns (:data:`BATCH`).
+BATCH_CONSUMER_PREFIX = "batch-"
+
+#: The last token of a batch turn's subject: ``<prefix>.turns.<tenant>.<session>.batch``.
+BATCH: Literal["batch"] = "batch"
 
 DEFAULT_PREFIX = "loopmesh"
 
@@ -53,8 +60,16 @@ class Subjects:
 
     # -- subjects -------------------------------------------------------------------
 
-    def turn(self, tenant: str, session: str) -> str:
-        return f"{self.prefix}.turns.{_pair(tenant, session)}"
+    def turn(self, tenant: str, session: str, priority: Priority = "interactive") -> str:
+        """Where a turn is published: ``<prefix>.turns.<tenant>.<session>``, with
+        ``.batch`` after it for a batch turn (its tenant's batch lane)."""
+        lane = f".{BATCH}" if priority == BATCH else ""
+        return f"{self.prefix}.turns.{_pair(tenant, session)}{lane}"
+
+    def session_turns(self, tenant: str, session: str) -> tuple[str, str]:
+        """Both lanes' subjects of a session's turns, interactive first: its turns in
+        stream order are those of both, merged by sequence."""
+        return self.turn(tenant, session), self.turn(tenant, session, BATCH)
 
     def tool(self, pool: str, server: str, tool: str) -> str:
         return (
@@ -76,7 +91,19 @@ class Subjects:
 
     def turn_session(self, subject: str) -> tuple[str, str]:
         """``(tenant, session)`` of a turn subject; :class:`InvalidIdError` if it names none."""
-        return self._session_of(subject, "turns")
+        tenant, session, _ = self.turn_lane(subject)
+        return tenant, session
+
+    def lane_of(self, subject: str) -> Priority:
+        """The lane whose consumer takes a subject under ``<prefix>.turns.<tenant>``
+        (:meth:`lane_turns`): interactive for a tenant and a session, else batch."""
+        return "interactive" if subject.count(".") == 3 else BATCH
+
+    def turn_lane(self, subject: str) -> tuple[str, str, Priority]:
+        """``(tenant, session, priority)`` of a turn subject (either lane)."""
+        if subject.endswith(f".{BATCH}") and subject.count(".") == 4:
+            return (*self._session_of(subject[: -len(BATCH) - 1], "turns"), BATCH)
+        return (*self._session_of(subject, "turns"), "interactive")
 
     def control_session(self, subject: str) -> tuple[str, str]:
         """``(tenant, session)`` of a control subject; :class:`InvalidIdError` if none."""
@@ -107,14 +134,16 @@ class Subjects:
 
     # -- wildcards for subscriptions and stream definitions ----------------------------
 
-    def handback(self, tenant: str) -> str:
+    def handback(self, tenant: str, priority: Priority = "interactive") -> str:
         """Where a loop worker says it handed back a turn of ``tenant`` (nak): it will
-        be delivered again, and no publish announces it."""
-        return f"{self.prefix}.handback.{tenant}"
+        be delivered again, and no publish announces it. A batch turn's ends in
+        ``.batch``."""
+        lane = f".{BATCH}" if priority == BATCH else ""
+        return f"{self.prefix}.handback.{tenant}{lane}"
 
     @property
     def all_handbacks(self) -> str:
-        return f"{self.prefix}.handback.*"
+        return f"{self.prefix}.handback.>"
 
     @property
     def all_turns(self) -> str:
@@ -127,11 +156,20 @@ class Subjects:
         return f"{self.prefix}.turns.*.>"
 
     def tenant_turns(self, tenant: str) -> str:
-        """The filter of ``tenant``'s consumer on the turns stream: its turns, and the
-        malformed subjects under it, which the consumer's worker refuses. ``tenant`` is
-        a subject token, not necessarily a valid tenant id: one that is not is refused
-        turn by turn."""
+        """All of ``tenant``'s turns on the turns stream, both lanes (what its backlog
+        counts; the filter its one consumer had before the lanes)."""
         return f"{self.prefix}.turns.{tenant}.>"
+
+    def lane_turns(self, tenant: str, priority: Priority = "interactive") -> str:
+        """The filter of ``tenant``'s consumer of one lane: ``<prefix>.turns.<tenant>.*``
+        (interactive: a tenant and a session) or ``<prefix>.turns.<tenant>.*.>`` (batch:
+        ``.batch`` after them, and the malformed subjects, deeper ones, which the
+        worker refuses). Together they are the tenant's every subject, and they never
+        overlap, as a work-queue stream requires. ``tenant`` is a subject token, not
+        necessarily a valid tenant id: one that is not is refused turn by turn."""
+        if priority == BATCH:
+            return f"{self.prefix}.turns.{tenant}.*.>"
+        return f"{self.prefix}.turns.{tenant}.*"
 
     @property
     def all_tools(self) -> str:
@@ -244,19 +282,37 @@ class Subjects:
         return self._name("DEADLETTER")
 
     @staticmethod
-    def tenant_consumer(tenant: str) -> str:
-        """The durable consumer of ``tenant``'s turns (:mod:`loop_worker.share`):
-        ``turns-<tenant>``, or for a subject token that is no valid id, a name made safe
-        with a hash of it. Read a consumer's tenant from its filter, never its name."""
-        return f"{TENANT_CONSUMER_PREFIX}{safe_token(tenant)}"
+    def tenant_consumer(tenant: str, priority: Priority = "interactive") -> str:
+        """The durable consumer of ``tenant``'s turns of one lane (:mod:`loop_worker.share`):
+        ``turns-<tenant>`` (interactive) or ``batch-<tenant>``, or for a subject token that
+        is no valid id, a name made safe with a hash of it. Read a consumer's tenant from
+        its filter, never its name."""
+        prefix = BATCH_CONSUMER_PREFIX if priority == BATCH else TENANT_CONSUMER_PREFIX
+        return f"{prefix}{safe_token(tenant)}"
 
     def tenant_of_filter(self, filter_subject: str) -> str | None:
-        """The tenant a consumer's filter (:meth:`tenant_turns`) reads, or None."""
-        head, tail = f"{self.prefix}.turns.", ".>"
-        if not (filter_subject.startswith(head) and filter_subject.endswith(tail)):
+        """The tenant a consumer's filter (:meth:`lane_turns`, or the one-lane
+        :meth:`tenant_turns` of before) reads, or None."""
+        found = self.lane_of_filter(filter_subject)
+        return found[0] if found is not None else None
+
+    def lane_of_filter(self, filter_subject: str) -> tuple[str, Priority | None] | None:
+        """``(tenant, priority)`` of a consumer's filter (:meth:`lane_turns`): priority
+        ``None`` for the filter of both lanes (:meth:`tenant_turns`), which a tenant's
+        interactive consumer had before the lanes and is narrowed from. None for a filter
+        of no tenant's consumer."""
+        head = f"{self.prefix}.turns."
+        if not filter_subject.startswith(head):
             return None
-        tenant = filter_subject[len(head) : -len(tail)]
-        return tenant if tenant and "." not in tenant and tenant not in ("*", ">") else None
+        rest = filter_subject[len(head) :]
+        lanes: tuple[tuple[str, Priority | None], ...] = (
+            (".*", "interactive"), (".*.>", BATCH), (".>", None)
+        )  # fmt: skip
+        for tail, priority in lanes:
+            tenant = rest.removesuffix(tail)
+            if tenant != rest and tenant and "." not in tenant and tenant not in ("*", ">"):
+                return tenant, priority
+        return None
 
     @property
     def legacy_turns_consumer(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -21,6 +21,11 @@ Token = Annotated[
 Timestamp = Annotated[float, msgspec.Meta(ge=0, description="seconds since the Unix epoch")]
 
 SCHEMA_VERSION = 1
+
+#: A turn's lane on the turns stream: ``interactive`` turns (a person waits) are pulled
+#: before ``batch`` ones (scheduled, bulk), of every tenant (docs/ARCHITECTURE.md,
+#: "Fair share between tenants").
+Priority = Literal["interactive", "batch"]
 
 
 class Parent(msgspec.Struct, frozen=True, kw_only=True):

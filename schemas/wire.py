@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .ids import turn_msg_id
-from .types import SCHEMA_VERSION, Parent, Timestamp, Token
+from .types import SCHEMA_VERSION, Parent, Priority, Timestamp, Token
 from .webhook import Webhook
 
 
@@ -97,7 +97,8 @@ ContentPart = ImagePart | FilePart
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):
-    """A user turn, published to ``<prefix>.turns.<tenant>.<session>``.
+    """A user turn, published to ``<prefix>.turns.<tenant>.<session>`` (``.batch`` after
+    it for a batch turn: :attr:`priority`).
 
     The subject is authoritative: ``tenant`` and ``session`` must repeat its tokens, and
     ``v`` must be a schema version the worker knows, or the turn is refused with an
@@ -167,6 +168,12 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     #: accepted; a turn whose URL is refused gets an ``error`` event (code
     #: ``invalid_webhook``) and its ``loop_end``.
     webhook: Webhook | None = None
+    #: Its lane: ``interactive`` turns are pulled before ``batch`` ones (scheduled,
+    #: bulk), the session's order kept across both. A batch turn is published to
+    #: ``<prefix>.turns.<tenant>.<session>.batch``, and the subject is authoritative: a
+    #: body whose priority differs from its subject's lane is refused
+    #: (``subject_mismatch``).
+    priority: Priority = "interactive"
 
     @property
     def msg_id(self) -> str:

@@ -40,7 +40,7 @@ class Schedules:
             schedule = new_schedule(
                 who.tenant, id=body.id, cron=body.cron, timezone=body.timezone,
                 agent=body.agent or "default", session=body.session, input=body.input,
-                policy=body.policy, catch_up_s=body.catch_up_s,
+                policy=body.policy, catch_up_s=body.catch_up_s, priority=body.priority,
                 max_input_chars=g.settings.max_input_chars,
                 min_interval_s=g.tenant(who.tenant).min_schedule_interval_s,
             )  # fmt: skip
@@ -152,8 +152,8 @@ def view(
     return api.ScheduleView(
         id=schedule.id, cron=schedule.cron, timezone=schedule.timezone, agent=schedule.agent,
         session=schedule.session, input=schedule.input, policy=schedule.policy,
-        catch_up_s=schedule.catch_up_s, paused=schedule.paused, created_at=schedule.created_at,
-        next_tick=upcoming, explain=explain(schedule),
+        catch_up_s=schedule.catch_up_s, priority=schedule.priority, paused=schedule.paused,
+        created_at=schedule.created_at, next_tick=upcoming, explain=explain(schedule),
         runs=[_run_view(r, ends or {}) for r in runs[: 1 if last_only else None]],
     )  # fmt: skip
 

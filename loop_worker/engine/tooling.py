@@ -308,6 +308,7 @@ class ToolRunner:
             id=call.call_id, tenant=turn.tenant, session=call.call_id, input=text,
             created_at=self.scope.clock(), agent=callee,
             parent=Parent(session=turn.session, turn=turn.id, call=call.call_id), chain=chain,
+            priority=turn.priority,  # its caller holds a place while it waits for it
         )  # fmt: skip
         started = time.monotonic()
         try:

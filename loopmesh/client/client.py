@@ -76,6 +76,9 @@ class TurnOptions(TypedDict, total=False):
     webhook: Webhook | None
     #: Who the turn is for: the namespace of the memories its agent keeps of them.
     user: str | None
+    #: ``interactive`` (the default) or ``batch``: loop workers take interactive turns
+    #: of every tenant before batch ones.
+    priority: Literal["interactive", "batch"] | None
 
 
 class Client:
@@ -429,6 +432,7 @@ class Client:
             on_busy=options.get("on_busy"), webhook=options.get("webhook"),
             agent=check_token(agent, "agent") if agent is not None else None,
             user=check_token(user, "user") if (user := options.get("user")) is not None else None,
+            priority=options.get("priority") or "interactive",
         )  # fmt: skip
 
 

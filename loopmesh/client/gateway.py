@@ -39,7 +39,7 @@ log = logging.getLogger("loopmesh.client")
 #: ``PostTurn``); the others a turn has are set by the gateway, or by agents and ``[loop]``.
 TURN_FIELDS = (
     "input", "instructions", "model", "max_iterations", "tools", "mode", "planner_model",
-    "executor_model", "context", "parts", "on_busy", "agent", "webhook", "user",
+    "executor_model", "context", "parts", "on_busy", "agent", "webhook", "user", "priority",
 )  # fmt: skip
 
 #: What the gateway sends besides events (no ``id``): see docs/GATEWAY.md.

@@ -50,6 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "default: [loop] on_busy",
     )
     parser.add_argument(
+        "--priority", choices=("interactive", "batch"),
+        help="the turn's lane: loop workers take interactive turns (the default) before "
+        "batch ones",
+    )  # fmt: skip
+    parser.add_argument(
         "--agent", type=token("agent"),
         help="the named agent that runs the turn (default: the session's; `loopmesh agents` "
         "lists them)",
@@ -76,6 +81,7 @@ async def main(args: argparse.Namespace) -> int:
     options = TurnOptions(
         session=session, turn_id=turn_id, max_iterations=args.max_iterations,
         model=args.model, on_busy=args.on_busy, agent=args.agent, webhook=webhook_of(args),
+        priority=args.priority,
     )  # fmt: skip
     printer = Printer(sys.stdout, as_json=args.json, deltas=args.deltas)
     async with open_client(args) as client:

@@ -89,6 +89,31 @@ async def test_a_posted_turn_is_published_with_jetstream_and_its_id_from_idempot
     assert (await client.get("/v1/sessions/s1")).status_code == 200
 
 
+async def test_a_turn_is_interactive_unless_it_asks_for_batch_and_goes_to_its_lane(
+    client: httpx.AsyncClient, nats_url: str
+):
+    for key, extra in (("i1", {}), ("b1", {"priority": "batch"})):
+        r = await client.post(
+            "/v1/sessions/s1/turns", json={"input": "x", **extra}, headers={"Idempotency-Key": key}
+        )
+        assert r.status_code == 202, r.text
+    r = await client.post("/v1/sessions/s1/turns", json={"input": "x", "priority": "urgent"})
+    assert r.status_code == 400, r.text  # a body that does not decode, as for on_busy
+    assert r.json()["error"]["field"] == "priority"
+    nc = await connect_fast(nats_url)
+    try:
+        info = await nc.jetstream().stream_info(SUBJECTS.turns_stream, subjects_filter=">")
+    finally:
+        await nc.close()
+    assert info.state.subjects == {
+        SUBJECTS.turn("acme", "s1"): 1,
+        f"{SUBJECTS.turn('acme', 's1')}.batch": 1,
+    }
+    assert {t.id: t.priority for t, _ in await turns_in_stream(nats_url)} == {
+        "i1": "interactive", "b1": "batch"
+    }  # fmt: skip
+
+
 async def test_without_an_idempotency_key_each_post_is_a_new_turn(
     client: httpx.AsyncClient, nats_url: str
 ):

@@ -115,6 +115,7 @@ async def test_a_schedule_is_created_listed_read_paused_resumed_and_deleted(
     assert r.status_code == 201, r.text
     made = r.json()
     assert made["id"] == "weekday" and made["policy"] == "skip" and made["session"] is None
+    assert made["priority"] == "batch"  # a schedule's turns, unless it says otherwise
     assert "09:00 on Monday through Friday" in made["explain"]  # cronsim's words
     assert made["next_tick"] > time.time() and made["runs"] == []
     r = await client.post("/v1/schedules", json=body)
@@ -134,6 +135,13 @@ async def test_a_schedule_is_created_listed_read_paused_resumed_and_deleted(
     assert (await client.delete("/v1/schedules/weekday")).status_code == 404
     assert (await client.post("/v1/schedules/weekday/pause")).status_code == 404
     assert (await client.get("/v1/schedules")).json() == {"schedules": []}
+
+
+async def test_a_schedule_may_send_interactive_turns(client: httpx.AsyncClient) -> None:
+    body = {"id": "now", "cron": "0 9 * * *", "input": "hi", "priority": "interactive"}
+    r = await client.post("/v1/schedules", json=body)
+    assert r.status_code == 201, r.text
+    assert (await client.get("/v1/schedules/now")).json()["priority"] == "interactive"
 
 
 async def test_a_tenant_sees_only_its_own_schedules(client, gateway) -> None:

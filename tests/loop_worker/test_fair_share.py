@@ -63,6 +63,11 @@ class Ends:
         stream keeps one)."""
         return len({turn for t, ten, _, turn in self.seen if t == "loop_end" and ten == tenant})
 
+    def ended_turn(self, tenant: str, turn_id: str) -> bool:
+        return ("loop_end", tenant) in {
+            (t, ten) for t, ten, _, turn in self.seen if turn == turn_id
+        }
+
     async def until(self, tenant: str, count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
             while self.ended(tenant) < count:
@@ -109,13 +114,15 @@ async def fleet(durable, tmp_path):
             await nc.close()
 
 
-def _turn(tenant: str, session: str, turn_id: str) -> Turn:
-    return Turn(id=turn_id, tenant=tenant, session=session, input="hi", created_at=time.time())
+def _turn(tenant: str, session: str, turn_id: str, **kw) -> Turn:
+    return Turn(
+        id=turn_id, tenant=tenant, session=session, input="hi", created_at=time.time(), **kw
+    )
 
 
-async def _flood(nc) -> int:
+async def _flood(nc, tenant: str = "flood", **kw) -> int:
     sends = [
-        send_turn(nc, _turn("flood", f"f{s}", f"f{s}t{i}"))
+        send_turn(nc, _turn(tenant, f"f{s}", f"f{s}t{i}", **kw))
         for i in range(FLOOD_EACH)
         for s in range(FLOOD_SESSIONS)
     ]
@@ -161,6 +168,57 @@ async def test_a_tenants_max_active_turns_caps_its_turns_across_the_fleet(fleet)
     assert fleet.ends.ended("calm") == 1
 
 
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_tenants_interactive_turns_run_before_its_batch_backlog_drains(fleet):
+    await fleet.start()
+    flood = await _flood(fleet.nc, "acme", priority="batch")
+    for k in range(3):  # published after the whole batch flood, by the same tenant
+        await send_turn(fleet.nc, _turn("acme", f"c{k}", f"c{k}t0"))
+    async with asyncio.timeout(60):
+        while not all(fleet.ends.ended_turn("acme", f"c{k}t0") for k in range(3)):
+            fleet.ends.changed.clear()
+            await fleet.ends.changed.wait()
+    # they ran while most of the flood still waited (in stream order they came last)
+    assert fleet.ends.ended("acme") - 3 < flood // 2, fleet.ends.ended("acme")
+    await fleet.ends.until("acme", flood + 3, timeout=120)
+    await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_sessions_turns_keep_their_order_across_the_lanes(fleet):
+    """A batch turn, then an interactive turn of its session, behind a batch flood: the
+    interactive one is pulled first, and waits for the batch one to end."""
+    await fleet.start()
+    await send_turn(fleet.nc, _turn("acme", "s", "b1", priority="batch"))
+    await send_turn(fleet.nc, _turn("acme", "s", "i2"))
+    await send_turn(fleet.nc, _turn("acme", "s", "b3", priority="batch"))
+    flood = await _flood(fleet.nc, "acme", priority="batch")
+    await send_turn(fleet.nc, _turn("acme", "s", "i4"))
+    await fleet.ends.until("acme", flood + 4, timeout=120)
+    in_time = sorted(zip(fleet.ends.times, fleet.ends.seen, strict=True), key=lambda p: p[0])
+    # (each once: a loop_end may be heard twice, said again by a worker that finds it ended)
+    session = list(dict.fromkeys((t, turn) for _, (t, _, s, turn) in in_time if s == "s"))
+    assert session == [
+        (kind, turn) for turn in ("b1", "i2", "b3", "i4") for kind in ("loop_start", "loop_end")
+    ], session
+    await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_an_interactive_turn_behind_a_batch_turn_of_its_session_waits_for_no_flood(fleet):
+    """Another tenant's interactive flood fills every place; a batch turn, then an
+    interactive turn of one session: the interactive one lends its rank to its tenant's
+    batch lane, so both run while most of the flood still waits."""
+    await fleet.start()
+    flood = await _flood(fleet.nc)
+    await send_turn(fleet.nc, _turn("acme", "s", "b1", priority="batch"))
+    await send_turn(fleet.nc, _turn("acme", "s", "i2"))
+    await fleet.ends.until("acme", 2, timeout=60)
+    assert fleet.ends.ended("flood") < flood // 2, fleet.ends.ended("flood")
+    await fleet.ends.until("flood", flood, timeout=120)
+    await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
 # -- the sharing rule ------------------------------------------------------------------
 
 
@@ -169,25 +227,27 @@ def _share(**limits: TenantSettings) -> FairShare:
     return FairShare(None, SUBJECTS, settings, limits, deliver=lambda m, t: None)  # type: ignore[arg-type]
 
 
-def _with(share: FairShare, name: str, *, waiting: int, held: int = 0) -> Tenant:
+def _with(share: FairShare, name: str, *, waiting: int, held: int = 0, batch: int = 0) -> Tenant:
     t = share._tenant(name)
-    t.waiting, t.held, t.consumer = waiting, held, True
+    t.lanes["interactive"].held = held
+    for lane, n in zip(t.lanes.values(), (waiting, batch), strict=True):
+        lane.waiting, lane.consumer = n, True
     return t
 
 
 def test_a_tenant_alone_gets_every_free_place():
     share = _share()
     _with(share, "a", waiting=100)
-    assert [(t.name, n) for t, n in share.assign(8)] == [("a", 8)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(8)] == [("a", 8)]
 
 
 def test_free_places_go_first_to_the_tenant_holding_fewest():
     share = _share()
     _with(share, "a", waiting=100, held=8)  # the flood holds every place
     _with(share, "b", waiting=1)
-    assert [(t.name, n) for t, n in share.assign(1)] == [("b", 1)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(1)] == [("b", 1)]
     _with(share, "c", waiting=5, held=2)
-    given = Counter({t.name: n for t, n in share.assign(6)})
+    given = Counter({lane.tenant.name: n for lane, n in share.assign(6)})
     assert given == {"b": 1, "c": 5}  # b's only turn; then c (2 held) before a (8 held)
 
 
@@ -195,7 +255,7 @@ def test_places_are_shared_by_weight():
     share = _share(heavy=TenantSettings(weight=3.0))
     _with(share, "heavy", waiting=100)
     _with(share, "light", waiting=100)
-    given = {t.name: n for t, n in share.assign(8)}
+    given = {lane.tenant.name: n for lane, n in share.assign(8)}
     assert given == {"heavy": 6, "light": 2}
 
 
@@ -204,4 +264,42 @@ def test_a_tenant_with_nothing_waiting_gets_no_place_and_the_cap_per_worker_hold
     share.settings = ServiceSettings(max_active_turns=8, tenant_max_active=3)
     _with(share, "idle", waiting=0)
     _with(share, "busy", waiting=100, held=1)
-    assert [(t.name, n) for t, n in share.assign(8)] == [("busy", 2)]
+    assert [(lane.tenant.name, n) for lane, n in share.assign(8)] == [("busy", 2)]
+
+
+def _lanes(share: FairShare, places: int) -> list[tuple[str, str, int]]:
+    return [(lane.tenant.name, lane.priority, n) for lane, n in share.assign(places)]
+
+
+def test_interactive_turns_of_every_tenant_get_places_before_batch_ones():
+    share = _share()
+    _with(share, "bulk", waiting=0, batch=100)  # holds nothing: fewest for its weight
+    _with(share, "a", waiting=2, held=3, batch=10)
+    _with(share, "b", waiting=1, held=1)
+    assert _lanes(share, 3) == [("b", "interactive", 1), ("a", "interactive", 2)]
+    # the places left go to the batch lanes, the tenant holding fewest first
+    assert _lanes(share, 5) == [
+        ("b", "interactive", 1), ("a", "interactive", 2), ("bulk", "batch", 2)
+    ]  # fmt: skip
+
+
+def test_a_tenants_batch_lane_counts_its_interactive_places_and_the_cap_spans_both():
+    share = _share()
+    share.settings = ServiceSettings(max_active_turns=8, tenant_max_active=3)
+    _with(share, "a", waiting=2, batch=100)
+    _with(share, "b", waiting=0, held=1, batch=100)
+    # a: 2 interactive, then 1 batch (its cap of 3); b: 2 batch (1 held, its cap of 3)
+    assert sorted(_lanes(share, 8)) == [
+        ("a", "batch", 1), ("a", "interactive", 2), ("b", "batch", 2)
+    ]  # fmt: skip
+
+
+def test_a_tenant_whose_interactive_turn_waits_for_a_batch_turn_has_its_batch_lane_served_first():
+    share = _share()
+    _with(share, "a", waiting=0, held=2, batch=5)
+    _with(share, "b", waiting=100, held=2)
+    assert _lanes(share, 2) == [("b", "interactive", 2)]
+    share.inherit("a", True)  # a's interactive turn waits behind a batch turn of its session
+    assert _lanes(share, 2) == [("a", "batch", 1), ("b", "interactive", 1)]  # shared fairly
+    share.inherit("a", False)
+    assert _lanes(share, 2) == [("b", "interactive", 2)]

@@ -239,3 +239,28 @@ async def test_the_gateway_answers_409_to_a_turn_that_rejects_a_busy_session(
         assert r.status_code == 202, r.text
         await watch.wait("loop_end", count=2, timeout=30)
     assert [e.reason for e in watch.of("loop_end")] == ["task_completion", "task_completion"]
+
+
+@pytest.mark.parametrize("mode", ["reject", "interrupt"])
+async def test_an_interactive_turn_sees_a_running_batch_turn_of_its_session(
+    mesh: Mesh, tmp_path: Path, mode: str
+):
+    """The two lanes are one session: an interactive turn behind a batch one that runs
+    is refused (``reject``) or interrupts it, as within one lane."""
+    ledger = tmp_path / "n"
+    mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE))
+    async with Watch(mesh.nc) as watch:
+        await send_turn(mesh.nc, turn("t1", "count slowly", priority="batch"))
+        await wait_for(ledger.exists, timeout=30, what="t1's tool to start")
+        await send_turn(mesh.nc, turn("t2", "now this", on_busy=mode))
+        second = await watch.wait("loop_end", "t2", timeout=30)
+        first = await watch.wait("loop_end", "t1", timeout=30)
+    if mode == "reject":
+        assert isinstance(second, LoopEnd) and second.reason == "rejected"
+        assert isinstance(first, LoopEnd) and first.reason == "task_completion"
+        [error] = watch.of("error", "t2")
+        assert isinstance(error, Error) and "busy with turn t1" in error.message
+    else:
+        assert isinstance(first, LoopEnd) and first.reason == "interrupted"
+        assert isinstance(second, LoopEnd) and second.reason == "task_completion"
+    assert ledger.read_text() == "a\n"

@@ -127,3 +127,21 @@ async def test_two_tenants_turns_of_the_same_id_both_run_and_see_only_their_own(
     assert overlapped == at_once
     calls = [w.of("tool_call", "t1")[0] for w in watches.values()]
     assert len({c.call_id for c in calls}) == 2  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("lane", "priority"), [("interactive", "batch"), ("batch", "interactive")])
+async def test_a_turn_whose_priority_differs_from_its_subjects_lane_is_refused(
+    mesh, lane, priority
+):
+    await mesh.loop_worker()
+    body = turn("t7", "hi", session="s3", priority=priority)
+    async with Watch(mesh.nc, "acme", "s3") as watch:
+        await mesh.nc.jetstream().publish(
+            SUBJECTS.turn("acme", "s3", lane), encode(body), headers={"Nats-Msg-Id": body.msg_id}
+        )
+        error, _ = await refused(watch, "t7")
+    assert error.code == "subject_mismatch"
+    assert f"priority is {priority!r}" in error.message, error.message
+    assert SUBJECTS.turn("acme", "s3", priority) in error.message
+    assert mesh.fake.requests == []
+    await wait_for(lambda: _none_left(mesh.nc), what="the refused turn acked")

@@ -111,6 +111,15 @@ async def test_submit_returns_the_turn_and_events_reads_it_from_where_it_said(
     assert (tmp_path / "n").read_text() == "a\n"
 
 
+async def test_a_batch_turn_runs_through_its_lane(client: Client, mesh: Mesh):
+    """Interactive unless the caller asks for batch; a batch turn runs all the same."""
+    events = await collect(client.run("hello", session="s1", priority="batch"))
+    assert events[-1].reason == "task_completion"  # type: ignore[attr-defined]
+    js = mesh.nc.jetstream()
+    info = await js.consumer_info(SUBJECTS.turns_stream, SUBJECTS.tenant_consumer("acme", "batch"))
+    assert info.delivered.stream_seq > 0  # it came through the tenant's batch consumer
+
+
 async def test_events_resume_after_a_sequence_with_nothing_missed_or_repeated(
     client: Client, tmp_path: Path
 ):

@@ -23,6 +23,7 @@ from schemas.events import (
     Usage,
 )
 from schemas.streams import pool_consumer
+from schemas.streams import tenant_consumer as lane_consumer
 from schemas.subjects import Subjects
 from tests.turns_consumers import tenant_consumer
 
@@ -112,6 +113,8 @@ async def test_the_pool_backlog_is_pending_plus_ack_pending(nc):
 
 def test_a_tenant_is_read_from_its_consumers_filter_subject_never_its_name():
     assert S.tenant_of_filter("loopmesh.turns.acme.>") == "acme"
+    assert S.tenant_of_filter(S.lane_turns("acme")) == "acme"
+    assert S.tenant_of_filter(S.lane_turns("acme", "batch")) == "acme"
     assert Subjects(prefix="mesh2").tenant_of_filter("mesh2.turns.acme.>") == "acme"
     for other in (
         "",
@@ -171,6 +174,31 @@ async def test_each_tenants_turns_backlog_and_their_total_until_its_consumer_goe
         stop.set()
         await task
         await sub.unsubscribe()
+
+
+async def test_a_tenants_backlog_counts_both_of_its_lanes(nc):
+    settings = NatsSettings(url="nats://unused")
+    await provision_all(nc, settings)
+    js = nc.jetstream()
+    for priority in ("interactive", "batch"):
+        c = lane_consumer(S, "acme", ack_wait_s=30.0, max_deliver=-1, priority=priority)
+        await ensure_consumer(js, c)
+    for i, priority in enumerate(("interactive", "interactive", "batch", "batch", "batch")):
+        turn = Turn(id=f"t{i}", tenant="acme", session="s1", input="hi", priority=priority)
+        await publish_turn(js, S, turn)
+    registry = CollectorRegistry()
+    exporter = Exporter(nc, settings, ExporterSettings(backlog_interval_s=0.05), registry)
+    stop = asyncio.Event()
+    task = asyncio.create_task(exporter.run(stop))
+    try:
+        await wait_for(
+            lambda: value(registry, "loopmesh_turns_backlog_total") == 5, timeout=20,
+            what="both lanes' turns",
+        )  # fmt: skip
+        assert value(registry, "loopmesh_turns_waiting", tenant="acme") == 5
+    finally:
+        stop.set()
+        await task
 
 
 async def test_the_turns_total_counts_more_tenants_than_the_server_lists_at_once(nc):

@@ -67,7 +67,7 @@ async def test_a_tenants_consumer_reads_its_turns_alone_and_replaces_the_shared_
     ]
     name = await tenant_consumer_of(nc, "acme", ack_wait_s=12, max_deliver=4)
     info = await js.consumer_info(s.turns_stream, name)
-    assert name == "turns-acme" and info.config.filter_subject == "loopmesh.turns.acme.>"
+    assert name == "turns-acme" and info.config.filter_subject == "loopmesh.turns.acme.*"
     assert s.tenant_of_filter(info.config.filter_subject) == "acme"
     assert info.config.deliver_subject is None
     assert info.config.ack_policy == api.AckPolicy.EXPLICIT
@@ -86,6 +86,8 @@ def test_a_tenant_that_is_no_valid_id_still_gets_a_consumer_name_and_reads_its_o
     name = s.tenant_consumer("bad/name")
     assert name.startswith("turns-bad_name") and "/" not in name
     assert s.tenant_of_filter(s.tenant_turns("bad/name")) == "bad/name"
+    assert s.tenant_of_filter(s.lane_turns("bad/name", "batch")) == "bad/name"
+    assert s.tenant_consumer("bad/name", "batch").startswith("batch-bad_name")
     assert s.tenant_of_filter("loopmesh.events.acme.>") is None
 
 

@@ -111,6 +111,17 @@ async def test_three_schedulers_claim_each_tick_once(env) -> None:
     assert all(r.published for r in state.runs)
 
 
+@pytest.mark.parametrize("priority", ["batch", "interactive", None])
+async def test_a_schedules_turns_are_batch_unless_it_says_otherwise(env, priority) -> None:
+    await env.scheduler("s1")
+    schedule = await env.schedule(**({"priority": priority} if priority else {}))
+    await env.at(1.5, schedule)
+    [turn] = await env.turns()
+    assert turn.priority == (priority or "batch")
+    info = await env.nc.jetstream().stream_info(SUBJECTS.turns_stream, subjects_filter=">")
+    assert info.state.subjects == {SUBJECTS.turn("acme", turn.session, turn.priority): 1}
+
+
 async def test_a_late_scheduler_fires_missed_ticks_in_the_window_and_records_the_rest(env) -> None:
     await env.scheduler("s1")
     schedule = await env.schedule(policy="allow", catch_up_s=3)  # at least LATE_S: 10 s
