@@ -75,8 +75,11 @@ class NatsToolDispatcher:
     before a request is published (the service commits the session's checkpoint, so
     the pending calls are stored before they can run); ``resend_s`` bounds how long
     after the first publish a copy may be published (well inside the stream's
-    duplicate window). ``on_catalog`` is called with the tool list when the catalog
-    loads and whenever its tools change.
+    duplicate window), and ``writable`` (given a turn's ``Turn.msg_id``) whether the
+    turn may still write at all: a copy goes out only while it may (the service's
+    :class:`~loop_worker.fence.Fence`: a worker cut off past its lease's lapse sends
+    none). ``on_catalog`` is called with the tool list when the catalog loads and whenever
+    its tools change.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class NatsToolDispatcher:
         resend_s: float = 30.0,
         before_publish: Callable[[ToolCallRequest], Awaitable[None]] | None = None,
         unlapsed: Callable[[ToolCallRequest], bool] | None = None,
+        writable: Callable[[str], bool] | None = None,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream()
@@ -101,6 +105,7 @@ class NatsToolDispatcher:
         self._resend_s = resend_s  # no copy is published later (well inside the window)
         self._before_publish = before_publish
         self._unlapsed = unlapsed
+        self._writable = writable
         self._subjects = subjects
         self._grace_s = grace_s
         self._effect_poll_s = effect_poll_s
@@ -266,10 +271,13 @@ class NatsToolDispatcher:
             )
             if future.done():
                 return future.result()
-            if call.trouble.done():  # JetStream refused the request: publish it again
+            if self._writable is not None and not self._writable(_turn_key(request)):
+                if call.trouble.done():  # fenced: no copy goes out, and nothing will come
+                    return _error(request, "unavailable", "the turn's lease lapsed here")
+            elif call.trouble.done():  # JetStream refused the request: publish it again
                 await call.resend(deadline)
                 continue
-            if not call.acked:  # neither ack nor reply: the request may be lost
+            elif not call.acked:  # neither ack nor reply: the request may be lost
                 await call.resend(deadline, backoff=False)
             recorded = await self._effect(request.call_id)  # a reply that went missing
             if recorded is not None:

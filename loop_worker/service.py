@@ -184,6 +184,7 @@ class LoopWorker:
             publisher=publisher,
             before_publish=lambda r: self.store.commit(r.tenant, r.session),
             unlapsed=self._unlapsed,
+            writable=self.fence.writable,
         )
         budget = config.loop.budget  # the daily ceilings read the usage ledger
         daily = bool(budget.tenant_daily_tokens or budget.tenant_daily_cost)

@@ -108,11 +108,12 @@ async def run(
                 runs = [json.loads(line) for line in ledger.read_text().splitlines() if line]
                 verdict.zombies = zombies(cuts, stored, observer.snapshots, accepted, runs)
                 answers = observer.answers
-                verdict.leaders = two_leaders(answers, observer.takeovers)
+                verdict.leaders = two_leaders(observer.settles.values())
                 outcome.observed = {
                     "snapshots": len(observer.snapshots),
                     "answers": len(answers),
                     "grants": sum(a.granted for a in answers),
+                    "grants used": sum(1 for s in observer.settles.values() if s.term),
                     "asks answered twice": len(answers) - len({a.reply for a in answers}),
                     "leader terms": observer.terms(),
                 }

@@ -6,24 +6,22 @@
   that a worker is cut in the middle of one;
 - every session snapshot stored, in order (a KV watch of the sessions bucket: it keeps
   one revision per key, so its history is gone by the end of the run);
-- the rate-limit leader key's every revision (who led, renewed when) and every answer
-  sent to an ask on ``limits.ask`` (the asks and their replies are plain NATS messages,
-  which any connection hears). The answers are heard on one connection per node, each
-  pinned to its node: an answer reaches the connection on its publisher's node at once,
-  even while that node is cut from the others, so its earliest arrival is when it was
-  sent (or, from a worker cut from everyone, when it got out).
+- the rate-limit leader key's every revision (who led, renewed when), every answer sent
+  to an ask on ``limits.ask``, and every settle on ``limits.settle`` (plain NATS
+  messages, which any connection hears), each on one connection per node, pinned to its
+  node, so that what a node cut from the others sends is heard too. A settle repeats the
+  grant it used: its leader, term and time.
 
-:func:`zombies` and :func:`two_leaders` judge them. The leader check stands apart from
-the rest, so that it can follow the leader's fencing: today it judges what the wire
-shows (both leaders subscribe to every ask; one answers an ask once), against the terms
-the leader key's history gives.
+:func:`zombies` and :func:`two_leaders` judge them. The leader check judges the grants
+that were used, not the answers on the wire: during a handover both leaders hear every
+ask, and a grant the workers refused (a lower term than one they had seen) never let a
+request go.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,7 +37,7 @@ from nats.aio.subscription import Subscription
 from loopmesh.testing.durable import SUBJECTS, connect_fast, kv_read
 from schemas import DecodeError, SessionSnapshot, decode
 from schemas.events import Event, decode_event
-from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk
+from schemas.limits import LeaderRecord, LimitAnswer, LimitAsk, LimitSettle
 
 from .checker import Accepted
 
@@ -82,6 +80,7 @@ class Observer:
     snapshots: list[tuple[str, SessionSnapshot | None]] = field(default_factory=list)
     leader_revisions: list[tuple[int, str, float]] = field(default_factory=list)
     running_by: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
+    settles: dict[str, LimitSettle] = field(default_factory=dict)  # by request id
     _asks: dict[str, str] = field(default_factory=dict)  # reply subject -> ask id
     #: per node connection: reply subject -> arrivals (time, payload)
     _replies: list[dict[str, list[tuple[float, bytes]]]] = field(default_factory=list)
@@ -102,6 +101,7 @@ class Observer:
             self._replies.append(heard)
             self._subs += [
                 await pinned.subscribe(SUBJECTS.limits_ask, cb=self._on_ask),
+                await pinned.subscribe(SUBJECTS.limits_settle, cb=self._on_settle),
                 await pinned.subscribe("_INBOX.>", cb=partial(self._on_reply, heard)),
             ]
         sessions = await js.key_value(SUBJECTS.sessions_bucket)
@@ -141,15 +141,6 @@ class Observer:
                 at, data = min(h[n] for h in heard if len(h) > n)
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                     out.append(Answer(reply, ask, decode(data, LimitAnswer).granted, at))
-        return out
-
-    @property
-    def takeovers(self) -> list[tuple[float, str]]:
-        """When each leader term began (its leader's clock as it took the key) and whose."""
-        out: list[tuple[float, str]] = []
-        for _, owner, at in self.leader_revisions:
-            if owner and (not out or out[-1][1] != owner):
-                out.append((at, owner))
         return out
 
     async def running(self, worker: str, *, timeout: float) -> tuple[tuple[str, str], ...]:
@@ -195,6 +186,11 @@ class Observer:
         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
             if msg.reply:
                 self._asks[msg.reply] = decode(msg.data, LimitAsk).id
+
+    async def _on_settle(self, msg: Msg) -> None:
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            settle = decode(msg.data, LimitSettle)
+            self.settles[settle.id] = settle
 
     async def _on_reply(self, heard: dict[str, list[tuple[float, bytes]]], msg: Msg) -> None:
         if len(msg.data) < 256:  # a LimitAnswer is short; publish acks and the rest pass
@@ -284,27 +280,26 @@ def _cut_on(turn: tuple[str, str], cuts: Sequence[Cut]) -> str:
     return f" (running on {', '.join(on)} when it was cut)" if on else ""
 
 
-def two_leaders(answers: Sequence[Answer], takeovers: Sequence[tuple[float, str]]) -> list[str]:
-    """Asks granted by two leaders within one leader term. Both leaders hear every ask,
-    and a leader answers an ask once, so two answers to one request came from two
-    leaders. A second answer in a later term is not two leaders at once: an ask held in
-    a cut node's socket reaches the next leader after the heal, when its asker has gone
-    on with the first leader's grant. ``takeovers``: when each term began."""
-    by_reply: dict[str, list[Answer]] = defaultdict(list)
-    for answer in answers:
-        by_reply[answer.reply].append(answer)
+def two_leaders(settles: Iterable[LimitSettle]) -> list[str]:
+    """Grants of two leaders at once, both obeyed. Each used grant's settle repeats its
+    leader, term (the leader key's revision when that leader took it: a later leader's
+    is higher) and time (the leader's clock; one machine, one clock). In the order they
+    were granted, the terms of the grants used never go down, and a term has one leader:
+    a grant of a lower term used after one of a higher term means the old leader still
+    granted while the new one did, and a worker went by it."""
+    used = sorted((s for s in settles if s.sent and s.term), key=lambda s: s.granted_at)
     found = []
-    for heard in by_reply.values():
-        heard.sort(key=lambda a: a.at)
-        for first, second in itertools.pairwise(heard):
-            if not (first.granted or second.granted):
-                continue
-            if any(first.at < at <= second.at for at, _ in takeovers):
-                continue  # a term began between them
-            term = max((t for t in takeovers if t[0] <= first.at), default=(0.0, "?"))
+    leader_of: dict[int, str] = {}
+    newest: LimitSettle | None = None
+    for s in used:
+        if leader_of.setdefault(s.term, s.leader) != s.leader:
+            found.append(f"term {s.term} granted by both {leader_of[s.term]} and {s.leader}")
+        if newest is not None and s.term < newest.term:
             found.append(
-                f"ask {first.ask} answered twice {second.at - first.at:.3f}s apart in the "
-                f"term of {term[1]} ({'grant' if first.granted else 'wait'}, "
-                f"{'grant' if second.granted else 'wait'})"
+                f"ask {s.id} granted by {s.leader} (term {s.term}) "
+                f"{s.granted_at - newest.granted_at:.3f}s after {newest.leader} granted "
+                f"in term {newest.term}"
             )
+        if newest is None or s.term > newest.term:
+            newest = s
     return found

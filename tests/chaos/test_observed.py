@@ -5,9 +5,10 @@ clean record passes."""
 import msgspec
 
 from schemas import SessionSnapshot
+from schemas.limits import LimitSettle
 
 from .checker import Accepted
-from .observed import Answer, Cut, two_leaders, zombies
+from .observed import Cut, two_leaders, zombies
 from .test_checker import turn_events
 
 CUT = Cut("cut_loop_worker", "lw0-1", 1.0, 5.0, turns=(("c0", "t0"),))
@@ -58,16 +59,21 @@ def test_a_snapshot_that_goes_back_is_a_zombie_write():
     ]
 
 
-def test_an_ask_granted_twice_within_one_leader_term_is_named():
-    terms = [(0.0, "lw0-1"), (5.0, "lw1-2")]
-    once = [Answer("_INBOX.a.1", "x", True, 1.0), Answer("_INBOX.a.2", "y", False, 1.0)]
-    assert two_leaders(once, terms) == []
-    twice = [*once, Answer("_INBOX.a.1", "x", True, 1.25)]
-    assert two_leaders(twice, terms) == [
-        "ask x answered twice 0.250s apart in the term of lw0-1 (grant, grant)"
-    ]
-    across = [*once, Answer("_INBOX.a.1", "x", True, 6.0)]  # held in a cut node's socket
-    assert two_leaders(across, terms) == []
+def grant(ident: str, leader: str, term: int, at: float, sent: bool = True) -> LimitSettle:
+    return LimitSettle(id=ident, leader=leader, term=term, granted_at=at, sent=sent)
+
+
+def test_grants_of_two_leaders_at_once_are_named_and_a_handover_is_not():
+    handover = [grant("a", "lw0", 3, 1.0), grant("b", "lw0", 3, 2.0), grant("c", "lw1", 9, 2.5)]
+    assert two_leaders(handover) == []
+    late = [*handover, grant("d", "lw0", 3, 2.75)]  # the old leader still granting
+    assert two_leaders(late) == ["ask d granted by lw0 (term 3) 0.250s after lw1 granted in term 9"]
+    refused = [*handover, grant("d", "lw0", 3, 2.75, sent=False)]  # never let go
+    assert two_leaders(refused) == []
+    shared = [*handover, grant("e", "lw2", 9, 3.0)]
+    assert two_leaders(shared) == ["term 9 granted by both lw1 and lw2"]
+    unlimited = [LimitSettle(id="f", tokens=5)]  # no grant to judge
+    assert two_leaders(unlimited) == []
 
 
 def test_an_effect_run_again_under_its_idempotency_key_is_excused_in_a_partition_run():

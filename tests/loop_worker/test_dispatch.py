@@ -167,6 +167,27 @@ async def test_a_publish_whose_ack_is_lost_is_published_again_and_runs_once(nc, 
     assert info.state.last_seq == 1
 
 
+@pytest.mark.parametrize("fenced", [False, True], ids=["holding", "lapsed"])
+async def test_a_turn_whose_lease_lapsed_sends_no_copy_of_its_request(nc, dispatcher, fenced):
+    """The copy a lost ack would send goes out only while the turn may write (the
+    service's fence): a worker cut off past its lease's lapse publishes nothing more."""
+    publisher = LossyPublisher(nc, lose=10)  # no ack ever: each poll would send a copy
+    may_write = {"acme.s1.t1": True}
+    async with NatsToolDispatcher(
+        nc, SUBJECTS, grace_s=0.5, effect_poll_s=0.1, publisher=publisher,
+        writable=lambda key: may_write[key],
+    ) as lossy:  # fmt: skip
+        call = asyncio.create_task(lossy.call(request(text="again")))
+        await wait_for(lambda: len(publisher.tool_publishes) >= 1, what="the first publish")
+        may_write["acme.s1.t1"] = not fenced
+        await asyncio.sleep(1.0)  # ten polls, each of which would publish a copy
+        sent = len(publisher.tool_publishes)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert (sent == 1) if fenced else (sent > 2), sent
+
+
 async def test_the_reply_is_not_held_up_by_a_missing_ack(nc, dispatcher):
     publisher = LossyPublisher(nc)
     async with (
