@@ -573,8 +573,8 @@ class LoopWorker:
         if held is not None and self.fence.lapsed(held):  # by this worker's clock
             self.fence.lose(held)
             raise StaleSessionError(session)
-        if self.events.acks_each:
-            await self.events.flush(key)
+        if self.events.acks_each:  # all but the loop_end, which follows the checkpoint
+            await self.events.flush(key, end=False)
         if self.events.muted(key) or (held is not None and held.lost is not None):
             raise StaleSessionError(session)
 

@@ -2,25 +2,29 @@
 
 :meth:`JetStreamEvents.emit` publishes the event and returns. Most events go out as
 plain publishes (no reply subject, so no ack to receive and decode); every
-``barrier_every``-th event of a turn, one that would take the turn's unacked bytes past
-``UNACKED_BYTES``, and its ``loop_end`` go out with an ack. The server handles the
-messages of one connection in order, and the events stream stores them in that order,
-so the ack of a barrier means every event published before it on the same connection
-was stored too, provided the client did not reconnect in between (its reconnect count
-is compared). Events a barrier cannot vouch for (a reconnect, a failed publish) stay
-pending. That holds on one server only: on a cluster the stream's leader can change
-while the client stays connected to its node, and the plain publishes that went to
-the old leader are lost without a word while a later barrier is acked by the new one.
-So on a replicated events stream (:meth:`JetStreamEvents.start` looks) every event
-asks for its ack, and each is vouched for by its own (docs/ARCHITECTURE.md, "On a
-cluster"). :meth:`JetStreamEvents.flush` sends a barrier for the turn's last events if
-it has none, waits for the acks and publishes again, with acks, whatever is still
-pending; the service flushes before it acks the
-turn, so a turn is never done while one of its events is not stored. A ``loop_end``
-goes out only once the turn's other events are stored (on a replicated stream, or
-after a failed publish or a reconnect, :meth:`JetStreamEvents.flush` publishes it after
-storing them; ``emit`` still never waits), so a reader that stops at a turn's
-``loop_end`` has seen every event its worker emitted before it.
+``barrier_every``-th event of a turn, and one that would take the turn's unacked bytes
+past ``UNACKED_BYTES``, go out with an ack. The server handles the messages of one
+connection in order, and the events stream stores them in that order, so the ack of a
+barrier means every event published before it on the same connection was stored too,
+provided the client did not reconnect in between (its reconnect count is compared).
+Events a barrier cannot vouch for (a reconnect, a failed publish) stay pending. That
+holds on one server only: on a cluster the stream's leader can change while the client
+stays connected to its node, and the plain publishes that went to the old leader are
+lost without a word while a later barrier is acked by the new one. So on a replicated
+events stream (:meth:`JetStreamEvents.start` looks) every event asks for its ack, and
+each is vouched for by its own (docs/ARCHITECTURE.md, "On a cluster").
+:meth:`JetStreamEvents.flush` waits for the acks and publishes again, with acks,
+whatever is still pending; the service flushes before it acks the turn, so a turn is
+never done while one of its events is not stored.
+
+A turn's ``loop_end`` waits for :meth:`JetStreamEvents.flush`, which the service calls
+after the turn's last checkpoint is stored. So a ``loop_end`` in the stream means the
+session's snapshot has the turn ended: a worker that dies between the two leaves a
+``loop_end``-less turn that the next delivery resumes from its checkpoint, never a
+resumed run of a turn its readers saw end. Flush stores it after every other event of
+the turn (in order on one server, it is their barrier; else it goes out once they are
+stored), so a reader that stops at a turn's ``loop_end`` has seen every event its
+worker emitted before it.
 
 Streamed text is coalesced (``stream_flush_ms``): a token is not a stored message. A
 ``content_delta`` or ``thinking_delta`` goes out at once when it is the first since the
@@ -300,13 +304,12 @@ class JetStreamEvents:
         if turn.first_reconnects < 0:
             turn.first_reconnects = self._reconnects()
         item = _Pending(subject, payload, msg_id)
-        if kind == "loop_end" and turn.pending and self._out_of_order(turn):
-            turn.pending[msg_id] = turn.held_end = item  # flush stores the rest first
+        if kind == "loop_end":  # stored by flush, which comes after the last checkpoint
+            turn.pending[msg_id] = turn.held_end = item
             return
         turn.pending[msg_id] = item
         if (
-            kind == "loop_end"
-            or len(turn.unacked) + 1 >= self._barrier_every
+            len(turn.unacked) + 1 >= self._barrier_every
             or turn.unacked_bytes + len(item.payload) > UNACKED_BYTES
         ):
             await self._barrier(turn, key, item)
@@ -415,20 +418,26 @@ class JetStreamEvents:
         headers = {"Nats-Msg-Id": item.msg_id}
         return await acked(self._publisher, item.subject, item.payload, headers)
 
-    async def flush(self, key: str | None = None) -> None:
-        """Wait until every event of the turn ``key`` (or of every turn) is stored."""
+    async def flush(self, key: str | None = None, *, end: bool = True) -> None:
+        """Wait until every event of the turn ``key`` (or of every turn) is stored; with
+        ``end=False``, every one but its ``loop_end`` (before the turn's last checkpoint)."""
         keys = [check_turn_msg_id(key)] if key is not None else list(self._turns)
         for k in keys:
             turn = self._turns.get(k)
             if turn is not None and turn.held is not None:
                 await self._release(turn)
             if turn is not None and turn.pending:
-                await self._flush_turn(k, turn)
+                await self._flush_turn(k, turn, end)
 
-    async def _flush_turn(self, key: str, turn: _Turn) -> None:
+    async def _flush_turn(self, key: str, turn: _Turn, with_end: bool) -> None:
         self._fence(key)
         end = turn.held_end
         if end is None:
+            await self._store_pending(key, turn)
+            return
+        if with_end and not self._out_of_order(turn):  # its ack vouches for the rest too
+            turn.held_end = None
+            await self._barrier(turn, key, end)
             await self._store_pending(key, turn)
             return
         del turn.pending[end.msg_id]
@@ -436,6 +445,8 @@ class JetStreamEvents:
             await self._store_pending(key, turn)
         finally:
             turn.pending[end.msg_id] = end  # pending until stored
+        if not with_end:
+            return
         await retry(
             lambda: self._send(key, end), f"publish event {end.msg_id}", timeout=self._timeout
         )

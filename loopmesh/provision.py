@@ -197,7 +197,9 @@ async def ensure_stream(
 
 
 async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
-    """A durable pull consumer with explicit ack."""
+    """A durable pull consumer with explicit ack. Each request is retried through a
+    reconnect or a JetStream election (:func:`~loopmesh.retry.retry`): a process that
+    starts while its servers do waits for them instead of exiting."""
     want: dict[str, Any] = {
         "ack_wait": c.ack_wait_s,
         "max_deliver": c.max_deliver,
@@ -211,7 +213,7 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
         want["filter_subjects"] = list(c.filter_subjects)
     name = f"{c.stream}/{c.durable}"
     try:
-        info = await js.consumer_info(c.stream, c.durable)
+        info = await retry(lambda: js.consumer_info(c.stream, c.durable), f"{name} info")
     except NotFoundError:
         config = js_api.ConsumerConfig(
             durable_name=c.durable,
@@ -219,7 +221,8 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
             deliver_policy=_DELIVER[c.deliver_policy],
             **want,
         )
-        await _call(f"create consumer {name}", js.add_consumer(c.stream, config))
+        create = f"create consumer {name}"
+        await _call(create, retry(lambda: js.add_consumer(c.stream, config), create))
         return f"created consumer {name}"
     have = info.config
     if have.deliver_subject or have.ack_policy != js_api.AckPolicy.EXPLICIT:
@@ -231,7 +234,8 @@ async def ensure_consumer(js: JetStreamContext, c: ConsumerDef) -> str:
     changes = _diff(have, want)
     if not changes:
         return ""
-    await _call(f"update consumer {name}", js.add_consumer(c.stream, have.evolve(**want)))
+    update, changed = f"update consumer {name}", have.evolve(**want)
+    await _call(update, retry(lambda: js.add_consumer(c.stream, changed), update))
     return f"updated consumer {name} ({changes})"
 
 
@@ -239,7 +243,7 @@ async def retire_consumer(js: JetStreamContext, stream: str, name: str) -> str:
     """Delete the consumer ``name`` of ``stream`` if it exists (what it held stays in
     the stream, for the consumers that replace it)."""
     try:
-        await js.delete_consumer(stream, name)
+        await retry(lambda: js.delete_consumer(stream, name), f"delete consumer {stream}/{name}")
     except NotFoundError:
         return ""
     return f"deleted consumer {stream}/{name} (replaced)"

@@ -13,6 +13,7 @@ from loopmesh.testing.durable import (
     stream_events,
     wait_for,
 )
+from schemas import encode
 from schemas.events import (
     ContentDelta,
     LLMRequest,
@@ -118,6 +119,42 @@ async def test_a_resumed_loop_start_is_kept_and_loop_end_is_stored_once(nc):
         ("loop_start", "acme.s1.t1:loop_start:r2"),
         ("loop_end", "acme.s1.t1:loop_end"),
     ]
+
+
+async def test_a_loop_end_is_stored_by_flush_not_by_emit(nc):
+    """The service flushes after the turn's last checkpoint: a worker that dies between
+    its ``loop_end`` and that checkpoint must leave no ``loop_end`` in the stream, or
+    the next delivery would resume a turn its readers saw end."""
+    sink = await started(JetStreamEvents(nc, SUBJECTS))
+    sink.begin("acme.s1.t1")
+    for event in run_events():
+        await sink.emit(event)
+    if sink.acks_each:  # the cluster: every event but the loop_end gets its ack
+        await wait_for(lambda: sink.pending("acme.s1.t1") <= 1)
+    else:  # one server stores a connection's messages in order: all before this one
+        other = LoopStart(tenant="acme", session="s1", turn_id="t2")
+        subject = SUBJECTS.event("acme", "s1", "loop_start")
+        await nc.jetstream().publish(subject, encode(other), headers={"Nats-Msg-Id": "t2"})
+    stored = [e.type for e, _ in await stream_events(nc, "acme", "s1") if e.turn_id == "t1"]
+    assert stored == ["loop_start", "llm_request", "content_delta", "content_delta", "tool_result"]
+    await sink.flush("acme.s1.t1")
+    stored = [e.type for e, _ in await stream_events(nc, "acme", "s1") if e.turn_id == "t1"]
+    assert stored[-1] == "loop_end"
+
+
+async def test_a_flush_before_the_last_checkpoint_stores_all_but_the_loop_end(nc):
+    """What a checkpoint waits for on a cluster: the events it stands for, not the
+    ``loop_end``, which must not be stored before the checkpoint that ends the turn."""
+    sink = await started(JetStreamEvents(nc, SUBJECTS))
+    sink.begin("acme.s1.t1")
+    for event in run_events():
+        await sink.emit(event)
+    await sink.flush("acme.s1.t1", end=False)
+    assert sink.pending("acme.s1.t1") == 1
+    stored = [e.type for e, _ in await stream_events(nc, "acme", "s1")]
+    assert stored == ["loop_start", "llm_request", "content_delta", "content_delta", "tool_result"]
+    await sink.flush("acme.s1.t1")
+    assert [e.type for e, _ in await stream_events(nc, "acme", "s1")] == [*stored, "loop_end"]
 
 
 async def test_tool_outcome_events_share_the_tool_workers_msg_id(nc):

@@ -1,3 +1,6 @@
+import asyncio
+
+import nats
 import nats.js.errors
 import pytest
 from nats.js import api
@@ -273,3 +276,23 @@ async def test_a_bucket_made_without_per_message_ttl_gets_it_for_pinned_entries(
     )
     await js.publish("$KV.old.a", b"x", headers=PIN_HEADERS)
     assert await ensure_bucket(js, KVDef(bucket="old", ttl_s=30)) == ""
+
+
+async def test_a_consumer_made_while_the_server_restarts_waits_for_it(nats_server):
+    """A worker starting beside its servers: each request meets a closed connection
+    for longer than its timeout, and is retried until the server is back."""
+    nc = await nats.connect(nats_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    try:
+        s = Subjects()
+        await provision(nc.jetstream(), definitions(s))
+        js = nc.jetstream(timeout=0.5)  # far shorter than the server is away
+        await nats_server.stop()
+        made = asyncio.create_task(ensure_consumer(js, pool_consumer(s, "gpu", ack_wait_s=30)))
+        await asyncio.sleep(1.5)
+        assert not made.done()  # neither failed nor done while the server is down
+        await nats_server.start()
+        assert await asyncio.wait_for(made, 30) == "created consumer LOOPMESH_TOOLS/pool-gpu"
+        info = await nc.jetstream().consumer_info(s.tools_stream, "pool-gpu")
+        assert info.config.filter_subject == s.pool_tools("gpu")
+    finally:
+        await nc.close()
