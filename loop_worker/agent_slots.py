@@ -10,6 +10,8 @@ token has no ``=``). A running turn holds one of them as it holds its session's 
 (:meth:`~loop_worker.lease.Leases.try_acquire_one`: the keys read at once, a free one
 taken by a revision-checked write). The slot is renewed with the session's lease,
 released after the turn's ack, and lapses with the bucket's TTL when its worker dies.
+A tenant's cap is in the configuration (``[tenants]``, :meth:`FairShare.limits
+<loop_worker.share.FairShare.limits>`): knowing a tenant has none reads nothing.
 
 A turn that finds every slot taken is held, not handed back: each hand-back is a
 delivery, and deliveries are the poison limit (``max_deliver``), so a turn behind a long
@@ -28,7 +30,7 @@ their tenant's cap doing nothing, and the tenant's other agents wait behind them
 agent's slots are its tenant's (one set per tenant), so a turn holding one while it
 waits for its tenant's keeps nothing from a turn that could run: that turn would need
 a tenant slot too. Every turn takes them in that one order, and a turn holding a
-tenant slot waits for nothing more, so no two turns wait for each other.
+tenant slot waits for no other slot, so no two turns wait for each other's slots.
 
 Its session gets one ``turn_queued`` event when the wait begins, naming the agent, or
 with ``cap = "tenant"`` for the tenant's.
