@@ -417,7 +417,7 @@ class LoopWorker:
             raise_if_cancelled()
 
     async def _renew_leases(self) -> None:
-        """Renew the lease of every running turn, and its agent's slot, once a third of
+        """Renew the lease of every running turn, and its slots, once a third of
         its TTL has passed; a turn whose lease cannot be renewed is muted and stopped
         (:meth:`TurnRun.lose`)."""
         while True:
@@ -426,7 +426,7 @@ class LoopWorker:
             due = [
                 (held, lease)
                 for held in self._held.values()
-                for lease in (held.lease, held.slot)
+                for lease in (held.lease, *held.slots)
                 if lease is not None and lease.due(now)
             ]
             if due:
@@ -437,8 +437,8 @@ class LoopWorker:
         try:
             await lease.renew()
         except LeaseLostError as exc:
-            if lease is held.slot:  # it lapsed (the worker stalled): the turn runs on
-                log.warning("agent slot lost; the turn runs on turn=%s: %s", held.turn_id, exc)
+            if lease in held.slots:  # it lapsed (the worker stalled): the turn runs on
+                log.warning("slot lost; the turn runs on turn=%s: %s", held.turn_id, exc)
                 await lease.release()  # (if another took it, the key is left alone)
             elif not lease.released:
                 held.lose(exc)

@@ -12,7 +12,8 @@ is here, in the order it happens:
 3. **lease** — the session's lease, so one worker runs the session at a time (with
    no tenant limit the first order check and a first try for the lease go out
    together); then, when its agent has a ``max_active_turns``, one of the agent's
-   slots, waited for without a running place (:mod:`.agent_slots`);
+   slots, and when its tenant has one, one of the tenant's, each waited for without a
+   running place (:mod:`.agent_slots`);
 4. **start** — the turn's controls open and its snapshot preloads at once, from what
    this worker kept of the session when nobody held it since (:func:`warm`), else read;
 5. **run** the engine;
@@ -59,7 +60,7 @@ from schemas import DEFAULT_AGENT, Cancel, Turn, session_key
 from schemas.admit import Refused, admit_turn
 
 from . import refusals
-from .agent_slots import GaveUp
+from .agent_slots import TENANT, GaveUp
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
@@ -197,7 +198,7 @@ class TurnRun:
     """One delivered turn: its state while held, and :meth:`run`, its whole story."""
 
     __slots__ = (
-        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "slot", "task", "tenant",
+        "_w", "acked", "done", "lease", "lost", "msg", "ordering", "seq", "slots", "task", "tenant",
         "turn",
     )  # fmt: skip
 
@@ -210,7 +211,7 @@ class TurnRun:
         self.done = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.lease: Lease | None = None
-        self.slot: Lease | None = None  # one of its agent's max_active_turns, if capped
+        self.slots: list[Lease] = []  # of its agent's and its tenant's max_active_turns
         self.lost: LeaseLostError | None = None  # set when its lease was lost and its task stopped
         self.acked = False
         self._w = owner
@@ -312,7 +313,7 @@ class TurnRun:
             key = session_key(turn.tenant, turn.session)
             finished = False
             try:
-                self.slot = await self._agent_slot(turn, lease)
+                await self._take_slots(turn, lease)
                 async with w._slots:
                     w._running[key] = self
                     ACTIVE.inc()
@@ -338,21 +339,28 @@ class TurnRun:
                     else:
                         await lease.release()
                 finally:
-                    if self.slot is not None:  # after the ack: the agent's turn has ended
-                        await self.slot.release()
+                    for slot in self.slots:  # after the ack: the turn has ended
+                        await slot.release()
 
-    async def _agent_slot(self, turn: Turn, lease: Lease) -> Lease | None:
-        """One of the slots of the turn's agent's ``max_active_turns``, when it has one
-        (:mod:`.agent_slots`), waited for like an earlier turn of the session: with no
-        running place used. A full worker hands the turn back after ``order_wait_s``, a
-        stopping one at once."""
+    async def _take_slots(self, turn: Turn, lease: Lease) -> None:
+        """One of the slots of the turn's agent's ``max_active_turns``, when it has one,
+        then one of its tenant's, when it has one (:mod:`.agent_slots`: why in that
+        order); each kept in :attr:`slots` once taken, to be renewed and released."""
         w = self._w
-        if not await w.agent_slots.any_capped():
-            return None
-        agent = turn.agent or await self._session_agent(turn, lease)
-        cap = await w.agent_slots.cap(agent)
-        if cap is None:
-            return None
+        if await w.agent_slots.any_capped():
+            agent = turn.agent or await self._session_agent(turn, lease)
+            cap = await w.agent_slots.cap(agent)
+            if cap is not None:
+                self.slots.append(await self._slot(turn, agent, cap))
+        cap = w.share.limits(turn.tenant).max_active_turns  # configured: no read
+        if cap:
+            self.slots.append(await self._slot(turn, TENANT, cap))
+
+    async def _slot(self, turn: Turn, agent: str, cap: int) -> Lease:
+        """A slot of ``agent`` (:data:`~.agent_slots.TENANT`: of the turn's tenant),
+        waited for like an earlier turn of the session: with no running place used. A
+        full worker hands the turn back after ``order_wait_s``, a stopping one at once."""
+        w = self._w
         slot = await w.agent_slots.try_take(turn, agent, cap)
         if slot is not None:
             return slot

@@ -135,8 +135,10 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    #: The tenant's turns of one lane (interactive, batch) the whole fleet holds at
-    #: once, running or waiting for an earlier turn of their session (0: no limit).
+    #: The tenant's turns the whole fleet runs at once, both lanes (interactive, batch)
+    #: together (0: no limit). Each lane's consumer holds at most this many delivered
+    #: turns, running or waiting; the loop workers count the running ones together in
+    #: the leases bucket (docs/ARCHITECTURE.md, "Fair share between tenants").
     max_active_turns: Annotated[int, msgspec.Meta(ge=0)] = 0
     #: Turns of the tenant waiting in the turns stream past which the gateway refuses
     #: another (429 ``backlog_full``; 0: no limit).

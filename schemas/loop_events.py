@@ -24,11 +24,14 @@ class TurnQueued(Event, tag="turn_queued", frozen=True, kw_only=True):
     max_active_turns``, or the fleet is busy). Its ``turn_accepted`` follows when a
     loop worker takes it.
 
-    ``agent`` set: a loop worker holds the turn, and it waits for one of its agent's
-    running turns to end (the agent's ``max_active_turns``); ``ahead`` is 0 then."""
+    ``cap`` set: a loop worker holds the turn, and it waits for one of the running turns
+    that count in a cap to end: ``agent``, its agent's (``[[agents]] max_active_turns``,
+    the agent named in ``agent``); ``tenant``, its tenant's (``[tenants."<name>"]
+    max_active_turns``, both lanes together). ``ahead`` is 0 then."""
 
     ahead: int = 0
     agent: str = ""
+    cap: Literal["", "agent", "tenant"] = ""
 
 
 class LoopStart(Event, tag="loop_start", frozen=True, kw_only=True):

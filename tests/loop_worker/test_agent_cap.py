@@ -89,12 +89,19 @@ class Events:
 
 
 @pytest.fixture
-async def fleet(durable, tmp_path):
-    """Two loop-worker processes of 4 places each, with the ``slow`` agent capped."""
+def fleet_config() -> str:
+    """The fleet's ``loopmesh.toml`` (a module of tests of another cap sets its own)."""
+    return CONFIG
+
+
+@pytest.fixture
+async def fleet(durable, tmp_path, fleet_config):
+    """Two loop-worker processes of 4 places each, configured by ``fleet_config`` (here,
+    the ``slow`` agent capped)."""
     nc = await connect_fast(durable.url)
     await provision_short(nc, replicas=durable.replicas)
     config = tmp_path / "loopmesh.toml"
-    config.write_text(CONFIG)
+    config.write_text(fleet_config)
     events = Events()
     subs = [
         await nc.subscribe(f"loopmesh.events.*.*.{type_}", cb=events.on)
