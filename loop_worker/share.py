@@ -22,7 +22,9 @@ A worker learns which tenants have turns waiting from:
 - the doorbell: a plain subscription to ``loopmesh.turns.>``. A JetStream publish is a
   NATS publish, so the worker sees every turn as it is published;
 - the count every delivered turn carries of the turns after it in its consumer;
-- a pull that expires with nothing: none was waiting then (but those rung since);
+- a pull that expires with nothing: none was waiting then (but those rung since); for a
+  tenant with a ``max_active_turns`` the pull may have expired at its consumer's cap
+  with turns waiting, so its consumer's count is read instead;
 - a scan of the consumers and of the stream's subjects, at start and every
   ``rescan_s``: turns published while no worker listened, a doorbell missed on a
   reconnect.
@@ -156,6 +158,7 @@ class FairShare:
         self._pulls: dict[str, _Pull] = {}
         self._by_consumer: dict[str, Lane] = {}
         self._making: dict[str, asyncio.Task[None]] = {}  # consumers being made, by tenant
+        self._counting: dict[Lane, asyncio.Task[None]] = {}  # lanes being counted again
         self._ids = itertools.count()
         self._changed = asyncio.Event()
         self._inbox = ""
@@ -183,7 +186,7 @@ class FairShare:
         await self.scan()
 
     async def close(self) -> None:
-        for task in list(self._making.values()):
+        for task in [*self._making.values(), *self._counting.values()]:
             task.cancel()
         for sub in self._subs:
             with contextlib.suppress(Exception):
@@ -362,8 +365,11 @@ class FairShare:
             return
         lane = pull.lane
         if status in ("404", "408"):  # nothing (more) to take before the pull expired
-            if not pull.got and not self.limits(lane.tenant.name).max_active_turns:
-                # (a capped tenant's pull may expire with turns waiting: counted still)
+            if not pull.got and self.limits(lane.tenant.name).max_active_turns:
+                # a capped tenant's pull may expire with turns waiting (its consumer at
+                # its cap): its consumer tells
+                self._recount(lane)
+            elif not pull.got:
                 lane.waiting = lane.rung - pull.rung_at_send  # those rung since may be coming
         elif status == "503":  # no such consumer (an idle one is removed): make it again
             lane.consumer = False
@@ -407,6 +413,27 @@ class FairShare:
         self._changed.set()
 
     # -- what is waiting ----------------------------------------------------------------
+
+    def _recount(self, lane: Lane) -> None:
+        """Count ``lane``'s waiting turns again from its consumer: a count that erred
+        high would otherwise stay high, its pulls expiring empty for ever, and with
+        strict priority an interactive lane believed waiting keeps every batch lane
+        from the places it asks for."""
+        if lane not in self._counting:
+            self._counting[lane] = asyncio.create_task(self._count(lane))
+
+    async def _count(self, lane: Lane) -> None:
+        consumer = self.subjects.tenant_consumer(lane.tenant.name, lane.priority)
+        rung = lane.rung
+        try:
+            info = await self._js.consumer_info(self._stream, consumer)
+        except Exception as exc:  # the next expired pull asks again
+            log.debug("consumer %s not read error=%r", consumer, exc)
+        else:  # those rung since may not be counted yet: err high
+            lane.waiting = (info.num_pending or 0) + lane.rung - rung
+            self._changed.set()
+        finally:
+            del self._counting[lane]
 
     async def _on_bell(self, msg: Msg) -> None:
         tokens = msg.subject.split(".")

@@ -104,3 +104,18 @@ async def test_a_turn_waiting_for_its_agent_holds_none_of_its_tenants_slots(flee
     assert fleet.events.most_running("") == 3
     assert {e["cap"] for e in fleet.events.of("turn_queued", "slow")} == {"agent"}
     await drained(fleet.nc, SUBJECTS.turns_stream)
+
+
+@pytest.mark.parametrize("durable", BOTH, indirect=True)
+async def test_a_capped_tenants_batch_turns_run_once_its_interactive_ones_have(fleet):
+    # each worker hears all 16 turns published and takes about half: what it counted of
+    # the others' stays counted unless its consumer is asked once a pull comes back empty
+    fleet.llm.script_for("fake-model", *[answer(0.02) for _ in range(40)])
+    await fleet.start()
+    for k in range(16):
+        await send_turn(fleet.nc, _turn("acme", f"si{k}", f"capi{k}"))
+    await fleet.events.until(lambda: len(fleet.events.ended("capi")) == 16, timeout=120)
+    for k in range(3):
+        await send_turn(fleet.nc, _turn("acme", f"sb{k}", f"capb{k}", batch=True))
+    await fleet.events.until(lambda: len(fleet.events.ended("capb")) == 3, timeout=60)
+    await drained(fleet.nc, SUBJECTS.turns_stream)
