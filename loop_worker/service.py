@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -44,33 +43,10 @@ from prometheus_client import Histogram
 
 from loopmesh.aio import raise_if_cancelled
 from loopmesh.jetstream import KV, Publisher, quietly, retry, worker_name
-from loopmesh.provision import (
-    ensure_bucket,
-    ensure_consumer,
-    ensure_stream,
-    has_msg_ttl,
-    retire_consumer,
-)
+from loopmesh.provision import has_msg_ttl
 from loopmesh.scheduler import Scheduler
-from schemas import (
-    KVDef,
-    SessionSnapshot,
-    StreamDef,
-    ToolCallRequest,
-    Turn,
-    session_key,
-    turn_msg_id,
-)
+from schemas import SessionSnapshot, ToolCallRequest, Turn, session_key, turn_msg_id
 from schemas.admit import Refused
-from schemas.streams import (
-    advisories_consumer,
-    advisories_stream,
-    agents_bucket,
-    embeddings_bucket,
-    limits_bucket,
-    memory_bucket,
-    schedules_bucket,
-)
 
 from . import refusals
 from .agent_calls import NatsAgentCalls
@@ -92,11 +68,14 @@ from .fence import Fence
 from .lease import Lease, Leases
 from .limiter import SharedLimiter
 from .memory import NatsMemories
+from .order import first_turns, gone
+from .provisioning import provision
 from .share import FairShare
 from .sink import JetStreamEvents
 from .store import KVSessionStore
+from .tenant_room import TenantRoom
 from .traces import traced_llm
-from .turn import HELD, DoneElsewhere, HandBack, TurnRun, first_turns, gone
+from .turn import HELD, DoneElsewhere, HandBack, TurnRun
 from .usage import LedgerUsage
 
 __all__ = ["HandBack", "LoopWorker"]  # HandBack: raised by the order wait, caught in .turn
@@ -220,8 +199,7 @@ class LoopWorker:
         self._held: dict[str, TurnRun] = {}  # by the delivery's reply subject
         self._by_seq: dict[int, TurnRun] = {}
         self._slots = asyncio.Semaphore(self.settings.max_active_turns)
-        self._tenants: dict[str, int] = {}
-        self._tenant_room = asyncio.Condition()
+        self.tenant_room = TenantRoom(self.settings.tenant_max_active)
         self._tg: asyncio.TaskGroup | None = None
         self.share = FairShare(nc, self.subjects, self.settings, config.tenants, deliver=self._take)
         self._stopping = False
@@ -300,59 +278,14 @@ class LoopWorker:
     async def _prepare(self) -> None:
         s, subjects = self.settings, self.subjects
         if s.provision:
-            # each tenant's consumer is made at its first turn (FairShare); the one
-            # they replace would overlap them all
-            done = await retire_consumer(
-                self._js, subjects.turns_stream, subjects.legacy_turns_consumer
-            )
-            done += "\n" + await ensure_stream(
-                self._js,
-                StreamDef(
-                    name=subjects.deadletter_stream,
-                    subjects=(subjects.all_deadletter,),
-                    max_age_s=30 * 24 * 3600.0,
-                    replicas=self.config.nats.replicas,
-                    description="messages given up on, with the reason in their headers",
-                ),
-            )
-            replicas, msg_ttl = self.config.nats.replicas, has_msg_ttl(self.nc)
-            done += "\n" + await ensure_stream(
-                self._js, advisories_stream(subjects, replicas=replicas)
-            )
-            done += "\n" + await ensure_consumer(self._js, advisories_consumer(subjects))
-            done += "\n" + await ensure_bucket(
-                self._js,
-                KVDef(
-                    bucket=subjects.leases_bucket,
-                    ttl_s=s.lease_ttl_s,
-                    replicas=self.config.nats.replicas,
-                    description="one loop worker per session",
-                ),
-                msg_ttl=msg_ttl,
-            )
-            done += "\n" + await ensure_bucket(
-                self._js, agents_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
-            )
-            done += "\n" + await ensure_bucket(
-                self._js, schedules_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
-            )
-            done += "\n" + await ensure_bucket(
-                self._js, memory_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
-            )
-            if self.limiter is not None:
-                done += "\n" + await ensure_bucket(
-                    self._js, limits_bucket(subjects, replicas=replicas), msg_ttl=msg_ttl
-                )
-            if self.prefilter is not None and self.prefilter.embedder is not None:
-                done += "\n" + await ensure_bucket(
-                    self._js,
-                    embeddings_bucket(self.subjects, replicas=self.config.nats.replicas),
-                    msg_ttl=msg_ttl,
-                )
-            for action in filter(None, done.split("\n")):  # a change is never silent
-                log.log(
-                    logging.WARNING if action.startswith("updated") else logging.INFO, "%s", action
-                )
+            embeddings = self.prefilter is not None and self.prefilter.embedder is not None
+            provisioned = await provision(
+                self._js, subjects, s, self.config.nats.replicas, has_msg_ttl(self.nc),
+                limits=self.limiter is not None, embeddings=embeddings,
+            )  # fmt: skip
+            for action in provisioned:  # a change is never silent
+                level = logging.WARNING if action.startswith("updated") else logging.INFO
+                log.log(level, "%s", action)
         await self.publisher.start()
         await self.events.start()
         await self.store.start()
@@ -472,9 +405,6 @@ class LoopWorker:
             log.error("refusal not reported; dropping the turn error=%r", exc)
         await self.deadletters.refuse(msg, f"{refused.code}: {refused.message}", announce=False)
 
-    async def _first_turns(self, turn: Turn) -> tuple[int | None, int | None]:
-        return await first_turns(self.publisher, self.subjects, turn)
-
     async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None:
         """Return once no earlier turn of the session is left in the stream.
 
@@ -504,7 +434,7 @@ class LoopWorker:
             async with self.leases.handover(turn.tenant, turn.session) as wait:
                 while True:
                     wait.mark()
-                    own, other = await self._first_turns(turn)
+                    own, other = await first_turns(self.publisher, self.subjects, turn)
                     if gone(own, held.seq):
                         raise DoneElsewhere
                     first_seq = min(own or held.seq, other or held.seq)
@@ -524,24 +454,6 @@ class LoopWorker:
         finally:
             if lending:
                 self.share.inherit(held.tenant, False)
-
-    @contextlib.asynccontextmanager
-    async def _tenant_slot(self, tenant: str) -> AsyncIterator[None]:
-        limit = self.settings.tenant_max_active
-        if not limit:
-            yield
-            return
-        async with self._tenant_room:
-            await self._tenant_room.wait_for(lambda: self._tenants.get(tenant, 0) < limit)
-            self._tenants[tenant] = self._tenants.get(tenant, 0) + 1
-        try:
-            yield
-        finally:
-            async with self._tenant_room:
-                self._tenants[tenant] -= 1
-                if not self._tenants[tenant]:
-                    del self._tenants[tenant]
-                self._tenant_room.notify_all()
 
     def _unmatched(self, changed: object = None) -> None:
         """Report the names of ``[loop] approval_tools`` and of the agents that match

@@ -40,7 +40,7 @@ Pulls are raw ``CONSUMER.MSG.NEXT`` requests, ``batch`` places at a time, all an
 one inbox; a delivered turn is handed to the worker with its tenant. Order within a
 session, ``on_busy``, leases and acks are the worker's: a lane's consumer delivers its
 turns in stream order, and a turn whose session has an earlier turn in the other lane
-waits for it (:func:`loop_worker.turn.first_turn` reads both).
+waits for it (:func:`loop_worker.order.first_turn` reads both).
 """
 
 from __future__ import annotations

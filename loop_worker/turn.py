@@ -64,6 +64,7 @@ from .agent_slots import TENANT, GaveUp
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
+from .order import first_turn, gone
 from .traces import turn_span
 
 if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
     from .share import FairShare
     from .sink import JetStreamEvents
     from .store import KVSessionStore
+    from .tenant_room import TenantRoom
 
     class Owner(Protocol):
         """What a turn uses of the worker that runs it."""
@@ -101,6 +103,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         deadletters: DeadLetters
         share: FairShare
         agent_slots: AgentSlots
+        tenant_room: TenantRoom
         _held: dict[str, TurnRun]
         _by_seq: dict[int, TurnRun]
         _running: dict[str, TurnRun]
@@ -112,7 +115,6 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
 
         async def _refuse(self, msg: Msg, refused: Refused, tenant: str) -> None: ...
         async def _wait_turn_order(self, held: TurnRun, turn: Turn) -> None: ...
-        def _tenant_slot(self, tenant: str) -> contextlib.AbstractAsyncContextManager[None]: ...
         def _released(self, held: TurnRun) -> None: ...
 
 
@@ -142,13 +144,6 @@ class DoneElsewhere(Exception):
 
     def __init__(self) -> None:
         super().__init__("acked by another delivery")
-
-
-def gone(first: int | None, seq: int) -> bool:
-    """Whether the turn at stream sequence ``seq`` has left the turns stream, given
-    ``first``, its session's oldest turn still there (a work queue: a turn leaves it
-    once acked, or dead-lettered)."""
-    return first is None or (first > seq > 0)
 
 
 class Rejected(Exception):
@@ -305,7 +300,7 @@ class TurnRun:
         early = await self._order_and_lease(turn, delivery)  # 2. order, 3. lease
         # with no tenant limit there is no room to wait for (and no call to make)
         tenant_limited = bool(w.settings.tenant_max_active)
-        room = w._tenant_slot(turn.tenant) if tenant_limited else contextlib.nullcontext()
+        room = w.tenant_room.slot(turn.tenant) if tenant_limited else contextlib.nullcontext()
         async with room:
             lease = self.lease = early or await w.leases.acquire(turn.tenant, turn.session, turn.id)
             if early is None:  # the lease was waited for: the turn may be done meanwhile
@@ -524,30 +519,6 @@ class TurnRun:
             self._w.events.mute(self.turn.msg_id)
         if self.task is not None:
             self.task.cancel()
-
-
-async def first_turn(publisher: Publisher, subjects: Subjects, turn: Turn) -> int | None:
-    """The stream sequence of the oldest turn of ``turn``'s session still in the turns
-    stream, of either lane, or ``None`` when none of ``turn``'s own lane is left (then
-    ``turn`` is gone: an earlier turn of the other lane would have ended first)."""
-    own, other = await first_turns(publisher, subjects, turn)
-    return own if own is None or other is None else min(own, other)
-
-
-async def first_turns(
-    publisher: Publisher, subjects: Subjects, turn: Turn
-) -> tuple[int | None, int | None]:
-    """The stream sequences of the oldest turns of ``turn``'s session still in the turns
-    stream: in ``turn``'s own lane, and in the other."""
-    lanes = subjects.session_turns(turn.tenant, turn.session)  # its own lane first
-    stream = subjects.turns_stream
-    own, other = await asyncio.gather(
-        *(
-            retry(functools.partial(publisher.first_seq, stream, s), f"first turn of {s}")
-            for s in (lanes[::-1] if turn.priority == "batch" else lanes)
-        )
-    )
-    return own, other
 
 
 def _msg_id(msg: Msg) -> str | None:
