@@ -61,7 +61,8 @@ from bench.common import LLMServer
 from bench.llm_stream import STAMP, Pace
 from loop_worker.engine.chunks import Chunk, read_chunk
 from loop_worker.engine.http1 import Http1Transport
-from loop_worker.engine.llm import OpenAILLM, ToolCallAssembler
+from loop_worker.engine.llm import OpenAILLM
+from loop_worker.engine.reply import ToolCallAssembler
 from loop_worker.engine.settings import LLMSettings
 from loopmesh.aio import run
 from schemas import ChatMessage

@@ -7,15 +7,8 @@ interactive turns (``loopmesh.turns.<tenant>.*``), ``batch-<tenant>`` its batch 
 when they first see one of its turns of that lane, narrowing a consumer of both lanes
 (``loopmesh.turns.<tenant>.>``, as made before the lanes) to the interactive one first.
 
-A place that frees on a worker goes to an interactive turn while any tenant has one
-waiting, and to a batch turn only when none has: priority first, then fairness. Within a
-lane it goes to the tenant with turns waiting that holds the fewest places there (both
-lanes counted) for its weight (``[tenants]``). So a tenant alone gets every place (the
-dispatch is work-conserving), one tenant's flood takes no place that another tenant's
-turn of the same lane asks for (that turn waits for the next place to free, not behind
-the flood), and no batch backlog stands in front of an interactive turn. An interactive
-turn held behind a batch turn of its session lends its rank to its tenant's batch lane
-while it waits (:meth:`FairShare.inherit`).
+Who gets a free place is :mod:`loop_worker.lanes`' rule (:func:`~loop_worker.lanes.assign`):
+interactive turns first, then the tenant holding the fewest places for its weight.
 
 A worker learns which tenants have turns waiting from:
 
@@ -36,8 +29,9 @@ Its counts err high, never low: a count too high costs a pull that waits on the 
 (``fetch_timeout_s``) holding one place; a count too low would leave a turn unseen until
 the next scan.
 
-Pulls are raw ``CONSUMER.MSG.NEXT`` requests, ``batch`` places at a time, all answered on
-one inbox; a delivered turn is handed to the worker with its tenant. Order within a
+Pulls are raw ``CONSUMER.MSG.NEXT`` requests (:mod:`loop_worker.pulls`), ``batch`` places
+at a time, all answered on one inbox; a delivered turn is handed to the worker with its
+tenant. Order within a
 session, ``on_busy``, leases and acks are the worker's: a lane's consumer delivers its
 turns in stream order, and a turn whose session has an earlier turn in the other lane
 waits for it (:func:`loop_worker.order.first_turn` reads both).
@@ -47,13 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
-import json
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -69,66 +58,12 @@ from schemas.streams import tenant_consumer
 from schemas.types import Priority
 
 from .config import ServiceSettings
+from .lanes import LANES, Lane, Tenant, assign
+from .pulls import Deliver, Pulls
 
 log = logging.getLogger("loopmesh.loop_worker.share")
 
-Deliver = Callable[[Msg, str], None]
 _RETRY_S = 0.5  # a tenant's consumer that could not be made is tried again after this
-_LOST_S = 1.0  # a pull unanswered this long after it expired is given up
-#: The lanes, the first served first.
-LANES: tuple[Priority, ...] = ("interactive", "batch")
-
-
-@dataclass(eq=False)
-class Lane:
-    """What this worker knows of one lane of a tenant's turns: its consumer."""
-
-    tenant: Tenant
-    priority: Priority
-    waiting: int = 0  # turns believed waiting in its consumer (errs high)
-    asked: int = 0  # places asked for in pulls not yet answered
-    held: int = 0  # its turns this worker holds
-    rung: int = 0  # doorbells heard, ever
-    consumer: bool = False  # its consumer is known to exist, with this lane's filter
-    snooze_until: float = 0.0  # its consumer is at its fleet-wide cap until about then
-    pulls: deque[str] = field(default_factory=deque)  # its pulls in flight, oldest first
-
-
-@dataclass(eq=False)
-class Tenant:
-    """What this worker knows of one tenant's turns."""
-
-    name: str
-    weight: float
-    inheriting: int = 0  # its interactive turns held here behind a batch turn of their session
-    lanes: dict[Priority, Lane] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.lanes = {p: Lane(self, p) for p in LANES}
-
-    @property
-    def held(self) -> int:
-        return sum(lane.held for lane in self.lanes.values())
-
-    @property
-    def asked(self) -> int:
-        return sum(lane.asked for lane in self.lanes.values())
-
-    @property
-    def waiting(self) -> int:
-        return sum(lane.waiting for lane in self.lanes.values())
-
-    def load(self, given: int = 0) -> float:
-        return (self.held + self.asked + given) / self.weight
-
-
-@dataclass(eq=False)
-class _Pull:
-    lane: Lane
-    left: int
-    rung_at_send: int
-    got: int = 0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class FairShare:
@@ -153,15 +88,15 @@ class FairShare:
         self.subjects = subjects
         self.settings = settings
         self._limits = tenants
-        self._deliver = deliver
         self.tenants: dict[str, Tenant] = {}
-        self._pulls: dict[str, _Pull] = {}
         self._by_consumer: dict[str, Lane] = {}
         self._making: dict[str, asyncio.Task[None]] = {}  # consumers being made, by tenant
         self._counting: dict[Lane, asyncio.Task[None]] = {}  # lanes being counted again
-        self._ids = itertools.count()
         self._changed = asyncio.Event()
-        self._inbox = ""
+        self._pulls = Pulls(
+            nc, subjects, settings, lanes=self._by_consumer, limits=self.limits,
+            recount=self._recount, deliver=deliver, changed=self._changed,
+        )  # fmt: skip
         self._subs: list[Subscription] = []
         self._stream = subjects.turns_stream
 
@@ -176,11 +111,10 @@ class FairShare:
 
     async def start(self) -> None:
         """Listen for turns and for the pulls' answers, then scan what is waiting."""
-        self._inbox = self.nc.new_inbox()
         self._subs = [
             await self.nc.subscribe(self.subjects.all_turns, cb=self._on_bell),
             await self.nc.subscribe(self.subjects.all_handbacks, cb=self._on_handback),
-            await self.nc.subscribe(f"{self._inbox}.*", cb=self._on_reply),
+            await self._pulls.listen(),
         ]
         await self.nc.flush()
         await self.scan()
@@ -205,7 +139,7 @@ class FairShare:
             self._make_consumers()
             places = free() - sum(t.asked for t in self.tenants.values())
             for tenant, batch in self.assign(places):
-                await self._ask(tenant, batch)
+                await self._pulls.ask(tenant, batch)
             now = clock.time()
             if now >= min(rescan, look):
                 full = now >= rescan
@@ -218,11 +152,7 @@ class FairShare:
                     log.warning("scanning the turns stream failed error=%r", exc)
                 continue
             await _first(self._changed, stop, timeout=min(rescan, look) - now)
-        pending = [p.done.wait() for p in self._pulls.values()]
-        if pending:  # a pull expires by itself within fetch_timeout_s
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.fetch_timeout_s + 1.0):
-                    await asyncio.gather(*pending)
+        await self._pulls.answered()
 
     def wake(self) -> None:
         self._changed.set()
@@ -248,66 +178,11 @@ class FairShare:
     # -- who gets the free places -------------------------------------------------------
 
     def assign(self, places: int) -> list[tuple[Lane, int]]:
-        """Share ``places`` between the tenants' lanes with turns waiting: the
-        interactive lanes' first (and the batch lanes of tenants that :meth:`inherit`),
-        then the batch lanes'; within a rank one at a time to the tenant holding the
-        fewest for its weight, its interactive lane first: ``[(lane, places), ...]``."""
-        given: dict[str, int] = {}  # places given to each tenant, both lanes
-        lane_given: dict[Lane, int] = {}
-        for rank in (0, 1):
-            heap = [
-                (t.load(given.get(t.name, 0)), t.name, LANES.index(lane.priority), lane)
-                for t in self.tenants.values()
-                for lane in t.lanes.values()
-                if _rank(lane) == rank and self._wanting(lane, 0, given.get(t.name, 0)) > 0
-            ]
-            heapq.heapify(heap)
-            while places > 0 and heap:
-                _, name, order, lane = heapq.heappop(heap)
-                lane_given[lane] = lane_given.get(lane, 0) + 1
-                given[name] = given.get(name, 0) + 1
-                places -= 1
-                if self._wanting(lane, lane_given[lane], given[name]) > 0:
-                    heapq.heappush(heap, (lane.tenant.load(given[name]), name, order, lane))
-        return list(lane_given.items())
+        """Share ``places`` between the tenants' lanes with turns waiting
+        (:func:`~loop_worker.lanes.assign`): ``[(lane, places), ...]``."""
+        return assign(self.tenants.values(), places, cap=self.settings.tenant_max_active)
 
-    def _wanting(self, lane: Lane, given: int = 0, tenant_given: int = 0) -> int:
-        """Places ``lane`` could use now, beyond ``given`` (``tenant_given`` to its
-        tenant, both lanes): its waiting turns not yet asked for, under this worker's
-        per-tenant cap."""
-        if not lane.consumer or (
-            lane.snooze_until and asyncio.get_running_loop().time() < lane.snooze_until
-        ):
-            return 0
-        want = lane.waiting - lane.asked - given
-        cap = self.settings.tenant_max_active
-        if cap:
-            t = lane.tenant
-            want = min(want, cap - t.held - t.asked - tenant_given)
-        return want
-
-    # -- pulls --------------------------------------------------------------------------
-
-    async def _ask(self, lane: Lane, batch: int) -> None:
-        pull_id = str(next(self._ids))
-        self._pulls[pull_id] = _Pull(lane, batch, lane.rung)
-        lane.pulls.append(pull_id)
-        lane.asked += batch
-        expires = int(self.settings.fetch_timeout_s * 1e9)
-        body = json.dumps({"batch": batch, "expires": expires}).encode()
-        consumer = self.subjects.tenant_consumer(lane.tenant.name, lane.priority)
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{consumer}"
-        try:
-            await self.nc.publish(api, body, reply=f"{self._inbox}.{pull_id}")
-        except Exception as exc:
-            log.warning("pull for tenant %s not sent error=%r", lane.tenant.name, exc)
-            self._end(pull_id)
-            return
-        # A pull the server never answers (sent while the consumer was being placed on a
-        # cluster, or lost in a reconnect) would hold its places for ever: given up
-        # once it should long have expired.
-        lost_s = self.settings.fetch_timeout_s + _LOST_S
-        asyncio.get_running_loop().call_later(lost_s, self._end, pull_id)
+    # -- consumers --------------------------------------------------------------------------
 
     def _make_consumers(self) -> None:
         """Make the consumer of each lane with turns waiting that has none known, each
@@ -352,65 +227,6 @@ class FairShare:
                 ),
             )
             lane.consumer = True
-
-    async def _on_reply(self, msg: Msg) -> None:
-        status = JetStreamContext.is_status_msg(msg)
-        if not status:
-            await self._on_turn(msg)
-            return
-        # a status comes on the pull's own reply subject (a turn, on its stored subject)
-        pull_id = msg.subject.rpartition(".")[2]
-        pull = self._pulls.get(pull_id)
-        if status == "100" or pull is None:  # a heartbeat, or a pull already ended
-            return
-        lane = pull.lane
-        if status in ("404", "408"):  # nothing (more) to take before the pull expired
-            if not pull.got and self.limits(lane.tenant.name).max_active_turns:
-                # a capped tenant's pull may expire with turns waiting (its consumer at
-                # its cap): its consumer tells
-                self._recount(lane)
-            elif not pull.got:
-                lane.waiting = lane.rung - pull.rung_at_send  # those rung since may be coming
-        elif status == "503":  # no such consumer (an idle one is removed): make it again
-            lane.consumer = False
-        else:  # 409: the consumer is at its fleet-wide cap (max_ack_pending), or changed
-            reason = (msg.headers or {}).get("Description", "")
-            name = lane.tenant.name
-            log.debug("pull for tenant %s ended status=%s %s", name, status, reason)
-            loop, pause = asyncio.get_running_loop(), self.settings.fetch_timeout_s
-            lane.snooze_until = loop.time() + pause  # ask again after a pause, not at once
-            loop.call_later(pause, self._changed.set)
-        self._end(pull_id)
-
-    async def _on_turn(self, msg: Msg) -> None:
-        """A turn delivered: it answers its tenant's oldest pull (the server fills a
-        consumer's pulls in the order they came)."""
-        try:
-            lane = self._by_consumer[msg.metadata.consumer]
-            pull_id = lane.pulls[0]
-        except (KeyError, IndexError, ValueError):  # no pull of ours asks for it now
-            with contextlib.suppress(Exception):
-                await msg.nak()
-            return
-        pull = self._pulls[pull_id]
-        pull.left -= 1
-        pull.got += 1
-        lane.asked -= 1
-        lane.held += 1
-        lane.waiting = max(lane.waiting - 1, msg.metadata.num_pending)
-        if pull.left <= 0:
-            self._end(pull_id, answered=True)
-        self._deliver(msg, lane.tenant.name)
-
-    def _end(self, pull_id: str, *, answered: bool = False) -> None:
-        pull = self._pulls.pop(pull_id, None)
-        if pull is None:
-            return
-        pull.lane.pulls.remove(pull_id)
-        if not answered:
-            pull.lane.asked -= pull.left
-        pull.done.set()
-        self._changed.set()
 
     # -- what is waiting ----------------------------------------------------------------
 
@@ -540,12 +356,6 @@ class FairShare:
                 for priority in LANES:
                     self._by_consumer.pop(self.subjects.tenant_consumer(name, priority), None)
         self._changed.set()
-
-
-def _rank(lane: Lane) -> int:
-    """0: served first (an interactive lane, or the batch lane of a tenant whose
-    interactive turn waits for a batch turn); 1: served when no rank 0 lane wants."""
-    return 0 if lane.priority == "interactive" or lane.tenant.inheriting else 1
 
 
 async def _first(event: asyncio.Event, stop: asyncio.Event, *, timeout: float) -> None:

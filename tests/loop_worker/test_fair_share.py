@@ -13,7 +13,8 @@ from collections import Counter, defaultdict
 import pytest
 
 from loop_worker.config import ServiceSettings
-from loop_worker.share import FairShare, Tenant
+from loop_worker.lanes import Tenant
+from loop_worker.share import FairShare
 from loopmesh.settings import TenantSettings
 from loopmesh.testing.durable import (
     SUBJECTS,
