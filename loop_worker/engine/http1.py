@@ -11,7 +11,10 @@ each piece of the body to the reader, with no task, stream or lock per read.
 
 What it speaks: HTTP/1.1 over TCP or TLS; a body framed by ``Content-Length``, by
 chunked transfer coding, or by the connection's close; interim ``1xx`` responses
-skipped; idle connections kept per origin and used again. What it refuses: a response
+skipped; idle connections kept per origin and used again. A request on an idle
+connection that fails before any byte of its response (the server had closed it, its
+close unseen: lost in a partition, or the server restarted) goes once more on a new
+connection, after the origin's other idle connections are dropped. What it refuses: a response
 it cannot frame (``RemoteProtocolError``). Errors are httpx's own, so the openai client
 and :mod:`.llm` map them as they map httpcore's: a connect failure ``ConnectError``, a
 timeout ``ConnectTimeout`` / ``ReadTimeout``, a connection lost mid-body ``ReadError``
@@ -65,10 +68,22 @@ class Http1Transport(hx.AsyncBaseTransport):
         body = await request.aread()
         head = _request_head(request, len(body))
         conn = self._take_idle(origin)
+        reused = conn is not None
         if conn is None:
             conn = await self._connect(origin, timeouts.get("connect"), request)
         conn.send(head, body, request, timeouts.get("read"))
-        status, reason, headers = await conn.head()
+        try:
+            status, reason, headers = await conn.head()
+        except (hx.RemoteProtocolError, hx.ReadError):
+            if not reused or conn.answered:
+                raise
+            # an idle connection the server had closed unseen (its close lost in a
+            # partition, or the server restarted): the others idle as long are likely
+            # gone too, so they are dropped and the request goes once more on a new one
+            self._drop_idle(origin)
+            conn = await self._connect(origin, timeouts.get("connect"), request)
+            conn.send(head, body, request, timeouts.get("read"))
+            status, reason, headers = await conn.head()
         return hx.Response(
             status,
             headers=headers,
@@ -91,6 +106,10 @@ class Http1Transport(hx.AsyncBaseTransport):
                 return conn
             conn.close()
         return None
+
+    def _drop_idle(self, origin: Origin) -> None:
+        for conn in self._idle.pop(origin, []):
+            conn.close()
 
     def _give_back(self, origin: Origin, conn: _Connection) -> None:
         conns = self._idle.setdefault(origin, [])
@@ -162,6 +181,7 @@ class _Connection(asyncio.Protocol):
         self._read_timeout: float | None = None
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self.answered = False  # a byte of the response to the last request came
 
     # -- the reader's side ---------------------------------------------------------------
 
@@ -169,6 +189,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._request, self._method = request, request.method.encode()
         self._state, self._buffer, self._error = _HEAD, b"", None
+        self.answered = False
         self._keep = not _says_close(request.headers.get("connection"))
         self._head = self._loop.create_future()
         self._read_timeout = read
@@ -229,6 +250,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self._loop.time()
+        self.answered = True
         try:
             self._feed(data)
         except _ProtocolError as exc:

@@ -209,6 +209,16 @@ async def test_an_idle_connection_the_server_closed_is_not_used(raw, client):
     assert raw.connections == 2
 
 
+async def test_a_request_on_an_idle_connection_closed_unseen_goes_again_on_a_new_one(raw, client):
+    # the server hangs up on the second request of the first connection, as a server
+    # does that closed it while its close was lost (a partition) or restarted
+    raw.replies += [[sized(b"one")], None, [sized(b"two")]]
+    assert (await client.get(raw.url)).content == b"one"
+    assert (await client.post(raw.url, content=b"again")).content == b"two"
+    assert raw.connections == 2
+    assert raw.requests[1].endswith(b"again") and raw.requests[2].endswith(b"again")
+
+
 async def test_a_body_closed_before_its_end_closes_its_connection(raw, client):
     raw.replies += [[chunked(b"a" * 10, b"b" * 10)], [sized(b"next")]]
     async with client.stream("GET", raw.url) as response:
