@@ -329,7 +329,8 @@ async def send_turn(nc: Client, turn: Any, subjects: Subjects = SUBJECTS) -> int
 
 
 class Watch:
-    """Every event of one session from now on, in stream order; wait on them."""
+    """Every event of one session from now on (``since=0``: from its first), in stream
+    order; wait on them."""
 
     def __init__(
         self,
@@ -338,9 +339,11 @@ class Watch:
         session: str = "s1",
         *,
         subjects: Subjects = SUBJECTS,
+        since: int | None = None,
     ) -> None:
         self.events: list[Event] = []
         self._nc, self._tenant, self._session = nc, tenant, session
+        self._since = since  # None: from now on; 0: every event kept
         self._subjects = subjects
         self._sub: Any = None
         self._changed = asyncio.Condition()
@@ -349,7 +352,9 @@ class Watch:
     async def __aenter__(self) -> Watch:
         from loopmesh.client.nats import follow_session
 
-        self._sub = await follow_session(self._nc, self._subjects, self._tenant, self._session)
+        self._sub = await follow_session(
+            self._nc, self._subjects, self._tenant, self._session, since=self._since
+        )
         self._task = asyncio.create_task(self._collect())
         return self
 

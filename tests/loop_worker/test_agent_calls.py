@@ -104,7 +104,8 @@ async def test_killing_the_parents_and_the_childs_workers_leaves_one_child_and_o
         await send_turn(mesh.nc, turn("t1", ask_calc(ledger, seconds=3), agent="boss"))
         call = await child_call(parent)
         child_session = call.call_id
-        async with Watch(mesh.nc, "acme", child_session) as child:
+        # from the child session's first event: a loaded machine may start it before
+        async with Watch(mesh.nc, "acme", child_session, since=0) as child:
             start = await child.wait("loop_start", timeout=30)
             await wait_for(ledger.exists, timeout=30, what="the child's tool to run")
             [parent_start] = parent.of("loop_start", "t1")
