@@ -102,7 +102,10 @@ async def test_a_turn_waiting_for_its_agent_holds_none_of_its_tenants_slots(flee
     await fleet.events.until(lambda: len(fleet.events.ended("slow")) == 3, timeout=120)
     assert fleet.events.most_running("slow") == 2
     assert fleet.events.most_running("") == 3
-    assert {e["cap"] for e in fleet.events.of("turn_queued", "slow")} == {"agent"}
+    # the third slow turn waited for its agent first; once it has its agent's slot it may
+    # still wait for its tenant's, as any turn of the tenant does
+    caps = [e["cap"] for e in fleet.events.of("turn_queued", "slow")]
+    assert caps[0] == "agent" and set(caps) <= {"agent", "tenant"}, caps
     await drained(fleet.nc, SUBJECTS.turns_stream)
 
 
