@@ -172,12 +172,18 @@ async def test_the_slots_of_a_killed_worker_free_and_the_waiting_turns_end(fleet
     fleet.llm.script_for("slow-model", *[answer(0.5) for _ in range(40)])  # about 2 s each
     await fleet.start()
     await _slow_turns(fleet.nc, 5)
-    await fleet.events.until(lambda: fleet.events.of("loop_start", "slow"), timeout=60)
-    victim = fleet.events.of("loop_start", "slow")[0]["worker"]
+    await killing_a_holder_frees_its_slot(fleet, "slow", 5, CAP)
+
+
+async def killing_a_holder_frees_its_slot(fleet, prefix: str, turns: int, cap: int) -> None:
+    """SIGKILL the worker that started the first of the ``turns`` turns of ``prefix``,
+    holding a slot; all of them end, and the other runs ``cap`` at once after the kill,
+    once the slot the victim held lapsed."""
+    await fleet.events.until(lambda: fleet.events.of("loop_start", prefix), timeout=60)
+    victim = fleet.events.of("loop_start", prefix)[0]["worker"]
     other = "w2" if victim == "w1" else "w1"
-    fleet.procs[victim].kill()  # SIGKILL, holding a slot of the slow agent
+    fleet.procs[victim].kill()
     killed = time.time()
-    await fleet.events.until(lambda: len(fleet.events.ended("slow")) == 5, timeout=120)
-    # the other ran two at once after the kill: the slot the victim held lapsed
-    assert fleet.events.most_running("slow", worker=other, since=killed) == CAP
+    await fleet.events.until(lambda: len(fleet.events.ended(prefix)) == turns, timeout=120)
+    assert fleet.events.most_running(prefix, worker=other, since=killed) == cap
     await drained(fleet.nc, SUBJECTS.turns_stream)

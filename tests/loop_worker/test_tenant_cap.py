@@ -16,7 +16,7 @@ from loopmesh.testing.durable import SUBJECTS, drained
 from schemas import Turn
 from tests.conftest import BOTH
 from tests.loop_worker.durable import send_turn
-from tests.loop_worker.test_agent_cap import CONFIG, answer, fleet
+from tests.loop_worker.test_agent_cap import CONFIG, answer, fleet, killing_a_holder_frees_its_slot
 
 __all__ = ["fleet"]  # the fixture, shared
 pytestmark = pytest.mark.slow
@@ -74,15 +74,7 @@ async def test_the_tenant_slots_of_a_killed_worker_free_and_the_waiting_turns_en
     fleet.llm.script_for("fake-model", *[answer(0.5) for _ in range(40)])  # about 2 s each
     await fleet.start()
     await _capped_turns(fleet.nc, 3)
-    await fleet.events.until(lambda: fleet.events.of("loop_start", "cap"), timeout=60)
-    victim = fleet.events.of("loop_start", "cap")[0]["worker"]
-    other = "w2" if victim == "w1" else "w1"
-    fleet.procs[victim].kill()  # SIGKILL, holding a slot of the tenant
-    killed = time.time()
-    await fleet.events.until(lambda: len(fleet.events.ended("cap")) == 6, timeout=120)
-    # the other ran two at once after the kill: the slot the victim held lapsed
-    assert fleet.events.most_running("cap", worker=other, since=killed) == CAP
-    await drained(fleet.nc, SUBJECTS.turns_stream)
+    await killing_a_holder_frees_its_slot(fleet, "cap", 6, CAP)  # a slot of the tenant
 
 
 @pytest.mark.parametrize("durable", BOTH, indirect=True)
