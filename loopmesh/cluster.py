@@ -38,7 +38,10 @@ from .server import NatsServer
 
 _START_ATTEMPTS = 3  # a free port picked beforehand may be taken before the node binds it
 _UNPLACEABLE = "the cluster places no stream"
-_START_AGAIN = ("address already in use", _UNPLACEABLE)
+#: Why a fresh cluster is started again: a port taken meanwhile, no placement yet, or a
+#: node whose JetStream never caught up with the meta leader in ``ready_timeout``
+#: (seen on nats-server 2.10 at a first start).
+_START_AGAIN = ("address already in use", _UNPLACEABLE, "cluster not ready")
 _PLACEMENT_S = 15.0
 _PROBE = "LOOPMESH_PLACEMENT_PROBE"
 
