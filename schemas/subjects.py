@@ -191,6 +191,13 @@ class Subjects:
             return self.all_turns
         return f"{self.prefix}.turnp.*.>"
 
+    def published_turns_of(self, tenant: str) -> str:
+        """Every turn subject of ``tenant`` as the server sees it after the mappings,
+        which is what it checks a client's publish permission against."""
+        if self.turn_partitions == 1:
+            return self.tenant_turns(tenant)
+        return f"{self.prefix}.turnp.{self.turn_partition(tenant)}.{tenant}.>"
+
     def stored_turn(self, subject: str) -> str:
         """The turn subject a published one is stored under: the subject itself, or
         without the mapping's ``turnp.<k>``."""

@@ -98,22 +98,42 @@ async def test_the_check_refuses_a_server_whose_mappings_disagree(tmp_path, nats
 
 
 async def test_the_mappings_loopmesh_prints_are_what_the_server_needs(tmp_path):
+    """The server started with what ``loopmesh nats-mappings --tenant`` prints routes
+    turns as the services expect, and a tenant's NATS user allowed the subject it names
+    publishes its own turns, and no other tenant's."""
+    [acme] = tenants_on(1, 1)
     env = {**os.environ, "LOOPMESH_NATS__TURN_PARTITIONS": str(PARTS)}
     env.pop("LOOPMESH_CONFIG", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "loopmesh", "nats-mappings", env=env,
+        sys.executable, "-m", "loopmesh", "nats-mappings", "--tenant", acme, env=env,
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     printed, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0
-    conf = tmp_path / "mappings.conf"
-    conf.write_bytes(printed)
+    allowed = printed.decode().splitlines()[-1].rpartition(" ")[2]
+    assert allowed == f"loopmesh.turnp.1.{acme}.>"
+    users = (
+        "authorization { users: [\n  {user: svc, password: s}\n"
+        f'  {{user: acme, password: a, permissions: {{publish: {{allow: ["{allowed}"]}}}}}}\n'
+        "]}\n"
+    )
+    conf = tmp_path / "nats.conf"
+    conf.write_text(printed.decode() + users)
     async with NatsServer(tmp_path / "nats", extra_args=("-c", str(conf))) as server:
-        nc = await connect_fast(server.url)
+        at = server.url.replace("nats://", "nats://{}@")
+        nc = await connect_fast(at.format("svc:s"))
+        tenant = await connect_fast(at.format("acme:a"))
         try:
             await provision_short(nc, subjects=S)
             await check_turn_partitions(nc, S)
+            ack = await publish_turn(tenant.jetstream(), S, turn("t1", "hi", tenant=acme))
+            assert ack.stream == S.turns_stream_of(acme)
+            with pytest.raises(Exception):  # noqa: B017  (a permissions violation: no answer)
+                await publish_turn(
+                    tenant.jetstream(), S, turn("t1", "hi", tenant=tenants_on(1, 2)[1])
+                )
         finally:
+            await tenant.close()
             await nc.close()
 
 
