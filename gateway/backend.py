@@ -83,7 +83,7 @@ class Backend(Connection):
         return sum(lanes)
 
     async def _lane_waiting(self, tenant: str, priority: Priority) -> int:
-        js, stream = self.js, self.subjects.turns_stream
+        js, stream = self.js, self.subjects.turns_stream_of(tenant)
         try:
             info = await self._call(
                 "read the tenant's backlog",

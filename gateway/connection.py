@@ -146,7 +146,7 @@ class Connection:
         if not self.nc.is_connected:
             return "not connected to NATS"
         s = self.subjects
-        for stream in (s.turns_stream, *s.events_streams):
+        for stream in (*s.turns_streams, *s.events_streams):
             try:
                 await self._call("stream info", self.js.stream_info(stream))
             except NotFoundError:

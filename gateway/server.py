@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from loopmesh.egress import Allowlist
 from loopmesh.errors import ConfigError
 from loopmesh.jetstream import worker_name
+from loopmesh.mappings import check_turn_partitions
 from loopmesh.nats import connect
 from loopmesh.provision import check_partitions
 from loopmesh.scheduler import Scheduler
@@ -123,6 +124,7 @@ class GatewayServer:
         try:
             subjects = self.config.nats.subjects
             await check_partitions(self._nc.jetstream(), subjects)
+            await check_turn_partitions(self._nc, subjects)
             backend = Backend(
                 self._nc,
                 subjects,

@@ -62,6 +62,7 @@ _REFETCH_S = 1.0  # after a fetch the cluster refused (503 while electing, 409 a
 
 class _Advisory(msgspec.Struct, frozen=True):
     stream_seq: int
+    stream: str = ""
     deliveries: int = 0
     reason: str = ""
 
@@ -147,7 +148,10 @@ class DeadLetters:
     async def _on_advisory(self, msg: Msg) -> None:
         advisory = msgspec.json.decode(msg.data, type=_Advisory)
         terminated = ".MSG_TERMINATED." in msg.subject
-        stream = self.subjects.turns_stream
+        stream = advisory.stream
+        if stream not in self.subjects.turns_streams:
+            log.warning("dead-letter advisory of no turns stream stream=%r", stream)
+            return
         try:
             stored = await self._js.get_msg(stream, advisory.stream_seq)
         except NotFoundError:
@@ -157,7 +161,7 @@ class DeadLetters:
         else:
             reason = f"delivered {advisory.deliveries} times without finishing"
         await self.bury(
-            stored.subject or "", stored.data or b"", advisory.stream_seq,
+            stored.subject or "", stored.data or b"", stream, advisory.stream_seq,
             deliveries=advisory.deliveries, reason=reason,
         )  # fmt: skip
         await retry(
@@ -172,7 +176,7 @@ class DeadLetters:
         stream still held the turn, and that worker would bury and announce it again."""
         meta = msg.metadata
         await self.bury(
-            msg.subject, msg.data, meta.sequence.stream,
+            msg.subject, msg.data, meta.stream, meta.sequence.stream,
             deliveries=meta.num_delivered, reason=reason, announce=announce,
         )  # fmt: skip
         await retry(
@@ -184,16 +188,17 @@ class DeadLetters:
         self,
         subject: str,
         data: bytes,
+        stream: str,
         seq: int,
         *,
         deliveries: int,
         reason: str,
         announce: bool = True,
     ) -> None:
-        """The dead-letter record of turn ``seq``, and (``announce``) its session's
+        """The dead-letter record of turn ``seq`` of ``stream``, and (``announce``) its session's
         ``error`` and ``loop_end`` events when its subject names one."""
         await record(
-            self.publisher, self.subjects, stream=self.subjects.turns_stream, seq=seq,
+            self.publisher, self.subjects, stream=stream, seq=seq,
             subject=subject, data=data, deliveries=deliveries, reason=reason,
         )  # fmt: skip
         log.error("turn dead-lettered seq=%d subject=%s reason=%s", seq, subject, reason)

@@ -33,7 +33,7 @@ async def first_turns(
     """The stream sequences of the oldest turns of ``turn``'s session still in the turns
     stream: in ``turn``'s own lane, and in the other."""
     lanes = subjects.session_turns(turn.tenant, turn.session)  # its own lane first
-    stream = subjects.turns_stream
+    stream = subjects.turns_stream_of(turn.tenant)
     own, other = await asyncio.gather(
         *(
             retry(functools.partial(publisher.first_seq, stream, s), f"first turn of {s}")

@@ -18,6 +18,7 @@ from schemas.streams import (
     embeddings_bucket,
     limits_bucket,
     memory_bucket,
+    retired_consumers,
     schedules_bucket,
 )
 
@@ -38,7 +39,7 @@ async def provision(
 ) -> list[str]:
     """Make or update what the loop worker needs; what was done, a line each (nothing
     for what was already as it should be)."""
-    done = [await retire_consumer(js, subjects.turns_stream, subjects.legacy_turns_consumer)]
+    done = [await retire_consumer(js, *retired) for retired in retired_consumers(subjects)]
     deadletter = StreamDef(
         name=subjects.deadletter_stream,
         subjects=(subjects.all_deadletter,),

@@ -71,7 +71,6 @@ class Pulls:
         self._pulls: dict[str, _Pull] = {}
         self._ids = itertools.count()
         self._inbox = ""
-        self._stream = subjects.turns_stream
 
     async def listen(self) -> Subscription:
         """Subscribe to the pulls' answers; the caller unsubscribes."""
@@ -95,7 +94,8 @@ class Pulls:
         expires = int(self.settings.fetch_timeout_s * 1e9)
         body = json.dumps({"batch": batch, "expires": expires}).encode()
         consumer = self.subjects.tenant_consumer(lane.tenant.name, lane.priority)
-        api = f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{consumer}"
+        stream = self.subjects.turns_stream_of(lane.tenant.name)
+        api = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         try:
             await self.nc.publish(api, body, reply=f"{self._inbox}.{pull_id}")
         except Exception as exc:

@@ -55,6 +55,7 @@ from loopmesh.provision import ensure_consumer
 from loopmesh.settings import TenantSettings
 from schemas import Subjects
 from schemas.streams import tenant_consumer
+from schemas.subjects import PROBE_HEADER
 from schemas.types import Priority
 
 from .config import ServiceSettings
@@ -98,7 +99,6 @@ class FairShare:
             recount=self._recount, deliver=deliver, changed=self._changed,
         )  # fmt: skip
         self._subs: list[Subscription] = []
-        self._stream = subjects.turns_stream
 
     @property
     def _js(self) -> JetStreamContext:
@@ -112,7 +112,7 @@ class FairShare:
     async def start(self) -> None:
         """Listen for turns and for the pulls' answers, then scan what is waiting."""
         self._subs = [
-            await self.nc.subscribe(self.subjects.all_turns, cb=self._on_bell),
+            await self.nc.subscribe(self.subjects.published_turns, cb=self._on_bell),
             await self.nc.subscribe(self.subjects.all_handbacks, cb=self._on_handback),
             await self._pulls.listen(),
         ]
@@ -242,7 +242,8 @@ class FairShare:
         consumer = self.subjects.tenant_consumer(lane.tenant.name, lane.priority)
         rung = lane.rung
         try:
-            info = await self._js.consumer_info(self._stream, consumer)
+            stream = self.subjects.turns_stream_of(lane.tenant.name)
+            info = await self._js.consumer_info(stream, consumer)
         except Exception as exc:  # the next expired pull asks again
             log.debug("consumer %s not read error=%r", consumer, exc)
         else:  # those rung since may not be counted yet: err high
@@ -252,11 +253,14 @@ class FairShare:
             del self._counting[lane]
 
     async def _on_bell(self, msg: Msg) -> None:
-        tokens = msg.subject.split(".")
+        if msg.headers and PROBE_HEADER in msg.headers:
+            return  # a check of the server's turn mappings: nothing is stored
+        subject = self.subjects.stored_turn(msg.subject)
+        tokens = subject.split(".")
         prefix_len = self.subjects.prefix.count(".") + 2
         if len(tokens) <= prefix_len:
             return  # not a subject the stream keeps (it has no tenant)
-        self._ring(tokens[prefix_len], self.subjects.lane_of(msg.subject))
+        self._ring(tokens[prefix_len], self.subjects.lane_of(subject))
 
     async def handed_back(self, tenant: str, subject: str, delay: float = 0.0) -> None:
         """Tell every worker that a turn of ``tenant``, delivered on ``subject`` (its
@@ -304,19 +308,20 @@ class FairShare:
         """Each tenant's consumer of each lane, with its info. A consumer of both lanes
         (made before the lanes) counts as the interactive lane's, to be narrowed: it
         delivers the turns it holds meanwhile."""
-        offset = 0
-        while True:
-            infos = await self._js.consumers_info(self._stream, offset=offset)
-            for info in infos:
-                found = self.subjects.lane_of_filter(info.config.filter_subject or "")
-                if found is not None:
-                    name, priority = found
-                    lane = self._tenant(name).lanes[priority or "interactive"]
-                    lane.consumer = priority is not None  # (None: narrowed at its next turn)
-                    yield lane, info
-            if len(infos) < 256:
-                break
-            offset += len(infos)
+        for stream in self.subjects.turns_streams:
+            offset = 0
+            while True:
+                infos = await self._js.consumers_info(stream, offset=offset)
+                for info in infos:
+                    found = self.subjects.lane_of_filter(info.config.filter_subject or "")
+                    if found is not None:
+                        name, priority = found
+                        lane = self._tenant(name).lanes[priority or "interactive"]
+                        lane.consumer = priority is not None  # (None: narrowed at its next turn)
+                        yield lane, info
+                if len(infos) < 256:
+                    break
+                offset += len(infos)
 
     async def scan(self) -> None:
         """Count the turns waiting per tenant: in each tenant's consumer, and in the
@@ -328,15 +333,16 @@ class FairShare:
             # count tells, so one pull goes to look
             unacked = 1 if info.num_ack_pending else 0
             lane.waiting = max(lane.waiting, info.num_pending or unacked)
-        try:
-            stream = await self._js.stream_info(
-                self._stream, subjects_filter=self.subjects.all_turns
-            )
-        except NotFoundError:
-            return
+        stored: dict[str, int] = {}
+        for name in self.subjects.turns_streams:
+            try:
+                stream = await self._js.stream_info(name, subjects_filter=self.subjects.all_turns)
+            except NotFoundError:
+                continue
+            stored.update(stream.state.subjects or {})
         counts: dict[tuple[str, Priority], int] = {}
         prefix_len = self.subjects.prefix.count(".") + 2
-        for subject, n in (stream.state.subjects or {}).items():
+        for subject, n in stored.items():
             tokens = subject.split(".")
             if len(tokens) > prefix_len:
                 key = (tokens[prefix_len], self.subjects.lane_of(subject))

@@ -50,19 +50,21 @@ async def queued(
 ) -> list[Queued]:
     """The session's turns in the turns stream, of both lanes, oldest first (before
     sequence ``before``, when given)."""
-    lanes = [_lane(publisher, subjects, s, before) for s in subjects.session_turns(tenant, session)]
+    stream = subjects.turns_stream_of(tenant)
+    lanes = [
+        _lane(publisher, stream, subject, before)
+        for subject in subjects.session_turns(tenant, session)
+    ]
     interactive, batch = await asyncio.gather(*lanes)
     return sorted(interactive + batch, key=lambda q: q.seq)
 
 
-async def _lane(
-    publisher: Publisher, subjects: Subjects, subject: str, before: int
-) -> list[Queued]:
+async def _lane(publisher: Publisher, stream: str, subject: str, before: int) -> list[Queued]:
     out: list[Queued] = []
     seq = 1
     while True:
         found = await retry(
-            lambda at=seq: publisher.next_msg(subjects.turns_stream, subject, at),  # type: ignore[misc]
+            lambda at=seq: publisher.next_msg(stream, subject, at),  # type: ignore[misc]
             f"turns of {subject}",
         )
         if found is None or (before and found[0] >= before):

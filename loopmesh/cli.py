@@ -61,6 +61,7 @@ COMMANDS: dict[str, str] = {
     "exporter": "loopmesh.exporter",
     "webhooks": "webhooks.cli",
     "nats-agents": "nats_agents.cli",
+    "nats-mappings": "loopmesh.commands.mappings",
 }
 
 DESCRIPTION = "Run LLM agent loops as a distributed system on NATS."

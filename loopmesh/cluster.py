@@ -22,7 +22,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -52,8 +52,16 @@ class ClusterNode(NatsServer):
     # nats-server binds its route port after it says it is ready, and exits if it cannot
     ready_lines = (*NatsServer.ready_lines, b"Listening for route connections")
 
-    def __init__(self, store_dir: Path, *, name: str, cluster: str, host: str) -> None:
-        super().__init__(store_dir, host=host)
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        name: str,
+        cluster: str,
+        host: str,
+        mappings: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(store_dir, host=host, mappings=mappings)
         self.name = name
         self.cluster_name = cluster
         self.route_port = -1
@@ -116,13 +124,17 @@ class NatsCluster:
         name: str = "loopmesh",
         host: str = "127.0.0.1",
         ready_timeout: float = 30.0,
+        mappings: Mapping[str, str] | None = None,
     ) -> None:
+        """``mappings``: each node's subject mappings (``Subjects.turn_mappings``)."""
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
         self.root = Path(root)
         self.ready_timeout = ready_timeout
         self.nodes = [
-            ClusterNode(self.root / f"n{i}", name=f"n{i}", cluster=name, host=host)
+            ClusterNode(
+                self.root / f"n{i}", name=f"n{i}", cluster=name, host=host, mappings=mappings
+            )
             for i in range(1, size + 1)
         ]
         for node in self.nodes:

@@ -237,7 +237,7 @@ class Eraser:
         if idle and not await self._leased(tenant, session):
             return
         for lane in s.session_turns(tenant, session):
-            await self._purge(s.turns_stream, lane)
+            await self._purge(s.turns_stream_of(tenant), lane)
         cancel = Cancel(
             tenant=tenant, session=session, at=time.time(), reason="the session is being erased"
         )
@@ -310,7 +310,7 @@ class Eraser:
             s.events_stream_of(tenant, session), s.session_events(tenant, session)
         )
         for lane in s.session_turns(tenant, session):
-            removed["turns"] += await self._purge(s.turns_stream, lane)
+            removed["turns"] += await self._purge(s.turns_stream_of(tenant), lane)
         if mode == "delete":
             removed["sessions"] += await self._purge_key(s.sessions_bucket, key)
             removed["sessions"] += await self._purge_key(s.sessions_bucket, f"{key}.>")

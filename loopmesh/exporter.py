@@ -369,7 +369,9 @@ class Exporter:
         loses its series."""
         waiting: dict[str, int] = {}
         backlog: dict[str, int] = {}
-        for info in await self._consumers(self.subjects.turns_stream):
+        for info in [
+            info for stream in self.subjects.turns_streams for info in await self._consumers(stream)
+        ]:
             if not (info.name or "").startswith((TENANT_CONSUMER_PREFIX, BATCH_CONSUMER_PREFIX)):
                 continue
             tenant = self.subjects.tenant_of_filter(info.config.filter_subject or "")

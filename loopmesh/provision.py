@@ -31,6 +31,7 @@ from schemas.subjects import MAX_PARTITIONS, Subjects
 from .agents import apply_agents
 from .errors import ProvisionError
 from .jetstream import retry
+from .mappings import check_turn_partitions
 from .settings import NatsSettings
 
 _RETENTION = {
@@ -104,6 +105,7 @@ async def provision_all(
         replicas=settings.replicas,
     )
     actions = await provision(js, defs, msg_ttl=has_msg_ttl(nc), placement_wait_s=placement_wait_s)
+    await check_turn_partitions(nc, subjects)
     if agents is not None:
         actions += await apply_agents(js, subjects, agents)
     return actions
@@ -154,6 +156,9 @@ async def ensure_stream(
         "max_msg_size": s.max_msg_size,
         "num_replicas": s.replicas,
         "description": s.description or None,
+        "subject_transform": js_api.SubjectTransform(*s.subject_transform)
+        if s.subject_transform
+        else None,
     }
     retention, storage = _RETENTION[s.retention], _STORAGE[s.storage]
     info = await _stream_info(js, s.name)

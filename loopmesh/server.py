@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -27,6 +28,7 @@ from types import TracebackType
 import httpx
 
 from .errors import NatsServerError, NatsServerNotFound
+from .mappings import mappings_block
 from .process import die_with_parent, terminate
 
 _CLIENT = re.compile(rb"Listening for client connections on [\d.]+:(\d+)")
@@ -82,6 +84,7 @@ class NatsServer:
         extra_args: tuple[str, ...] = (),
         tls: ServerTls | None = None,
         start_timeout: float = 15.0,
+        mappings: Mapping[str, str] | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
@@ -91,6 +94,9 @@ class NatsServer:
         self.extra_args = extra_args
         self.tls = tls
         self.start_timeout = start_timeout
+        #: The default account's subject mappings (``Subjects.turn_mappings``), written to
+        #: a configuration file the server starts with.
+        self.mappings = dict(mappings or {})
         self.log_file = self.store_dir / "nats-server.log"
         #: A command prefix the server runs under (``ip netns exec <ns>``, in a test of
         #: network partitions); it must exec the server, so that :attr:`pid` is its.
@@ -114,6 +120,14 @@ class NatsServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    def _config_args(self) -> tuple[str, ...]:
+        """``-c <file>`` with :attr:`mappings`, or nothing (flags set everything else)."""
+        if not self.mappings:
+            return ()
+        conf = self.store_dir / "nats-server.conf"
+        conf.write_text(mappings_block(self.mappings))
+        return ("-c", str(conf))
+
     async def start(self) -> None:
         if self.running:
             return
@@ -124,7 +138,7 @@ class NatsServer:
             *self.launcher,
             binary, "-js", "-a", self.host, "-p", str(self.port), "-m", str(self.monitor_port),
             "-sd", str(self.store_dir), "-l", str(self.log_file),
-            *(self.tls.args() if self.tls else ()), *self.extra_args,
+            *(self.tls.args() if self.tls else ()), *self._config_args(), *self.extra_args,
         ]  # fmt: skip
         self._proc = await asyncio.create_subprocess_exec(
             *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,

@@ -85,11 +85,15 @@ class NatsSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     #: The events streams the events are split over (docs/ARCHITECTURE.md, "Partitions"):
     #: every service of a deployment must say the same; they check it against the server.
     partitions: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTITIONS)] = 1
+    #: The turns streams the tenants' turns are split over, a tenant's all in one
+    #: (docs/ARCHITECTURE.md, "Partitions"). Past 1 every nats-server needs the mappings
+    #: ``loopmesh nats-mappings`` prints; every service checks them at start.
+    turn_partitions: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTITIONS)] = 1
 
     @property
     def subjects(self) -> Subjects:
         """The deployment's subjects and stream names (its prefix and partitions)."""
-        return Subjects(self.prefix, self.partitions)
+        return Subjects(self.prefix, self.partitions, self.turn_partitions)
 
     def __post_init__(self) -> None:
         for field in ("tls_ca_file", "tls_cert_file", "tls_key_file"):

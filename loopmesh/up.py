@@ -127,7 +127,10 @@ async def main(args: argparse.Namespace) -> int:
             )
         else:
             store = args.store_dir or settings.store_dir
-            server = NatsServer(store, port=args.port, monitor_port=args.monitor_port)
+            server = NatsServer(
+                store, port=args.port, monitor_port=args.monitor_port,
+                mappings=settings.subjects.turn_mappings,  # [nats] turn_partitions
+            )  # fmt: skip
             await stack.enter_async_context(server)
             url, where, monitor = server.url, f"embedded, store {store}", server.monitor_url
         nc = await connect(msgspec.structs.replace(settings, url=url), name="loopmesh-up")

@@ -23,6 +23,7 @@ from nats.aio.client import Client
 
 from loopmesh.agents import AgentsWatch
 from loopmesh.errors import ConfigError
+from loopmesh.mappings import check_turn_partitions
 from loopmesh.metrics import MetricsServer
 from loopmesh.nats import connect
 from loopmesh.provision import check_partitions
@@ -65,6 +66,7 @@ class NatsAgents:
         streams are for another partition count (a prompt's events would be followed
         in a stream that never gets them)."""
         await check_partitions(self._nc.jetstream(), self.subjects)
+        await check_turn_partitions(self._nc, self.subjects)  # else its turns go unpulled
         watch = AgentsWatch(
             self._nc, self.subjects.agents_bucket, on_change=lambda _: self._changed.set()
         )

@@ -30,6 +30,9 @@ class StreamDef(msgspec.Struct, frozen=True, kw_only=True):
     max_msg_size: int = -1
     replicas: int = 1
     description: str = ""
+    #: ``(source, destination)``: the subject a message is stored under, rewritten from
+    #: the one it was published on (nats-server 2.10+).
+    subject_transform: tuple[str, str] | None = None
 
 
 class ConsumerDef(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,14 +91,7 @@ def definitions(
     s = subjects or Subjects()
     return Definitions(
         streams=(
-            StreamDef(
-                name=s.turns_stream,
-                subjects=(s.stored_turns,),
-                retention="workqueue",
-                duplicate_window_s=duplicate_window_s,
-                replicas=replicas,
-                description="user turns; Nats-Msg-Id is the turn id",
-            ),
+            *turns_streams(s, duplicate_window_s, replicas),
             StreamDef(
                 name=s.tools_stream,
                 subjects=(s.all_tools,),
@@ -116,7 +112,7 @@ def definitions(
             advisories_stream(s, max_age_s=deadletter_max_age_s, replicas=replicas),
             audit_stream(s, max_age_s=audit_max_age_s, replicas=replicas),
         ),
-        retired=((s.turns_stream, s.legacy_turns_consumer),),
+        retired=retired_consumers(s),
         consumers=(
             advisories_consumer(s),
             *webhooks_consumers(s),
@@ -269,6 +265,44 @@ def pool_consumer(subjects: Subjects, pool: str, *, ack_wait_s: float = 30.0) ->
     )
 
 
+def retired_consumers(s: Subjects) -> tuple[tuple[str, str], ...]:
+    """``(stream, consumer)`` pairs provisioning deletes: the one consumer every loop
+    worker once shared, on the turns stream of one partition (only it had one)."""
+    return ((s.turns_stream, s.legacy_turns_consumer),) if s.turn_partitions == 1 else ()
+
+
+def turns_streams(
+    s: Subjects, duplicate_window_s: float = 120.0, replicas: int = 1
+) -> tuple[StreamDef, ...]:
+    """The turns stream, or one per turns partition (``[nats] turn_partitions``). A
+    partition's stream takes the subjects the server's mapping gives its tenants' turns
+    (:attr:`Subjects.turn_mappings`) and stores each under the subject it was published
+    on, so that consumers, order lookups and purges read ``<prefix>.turns.…`` in each."""
+    if s.turn_partitions == 1:
+        return (
+            StreamDef(
+                name=s.turns_stream,
+                subjects=(s.stored_turns,),
+                retention="workqueue",
+                duplicate_window_s=duplicate_window_s,
+                replicas=replicas,
+                description="user turns; Nats-Msg-Id is the turn id",
+            ),
+        )
+    return tuple(
+        StreamDef(
+            name=s.turns_partition_stream(k),
+            subjects=(s.turns_partition_subjects(k),),
+            subject_transform=(s.turns_partition_subjects(k), s.all_turns),
+            retention="workqueue",
+            duplicate_window_s=duplicate_window_s,
+            replicas=replicas,
+            description=f"user turns of turns partition {k}; Nats-Msg-Id is the turn id",
+        )
+        for k in range(s.turn_partitions)
+    )
+
+
 def tenant_consumer(
     subjects: Subjects,
     tenant: str,
@@ -284,7 +318,7 @@ def tenant_consumer(
     (0: no limit) caps the turns of the lane the whole fleet holds at once; an idle
     lane's consumer is removed after ``inactive_s`` and made again at its next turn."""
     return ConsumerDef(
-        stream=subjects.turns_stream,
+        stream=subjects.turns_stream_of(tenant),
         durable=subjects.tenant_consumer(tenant, priority),
         filter_subject=subjects.lane_turns(tenant, priority),
         ack_wait_s=ack_wait_s,

@@ -22,8 +22,13 @@ BATCH: Literal["batch"] = "batch"
 DEFAULT_PREFIX = "loopmesh"
 
 
-#: The most events streams one deployment may split its events over (``[nats] partitions``).
+#: The most events streams one deployment may split its events over (``[nats] partitions``),
+#: and the most turns streams (``[nats] turn_partitions``).
 MAX_PARTITIONS = 64
+
+#: The header of a probe of the server's turn mappings (:mod:`loopmesh.mappings`): a
+#: publish on a turn subject that no stream stores, which loop workers do not count.
+PROBE_HEADER = "Loopmesh-Probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +46,15 @@ class Subjects:
 
     prefix: str = DEFAULT_PREFIX
     partitions: int = 1
+    #: ``[nats] turn_partitions``: the turns streams the tenants' turns are split over.
+    turn_partitions: int = 1
 
     def __post_init__(self) -> None:
         check_token(self.prefix, "prefix")
-        if not 1 <= self.partitions <= MAX_PARTITIONS:
-            raise ValueError(f"partitions must be 1 to {MAX_PARTITIONS}, not {self.partitions!r}")
+        for field in ("partitions", "turn_partitions"):
+            count = getattr(self, field)
+            if not 1 <= count <= MAX_PARTITIONS:
+                raise ValueError(f"{field} must be 1 to {MAX_PARTITIONS}, not {count!r}")
 
     def partition(self, tenant: str, session: str) -> int:
         """The partition that holds the session's events: CRC-32 of ``tenant.session``,
@@ -53,6 +62,28 @@ class Subjects:
         if self.partitions == 1:
             return 0
         return zlib.crc32(f"{tenant}.{session}".encode()) % self.partitions
+
+    def turn_partition(self, tenant: str) -> int:
+        """The turns partition that holds every turn of ``tenant``: FNV-1a (32 bits) of
+        the tenant token, modulo :attr:`turn_partitions`, which is what nats-server's
+        ``{{partition(n,1)}}`` subject mapping computes (:attr:`turn_mappings`)."""
+        if self.turn_partitions == 1:
+            return 0
+        return _fnv1a(tenant.encode()) % self.turn_partitions
+
+    @property
+    def turn_mappings(self) -> dict[str, str]:
+        """The server's subject mappings that route each published turn to its tenant's
+        partition (nats-server configuration, ``mappings``): ``<prefix>.turns.<tenant>.
+        <session>[.batch]`` becomes ``<prefix>.turnp.<k>.<tenant>.<session>[.batch]``,
+        which only partition ``k``'s stream takes, and which it stores under the
+        subject it was published on. None for one partition."""
+        if self.turn_partitions == 1:
+            return {}
+        head = f"{self.prefix}.turns"
+        to = f"{self.prefix}.turnp.{{{{partition({self.turn_partitions},1)}}}}"
+        w1, w2, w3 = (f".{{{{wildcard({n})}}}}" for n in (1, 2, 3))
+        return {f"{head}.*.*": f"{to}{w1}{w2}", f"{head}.*.*.*": f"{to}{w1}{w2}{w3}"}
 
     def _part(self, tenant: str, session: str) -> str:
         """The subject suffix of the session's partition ("" when unpartitioned)."""
@@ -147,7 +178,35 @@ class Subjects:
 
     @property
     def all_turns(self) -> str:
+        """Every turn subject, as stored in a turns stream and as published."""
         return f"{self.prefix}.turns.>"
+
+    @property
+    def published_turns(self) -> str:
+        """What a plain subscription hears every published turn on: :attr:`all_turns`,
+        or with more than one turns partition the mapped subjects
+        (``<prefix>.turnp.<k>.…``, :attr:`turn_mappings`); :meth:`stored_turn` reads
+        either back."""
+        if self.turn_partitions == 1:
+            return self.all_turns
+        return f"{self.prefix}.turnp.*.>"
+
+    def published_turns_of(self, tenant: str) -> str:
+        """Every turn subject of ``tenant`` as the server sees it after the mappings,
+        which is what it checks a client's publish permission against."""
+        if self.turn_partitions == 1:
+            return self.tenant_turns(tenant)
+        return f"{self.prefix}.turnp.{self.turn_partition(tenant)}.{tenant}.>"
+
+    def stored_turn(self, subject: str) -> str:
+        """The turn subject a published one is stored under: the subject itself, or
+        without the mapping's ``turnp.<k>``."""
+        if self.turn_partitions == 1:
+            return subject
+        parts = subject.split(".", 3)
+        if len(parts) < 4 or parts[1] != "turnp":
+            return subject
+        return f"{parts[0]}.turns.{parts[3]}"
 
     @property
     def stored_turns(self) -> str:
@@ -238,10 +297,10 @@ class Subjects:
         """The advisories nats-server publishes when the turns consumer gives up on a
         turn (``max_deliver`` reached) or a turn is terminated; kept in
         :attr:`advisories_stream` so none is lost while no loop worker listens."""
-        where = f"{self.turns_stream}.*"  # every tenant's consumer
-        return (
-            f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{where}",
-            f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{where}",
+        return tuple(
+            f"$JS.EVENT.ADVISORY.CONSUMER.{kind}.{stream}.*"  # every tenant's consumer
+            for stream in self.turns_streams
+            for kind in ("MAX_DELIVERIES", "MSG_TERMINATED")
         )
 
     # -- names of streams, consumers and buckets ------------------------------------
@@ -251,7 +310,35 @@ class Subjects:
 
     @property
     def turns_stream(self) -> str:
+        """The turns stream of a deployment with one turns partition; partition ``k``'s
+        is :meth:`turns_partition_stream`, a tenant's :meth:`turns_stream_of`."""
         return self._name("TURNS")
+
+    def turns_partition_stream(self, partition: int) -> str:
+        if self.turn_partitions == 1:
+            return self.turns_stream
+        if not 0 <= partition < self.turn_partitions:
+            raise ValueError(
+                f"turn partition {partition!r} is not one of 0..{self.turn_partitions - 1}"
+            )
+        return f"{self.turns_stream}_{partition}"
+
+    def turns_stream_of(self, tenant: str) -> str:
+        """The stream that holds the tenant's turns, both lanes, and its consumers."""
+        return self.turns_partition_stream(self.turn_partition(tenant))
+
+    @property
+    def turns_streams(self) -> tuple[str, ...]:
+        """Every turns stream, partition 0 first."""
+        return tuple(self.turns_partition_stream(k) for k in range(self.turn_partitions))
+
+    def turns_partition_subjects(self, partition: int) -> str:
+        """What partition ``partition``'s turns stream takes: :attr:`stored_turns`, or
+        with several partitions the mapped subjects of its tenants (``<prefix>.turnp.
+        <partition>.>``), which it stores as ``<prefix>.turns.>``."""
+        if self.turn_partitions == 1:
+            return self.stored_turns
+        return f"{self.prefix}.turnp.{partition}.>"
 
     @property
     def tools_stream(self) -> str:
@@ -432,3 +519,11 @@ def turn_control_key(tenant: str, session: str, turn_id: str) -> str:
 
 def catalog_key(server: str, tool: str) -> str:
     return f"{check_token(server, 'server')}.{check_token(tool, 'tool')}"
+
+
+def _fnv1a(data: bytes) -> int:
+    """32-bit FNV-1a, the hash of nats-server's ``partition()`` subject mapping."""
+    h = 0x811C9DC5
+    for byte in data:
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h

@@ -35,6 +35,7 @@ from loopmesh.errors import (
 )
 from loopmesh.jetstream import ordered_subscribe
 from loopmesh.kv import open_kv
+from loopmesh.mappings import check_turn_partitions
 from loopmesh.memory import MemoryStore
 from loopmesh.nats import DEFAULT_URL, connect, shown
 from loopmesh.provision import check_partitions
@@ -294,13 +295,13 @@ class NatsTransport:
         saying what is missing; :class:`ClientError` if the server's events streams are
         for another partition count than ``[nats] partitions`` (no use waiting)."""
         js = nc.jetstream()
-        for stream in (self.subjects.turns_stream, *self.subjects.events_streams):
+        for stream in (*self.subjects.turns_streams, *self.subjects.events_streams):
             while True:
                 try:
                     await js.stream_info(stream)
                     break
                 except NotFoundError:
-                    if stream != self.subjects.turns_stream:
+                    if stream not in self.subjects.turns_streams:
                         await self._same_partitions(js)
                     missing = stream
                     said = (
@@ -315,6 +316,10 @@ class NatsTransport:
                     raise NotSetUp(said, url=self.url, missing=missing)
                 await asyncio.sleep(RETRY_EVERY_S)
         await self._same_partitions(js)
+        try:
+            await check_turn_partitions(nc, self.subjects)
+        except ProvisionError as exc:
+            raise ClientError(str(exc), code="partitions") from exc
 
     async def _same_partitions(self, js: JetStreamContext) -> None:
         """Raise :class:`ClientError` (code ``partitions``) when the server keeps the

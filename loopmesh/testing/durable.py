@@ -237,14 +237,21 @@ class Proc:
 
 
 def worker_env(
-    nats_url: str, llm_url: str, *, replicas: int = 1, partitions: int = 1, **service: Any
+    nats_url: str,
+    llm_url: str,
+    *,
+    replicas: int = 1,
+    partitions: int = 1,
+    turn_partitions: int = 1,
+    **service: Any,
 ) -> dict[str, str]:
-    """Settings of a loop-worker process, as environment variables (``partitions``:
-    ``[nats] partitions``, which every process of a mesh must share)."""
+    """Settings of a loop-worker process, as environment variables (``partitions``,
+    ``turn_partitions``: ``[nats]``'s, which every process of a mesh must share)."""
     env = {
         "LOOPMESH_NATS__URL": nats_url,
         "LOOPMESH_NATS__REPLICAS": str(replicas),
         "LOOPMESH_NATS__PARTITIONS": str(partitions),
+        "LOOPMESH_NATS__TURN_PARTITIONS": str(turn_partitions),
         "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
         "LOOPMESH_LLM__BASE_URL": llm_url,
         "LOOPMESH_LLM__API_KEY": "test",

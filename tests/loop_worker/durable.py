@@ -180,6 +180,7 @@ class Mesh:
         *,
         replicas: int = 1,
         partitions: int = 1,
+        turn_partitions: int = 1,
         fake: FakeLLM | None = None,
     ) -> None:
         self.url = url
@@ -187,7 +188,8 @@ class Mesh:
         self.nc = nc
         self.replicas = replicas  # what the services provision with: 3 on a cluster
         self.partitions = partitions  # [nats] partitions of every service
-        self.subjects = Subjects(partitions=partitions)
+        self.turn_partitions = turn_partitions  # [nats] turn_partitions, the same
+        self.subjects = Subjects(partitions=partitions, turn_partitions=turn_partitions)
         self.fake = fake  # the fake LLM server at llm_url, when the test scripts it
         self.running: list[Running] = []
 
@@ -205,7 +207,7 @@ class Mesh:
         config = LoopWorkerConfig(
             nats=NatsSettings(
                 url=self.url, reconnect_wait_s=0.05, replicas=self.replicas,
-                partitions=self.partitions,
+                partitions=self.partitions, turn_partitions=self.turn_partitions,
             ),
             llm=LLMSettings(
                 base_url=self.llm_url, api_key="test", model="fake-model",
@@ -271,20 +273,25 @@ async def mesh_on(
     *,
     replicas: int = 1,
     partitions: int = 1,
+    turn_partitions: int = 1,
     provisioned: bool = False,
     workers: bool = False,
 ) -> AsyncIterator[Mesh]:
     """A :class:`Mesh` on the nats-server (or cluster) at ``url``, provisioned with short
     timeouts unless ``provisioned`` already, against a fake LLM answering by ``auto()``
     (``mesh.fake``); with ``workers``, a tool worker and a loop worker already serve.
-    ``partitions``: ``[nats] partitions`` of the provisioning and of every service."""
+    ``partitions``, ``turn_partitions``: ``[nats]``'s, of the provisioning and of every
+    service (the server must have the turn mappings of the second)."""
     nc = await connect_fast(url)
     try:
         if not provisioned:
-            subjects = Subjects(partitions=partitions)
+            subjects = Subjects(partitions=partitions, turn_partitions=turn_partitions)
             await provision_short(nc, replicas=replicas, subjects=subjects)
         async with FakeLLM(default=auto()) as llm:
-            mesh = Mesh(url, llm.base_url, nc, replicas=replicas, partitions=partitions, fake=llm)
+            mesh = Mesh(
+                url, llm.base_url, nc, replicas=replicas, partitions=partitions,
+                turn_partitions=turn_partitions, fake=llm,
+            )  # fmt: skip
             try:
                 if workers:
                     await mesh.tool_worker()

@@ -47,6 +47,7 @@ def test_the_commands_people_type_live_beside_the_client_and_are_quiet():
     assert typed == {
         "run", "events", "approve", "deny", "cancel", "pause", "resume", "agents",
         "schedules", "tools", "memory", "fork", "rewind", "erase", "sessions",
+        "nats-mappings",
     }  # fmt: skip
     for name in typed:
         assert getattr(cli.load_command(name), "LOG_LEVEL", "INFO") == "WARNING", name
