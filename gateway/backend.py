@@ -13,7 +13,6 @@ import heapq
 import logging
 import time
 from collections.abc import Mapping
-from typing import get_args
 
 import msgspec
 from nats.aio.msg import Msg
@@ -21,11 +20,10 @@ from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NotFoundError,
 )
 
 from loopmesh.agents import read_agents, spec_of
-from loopmesh.backlog import Queued, unfinished
+from loopmesh.backlog import Queued, turns_waiting, unfinished
 from loopmesh.controls import control_key
 from loopmesh.erase import CANCEL_WAIT_S, Eraser
 from loopmesh.jetstream import kv_values, open_kv
@@ -52,7 +50,6 @@ from schemas.audit import SessionErased
 from schemas.events import Event
 from schemas.schedules import ScheduleRun
 from schemas.subjects import CONTROL_RECORDED_HEADER
-from schemas.types import Priority
 
 from .connection import Connection
 
@@ -76,27 +73,11 @@ class Backend(Connection):
         return await self._call("read usage", read_days(self.js, self.subjects, tenant))
 
     async def turns_waiting(self, tenant: str) -> int:
-        """The tenant's turns no loop worker holds yet, of both lanes: each lane's
-        consumer's count, or, before a worker made it, every turn of the lane in the
-        stream."""
-        lanes = await asyncio.gather(*(self._lane_waiting(tenant, p) for p in get_args(Priority)))
-        return sum(lanes)
-
-    async def _lane_waiting(self, tenant: str, priority: Priority) -> int:
-        js, stream = self.js, self.subjects.turns_stream_of(tenant)
-        try:
-            info = await self._call(
-                "read the tenant's backlog",
-                js.consumer_info(stream, self.subjects.tenant_consumer(tenant, priority)),
-            )
-            return int(info.num_pending or 0)
-        except NotFoundError:
-            pass
-        filter_ = self.subjects.lane_turns(tenant, priority)
-        state = (
-            await self._call("read the tenant's backlog", js.stream_info(stream, filter_))
-        ).state
-        return sum((state.subjects or {}).values())
+        """The tenant's turns no loop worker holds yet, of both lanes
+        (:func:`loopmesh.backlog.turns_waiting`)."""
+        return await self._call(
+            "read the tenant's backlog", turns_waiting(self.js, self.subjects, tenant)
+        )
 
     async def publish_event(self, event: Event, msg_id: str) -> None:
         """Store ``event`` in its session's events (deduplicated by ``msg_id``)."""

@@ -53,6 +53,7 @@ from .agent_calls import NatsAgentCalls
 from .agent_slots import AgentSlots
 from .agents import AgentBook
 from .agents import Report as AgentReport
+from .backlog_guard import BacklogGuard
 from .config import LoopWorkerConfig, ServiceSettings
 from .controls import Controls
 from .deadletter import DeadLetters
@@ -201,7 +202,14 @@ class LoopWorker:
         self._slots = asyncio.Semaphore(self.settings.max_active_turns)
         self.tenant_room = TenantRoom(self.settings.tenant_max_active)
         self._tg: asyncio.TaskGroup | None = None
-        self.share = FairShare(nc, self.subjects, self.settings, config.tenants, deliver=self._take)
+        self.backlog = BacklogGuard(  # [tenants] max_backlog, for turns published on NATS
+            nc, self.subjects, publisher, limits=lambda t: self.share.limits(t),
+            counted=lambda t: self.share.waiting(t),
+        )  # fmt: skip
+        self.share = FairShare(
+            nc, self.subjects, self.settings, config.tenants, deliver=self._take,
+            heard=self.backlog.heard,
+        )  # fmt: skip
         self._stopping = False
         self.ack_wait_s = self.settings.ack_wait_s
         self.scheduler = (
@@ -260,6 +268,7 @@ class LoopWorker:
             if self.limiter is not None:  # a leader leaves its state to the next
                 await self.limiter.close()
             await self.share.close()
+            await self.backlog.close()
             if self.scheduler is not None:
                 await self.scheduler.close()
             await self.agents.close()
@@ -291,6 +300,7 @@ class LoopWorker:
         await self.store.start()
         await self.leases.start()
         await self.controls.start()
+        await self.backlog.start()
         await self.tools.start()
         if self.limiter is not None:
             await self.limiter.start()

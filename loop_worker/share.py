@@ -84,8 +84,10 @@ class FairShare:
         tenants: Mapping[str, TenantSettings],
         *,
         deliver: Deliver,
+        heard: Callable[[str, Msg], None] | None = None,
     ) -> None:
         self.nc = nc
+        self._heard = heard  # each turn heard published, with its tenant
         self.subjects = subjects
         self.settings = settings
         self._limits = tenants
@@ -261,6 +263,13 @@ class FairShare:
         if len(tokens) <= prefix_len:
             return  # not a subject the stream keeps (it has no tenant)
         self._ring(tokens[prefix_len], self.subjects.lane_of(subject))
+        if self._heard is not None:
+            self._heard(tokens[prefix_len], msg)
+
+    def waiting(self, tenant: str) -> int:
+        """The tenant's turns this worker counts waiting, both lanes (errs high)."""
+        t = self.tenants.get(tenant)
+        return sum(lane.waiting for lane in t.lanes.values()) if t is not None else 0
 
     async def handed_back(self, tenant: str, subject: str, delay: float = 0.0) -> None:
         """Tell every worker that a turn of ``tenant``, delivered on ``subject`` (its

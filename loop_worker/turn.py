@@ -61,6 +61,7 @@ from schemas.admit import Refused, admit_turn
 
 from . import refusals
 from .agent_slots import TENANT, GaveUp
+from .backlog_guard import BACKLOG_FULL
 from .engine.errors import StaleSessionError
 from .errors import LeaseLostError
 from .lease import Lease
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
     from schemas.events import LoopEnd
 
     from .agent_slots import AgentSlots
+    from .backlog_guard import BacklogGuard
     from .config import LoopWorkerConfig, ServiceSettings
     from .controls import Controls
     from .deadletter import DeadLetters
@@ -101,6 +103,7 @@ if TYPE_CHECKING:  # the owner's surface this story uses (see Owner)
         tools: NatsToolDispatcher
         engine: Engine
         deadletters: DeadLetters
+        backlog: BacklogGuard
         share: FairShare
         agent_slots: AgentSlots
         tenant_room: TenantRoom
@@ -242,6 +245,11 @@ class TurnRun:
                 message = f"delivered {meta.num_delivered} times without finishing"
                 await w.deadletters.refuse(msg, message)
                 outcome = "gave_up"
+                return
+            if not await w.backlog.admit(turn):  # refused at publish: past max_backlog
+                await w.deadletters.refuse(msg, BACKLOG_FULL, announce=False)
+                await w.backlog.forget(turn)
+                outcome = "refused"
                 return
             await self._leased(turn, meta.num_delivered)
             if not self.acked:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import get_args
 
 import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from schemas import Subjects
+from schemas.types import Priority
 
 from .publisher import Publisher
 from .retry import retry
@@ -95,3 +99,24 @@ async def unfinished(
         return turns
     ids = [t.turn_id for t in turns]
     return turns[ids.index(ended) + 1 :] if ended in ids else turns
+
+
+async def turns_waiting(js: JetStreamContext, subjects: Subjects, tenant: str) -> int:
+    """The tenant's turns no loop worker holds yet, of both lanes: each lane's
+    consumer's count, or, before a worker made it, every turn of the lane in the stream
+    (what ``[tenants] max_backlog`` limits)."""
+    lanes = [_lane_waiting(js, subjects, tenant, p) for p in get_args(Priority)]
+    return sum(await asyncio.gather(*lanes))
+
+
+async def _lane_waiting(
+    js: JetStreamContext, subjects: Subjects, tenant: str, priority: Priority
+) -> int:
+    stream = subjects.turns_stream_of(tenant)
+    try:
+        info = await js.consumer_info(stream, subjects.tenant_consumer(tenant, priority))
+        return int(info.num_pending or 0)
+    except NotFoundError:
+        pass
+    state = (await js.stream_info(stream, subjects.lane_turns(tenant, priority))).state
+    return sum((state.subjects or {}).values())

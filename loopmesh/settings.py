@@ -132,9 +132,9 @@ class Price(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``[tenants."<name>"]``: one tenant's share of the fleet; ``[tenants."*"]`` is every
-    tenant not named. Read by the loop workers (weight, max_active_turns) and the
-    gateway (max_backlog, min_schedule_interval_s, the retention of sessions); set the same
-    in every process."""
+    tenant not named. Read by the loop workers (weight, max_active_turns, max_backlog) and
+    the gateway (max_backlog, min_schedule_interval_s, the retention of sessions); set the
+    same in every process."""
 
     #: The tenant's share of each loop worker's places, against the others' weights,
     #: while several tenants have turns waiting (a tenant alone gets every place).
@@ -144,8 +144,10 @@ class TenantSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     #: turns, running or waiting; the loop workers count the running ones together in
     #: the leases bucket (docs/ARCHITECTURE.md, "Fair share between tenants").
     max_active_turns: Annotated[int, msgspec.Meta(ge=0)] = 0
-    #: Turns of the tenant waiting in the turns stream past which the gateway refuses
-    #: another (429 ``backlog_full``; 0: no limit).
+    #: Turns of the tenant waiting in the turns stream past which another is refused
+    #: (0: no limit): by the gateway with a 429 ``backlog_full``, and, published on NATS,
+    #: by the loop workers with an ``error`` event of that code; the refused turn never
+    #: runs and is kept in the dead-letter stream.
     max_backlog: Annotated[int, msgspec.Meta(ge=0)] = 0
     #: The shortest time between two ticks of one of the tenant's schedules, in seconds:
     #: the gateway refuses a faster cron expression (422; 0: no minimum).

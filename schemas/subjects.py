@@ -510,6 +510,13 @@ def approval_key(tenant: str, session: str, call_id: str) -> str:
     return f"{_pair(tenant, session)}.approval.{check_token(call_id, 'call')}"
 
 
+def turn_admit_key(tenant: str, session: str, turn_id: str) -> str:
+    """The control-bucket key that says whether a turn of a tenant with ``[tenants]
+    max_backlog`` runs or was refused: ``<tenant>.<session>.admit.<turn_id>``
+    (:mod:`loop_worker.backlog_guard`)."""
+    return f"{_pair(tenant, session)}.admit.{check_token(turn_id, 'turn')}"
+
+
 def turn_control_key(tenant: str, session: str, turn_id: str) -> str:
     """The control-bucket key of a cancel, pause or resume naming one turn:
     ``<tenant>.<session>.turn.<turn_id>``, beside the session's own key, so that it

@@ -4,7 +4,7 @@ a fake LLM per test."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +20,7 @@ from loopmesh.server import NatsServer
 from loopmesh.testing.durable import connect_fast
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.shared_cluster import SharedCluster
+from schemas import Subjects
 from tests.certs import Certs, make_certs
 
 T = TypeVar("T")
@@ -79,11 +80,11 @@ async def nats_server(tmp_path: Path) -> AsyncIterator[NatsServer]:
         yield server
 
 
-def restartable_server(store_dir: Path) -> NatsServer:
+def restartable_server(store_dir: Path, mappings: Mapping[str, str] | None = None) -> NatsServer:
     """A nats-server on ports below the ephemeral range: one restarted finds its port
     free, where a port the kernel picked could meanwhile be any outgoing connection's."""
     port, monitor_port = free_ports(2)
-    return NatsServer(store_dir, port=port, monitor_port=monitor_port)
+    return NatsServer(store_dir, port=port, monitor_port=monitor_port, mappings=mappings)
 
 
 @pytest.fixture
@@ -132,6 +133,7 @@ class Durable:
     server: NatsServer | None = None
     cluster: NatsCluster | None = None
     shared: SharedCluster | None = None  # the cluster's own loop, when a module shares it
+    turn_partitions: int = 1  # the servers' turn mappings: [nats] turn_partitions
     _stopped: NatsServer | None = field(default=None, repr=False)
 
     async def restart(self, stream: str = "LOOPMESH_TURNS") -> None:
@@ -196,6 +198,11 @@ def durable_nc() -> Any:
 #: so none sees what another left (a bucket's sequence numbers go on, though).
 BOTH_SHARED = ["single", pytest.param("shared", id="cluster")]
 
+#: As :data:`BOTH`, and again with the turns over two streams (the servers' mappings,
+#: ``durable.turn_partitions``, which the services must be given).
+WITH_TURN_PARTITIONS = [*BOTH, "single-turnp", "cluster-turnp"]
+TURN_PARTITIONS = 2
+
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedCluster]:
@@ -209,7 +216,14 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     """One nats-server, or (parametrized ``"cluster"``, or ``"shared"``: the module's
     cluster, emptied) three, with replicas to match."""
     kind = getattr(request, "param", "single")
-    if kind == "shared":
+    mappings = Subjects(turn_partitions=TURN_PARTITIONS).turn_mappings
+    if kind == "single-turnp":
+        async with restartable_server(tmp_path / "nats", mappings) as server:
+            yield Durable("single", server.url, 1, server=server, turn_partitions=2)
+    elif kind == "cluster-turnp":
+        async with NatsCluster(tmp_path / "cluster", mappings=mappings) as cluster:
+            yield Durable("cluster", cluster.url, 3, cluster=cluster, turn_partitions=2)
+    elif kind == "shared":
         shared: SharedCluster = request.getfixturevalue("shared_cluster")
         await shared.clear()
         yield Durable("cluster", shared.cluster.url, 3, cluster=shared.cluster, shared=shared)

@@ -30,13 +30,21 @@ def main() -> int:
         help="cut the network instead of killing processes",
     )
     parser.add_argument("--keep", type=Path, help="run under this directory and keep it")
+    parser.add_argument(
+        "--turn-partitions", type=int, default=1, metavar="N",
+        help="the turns over N streams ([nats] turn_partitions; not with --netsplit)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.netsplit and args.turn_partitions != 1:
+        parser.error("--turn-partitions is for the kill runs, not --netsplit")
     seeds = args.seed or list(range(1, args.seeds + 1))
     if args.netsplit and (why := unavailable()):
         print(f"no partition runs here: {why}", file=sys.stderr)
         return 2
     runner = netsplit.run if args.netsplit else run
-    more = {"turns": args.turns} if args.turns else {}
+    more: dict[str, int] = {"turns": args.turns} if args.turns else {}
+    if args.turn_partitions != 1:
+        more["turn_partitions"] = args.turn_partitions
     failed = 0
     for n, seed in enumerate(seeds):
         with tempfile.TemporaryDirectory(prefix=f"chaos-{seed}-") as tmp:

@@ -32,7 +32,7 @@ from loopmesh.testing.durable import (
 )
 from loopmesh.testing.fake_llm import FakeLLM
 from loopmesh.testing.fake_replies import auto
-from schemas import SessionSnapshot, Turn, decode
+from schemas import SessionSnapshot, Subjects, Turn, decode
 from schemas.events import Event
 from tests.loop_worker.durable import send_turn
 
@@ -79,12 +79,14 @@ class Workers:
         ledger: Path,
         launchers: dict[str, tuple[str, ...]] | None = None,
         loop_env: dict[str, str] | None = None,
+        tool_env: dict[str, str] | None = None,
     ) -> None:
         self.url, self.llm_url, self.ledger = url, llm_url, ledger
         #: A command prefix per slot (``lw0``, ``tw1``...): its worker runs under it
         #: (``ip netns exec``, in a partition run).
         self.launchers = launchers or {}
         self.loop_env = loop_env or {}
+        self.tool_env = tool_env or {}
         self.loop: list[Proc | None] = [None, None]
         self.tool: list[Proc | None] = [None, None]
         self.generation = 0
@@ -119,7 +121,7 @@ class Workers:
             "--module", "tests.chaos.tools",
             env={
                 "LOOPMESH_TOOL_WORKER__ACK_WAIT_S": "2", "LOOPMESH_NATS__REPLICAS": "3",
-                "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05",
+                "LOOPMESH_NATS__RECONNECT_WAIT_S": "0.05", **self.tool_env,
             },
         )  # fmt: skip
         self.tool[i] = proc
@@ -185,9 +187,12 @@ async def run(
     span_s: float = 20.0,
     tool_seconds: float = 0.3,
     deadline_s: float = 120.0,
+    turn_partitions: int = 1,
     say: Callable[[str], None] = lambda line: None,
 ) -> Outcome:
-    """One chaos run under ``root`` (its stores, its ledger); see the module docstring."""
+    """One chaos run under ``root`` (its stores, its ledger); see the module docstring.
+    ``turn_partitions``: ``[nats] turn_partitions`` of every process, the nodes started
+    with its mappings."""
     started = time.monotonic()
     actions = schedule(seed, lease_ttl_s=LEASE_TTL_S, span_s=span_s)
     outcome = Outcome(seed, Verdict(), actions)
@@ -196,12 +201,14 @@ async def run(
     ledger.touch()
     # a node killed or restarted on the floor's nats-server 2.10 takes up to a minute on a
     # loaded machine to be current with the meta leader again
-    cluster = NatsCluster(root / "cluster", ready_timeout=120.0)
+    s = Subjects(turn_partitions=turn_partitions)
+    cluster = NatsCluster(root / "cluster", ready_timeout=120.0, mappings=s.turn_mappings)
     async with cluster, FakeLLM(default=auto()) as llm:
         nc = await connect_fast(cluster.url, name="chaos")
-        workers = Workers(cluster.url, llm.base_url, ledger)
+        turnp = {"LOOPMESH_NATS__TURN_PARTITIONS": str(turn_partitions)}
+        workers = Workers(cluster.url, llm.base_url, ledger, loop_env=turnp, tool_env=turnp)
         try:
-            await provision(nc, cluster)
+            await provision(nc, cluster, s)
             await workers.start()
             t0 = time.monotonic()
             accepted: list[Accepted] = []
@@ -209,7 +216,7 @@ async def run(
             async def nemesis() -> None:
                 for action in actions:
                     await asyncio.sleep(max(0.0, t0 + action.at - time.monotonic()))
-                    done = await _apply(action, cluster, workers)
+                    done = await _apply(action, cluster, workers, s.turns_stream_of(TENANT))
                     at = time.monotonic() - t0
                     outcome.done.append(f"{at:6.2f}s {done}")
                     say(f"seed {seed}: {at:6.2f}s {done}")
@@ -228,9 +235,9 @@ async def run(
     return outcome
 
 
-async def provision(nc: Client, cluster: NatsCluster) -> None:
+async def provision(nc: Client, cluster: NatsCluster, subjects: Subjects = SUBJECTS) -> None:
     """Every stream and bucket, R3 with the run's short lease TTL, each with its leader."""
-    await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=3)
+    await provision_short(nc, lease_ttl_s=LEASE_TTL_S, replicas=3, subjects=subjects)
     for stream in await nc.jetstream().streams_info():  # each elects its leader
         await cluster.leader_of(stream.config.name or "")
 
@@ -286,7 +293,9 @@ async def judge(
     return verdict, stored
 
 
-async def _apply(action: Action, cluster: NatsCluster, workers: Workers) -> str:
+async def _apply(
+    action: Action, cluster: NatsCluster, workers: Workers, turns: str = SUBJECTS.turns_stream
+) -> str:
     kind, i = action.kind, action.target
     if kind in ("kill_loop_worker", "kill_tool_worker"):
         which = "loop" if kind == "kill_loop_worker" else "tool"
@@ -295,7 +304,7 @@ async def _apply(action: Action, cluster: NatsCluster, workers: Workers) -> str:
         await (workers.start_loop(i) if which == "loop" else workers.start_tool(i))
         return f"kill -9 {which} worker #{i} (pid {pid}), restarted after {action.hold}s"
     if kind == "kill_leader_node":
-        node = cluster.node(await cluster.leader_of(SUBJECTS.turns_stream))
+        node = cluster.node(await cluster.leader_of(turns))
         await node.crash()
         await asyncio.sleep(action.hold)
         await node.start()

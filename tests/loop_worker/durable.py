@@ -203,6 +203,7 @@ class Mesh:
         service.setdefault("rescan_s", 0.5)
         loop = service.pop("loop", LoopSettings(max_iterations=6))
         webhooks = service.pop("webhooks", None)
+        tenants = service.pop("tenants", {})  # [tenants]
         llm = {"max_retries": 0, **service.pop("llm_settings", {})}
         config = LoopWorkerConfig(
             nats=NatsSettings(
@@ -215,6 +216,7 @@ class Mesh:
             ),
             loop=loop,
             loop_worker=ServiceSettings(**service),
+            tenants=tenants,
         )  # fmt: skip
         return config if webhooks is None else msgspec.structs.replace(config, webhooks=webhooks)
 

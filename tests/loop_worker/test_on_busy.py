@@ -17,15 +17,18 @@ from loopmesh.testing.durable import SUBJECTS, kv_read, stream_events, wait_for
 from loopmesh.testing.fake_llm import tool_calls
 from schemas import Control, Pause, Resume, SessionSnapshot, Turn, decode
 from schemas.events import Error, LoopEnd, RolledBack
-from tests.conftest import BOTH
+from tests.conftest import WITH_TURN_PARTITIONS
 from tests.loop_worker.durable import Mesh, Watch, mesh_on, send_turn, turn
 
-pytestmark = pytest.mark.parametrize("durable", BOTH, indirect=True)
+pytestmark = pytest.mark.parametrize("durable", WITH_TURN_PARTITIONS, indirect=True)
 
 
 @pytest.fixture
 async def mesh(durable):
-    async with mesh_on(durable.url, replicas=durable.replicas, workers=True) as mesh:
+    async with mesh_on(
+        durable.url, replicas=durable.replicas, turn_partitions=durable.turn_partitions,
+        workers=True,
+    ) as mesh:  # fmt: skip
         yield mesh
 
 
@@ -218,7 +221,9 @@ async def test_the_gateway_answers_409_to_a_turn_that_rejects_a_busy_session(
     ledger = tmp_path / "n"
     mesh.fake.script(tool_calls(slow_count(ledger)), tool_calls(DONE), tool_calls(DONE))
     config = GatewayConfig(
-        nats=NatsSettings(url=durable.url, reconnect_wait_s=0.05),
+        nats=NatsSettings(
+            url=durable.url, reconnect_wait_s=0.05, turn_partitions=durable.turn_partitions
+        ),
         gateway=GatewaySettings(port=0, no_auth=True),
     )
     async with (
