@@ -144,10 +144,13 @@ class Durable:
             await self.stop(stream)
             await self.start()
 
-    async def stop(self, stream: str = "LOOPMESH_TURNS") -> None:
-        """Stop the server, or the cluster node that leads ``stream``, until :meth:`start`."""
+    async def stop(self, stream: str = "LOOPMESH_TURNS", *, node: NatsServer | None = None) -> None:
+        """Stop the server, or the cluster node that leads ``stream`` (or ``node``), until
+        :meth:`start`."""
         if self.server is not None:
             self._stopped = self.server
+        elif node is not None:
+            self._stopped = node
         else:
             assert self.cluster is not None
             self._stopped = self.cluster.node(await self.cluster.leader_of(stream))

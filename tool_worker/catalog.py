@@ -25,6 +25,7 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from loopmesh.aio import raise_if_cancelled
+from loopmesh.jetstream import retry
 from loopmesh.provision import PIN_HEADERS
 from schemas import Subjects, catalog_key, encode
 
@@ -72,8 +73,9 @@ class Catalog:
         *,
         pinned: bool = False,
     ) -> Catalog:
-        kv = await js.key_value(subjects.catalog_bucket)
-        status = await kv.status()
+        bucket = subjects.catalog_bucket  # a worker starting while a node does waits for it
+        kv = await retry(lambda: js.key_value(bucket), f"open bucket {bucket}")
+        status = await retry(kv.status, f"read bucket {bucket}")
         if pinned and not status.stream_info.config.allow_msg_ttl:
             raise PoolProvisionError(
                 pool,

@@ -214,13 +214,15 @@ async def test_events_emitted_while_reconnecting_are_not_left_in_the_clients_buf
     """nats-py keeps what is published while it reconnects and sends it once back, however
     late: the sink publishes nothing then, and its flush publishes the events once the
     client is connected again."""
-    url = durable.url  # on the cluster, only the node stopped: the client waits for it
-    if durable.cluster is not None:
-        url = durable.cluster.node(await durable.cluster.leader_of(SUBJECTS.events_stream)).url
+    url, node = durable.url, None  # on the cluster, only the node stopped: the client
+    if durable.cluster is not None:  # waits for it (the one it connected to, though the
+        # leader may have moved since)
+        node = durable.cluster.node(await durable.cluster.leader_of(SUBJECTS.events_stream))
+        url = node.url
     client = await connect_fast(url)
     try:
         sink = await started(JetStreamEvents(client, SUBJECTS))
-        await durable.stop(SUBJECTS.events_stream)
+        await durable.stop(SUBJECTS.events_stream, node=node)
         await wait_for(lambda: not client.is_connected, timeout=30)
         for event in run_events():
             await sink.emit(event)

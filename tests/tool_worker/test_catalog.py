@@ -74,3 +74,30 @@ async def test_loopmesh_tools_prints_the_catalog(
 
 def test_an_empty_catalog_says_so() -> None:
     assert "no tools in the catalog" in render([])
+
+
+async def test_a_catalog_opened_while_the_server_restarts_waits_for_it(
+    nats_server: NatsServer,
+) -> None:
+    """A tool worker starting while its server does (a node restarted, a rolling
+    upgrade): opening the catalog meets a closed connection for longer than a request's
+    timeout, and waits for the server instead of ending the worker."""
+    import nats
+
+    from loopmesh.testing.durable import provision_short
+    from tool_worker.catalog import Catalog
+
+    nc = await nats.connect(nats_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+    try:
+        await provision_short(nc)
+        js = nc.jetstream(timeout=0.5)  # far shorter than the server is away
+        await nats_server.stop()
+        registry = Registry(builtin_tools(("calculator",)))
+        opened = asyncio.create_task(Catalog.open(js, SUBJECTS, registry, "fast"))
+        await asyncio.sleep(1.5)
+        assert not opened.done()  # neither failed nor done while the server is down
+        await nats_server.start()
+        catalog = await asyncio.wait_for(opened, 30)
+        assert await catalog.publish() == 1
+    finally:
+        await nc.close()
