@@ -1,7 +1,9 @@
 """What ``bench/distributed.py`` and ``bench/floor.py`` run on: the turns and settings
 both paths share, the load shape, the in-process engine, CPU meters read from
-``/proc``, and the distributed mesh (an embedded nats-server, services as processes,
-a lean client for turns and their ``loop_end``)."""
+``/proc``, the distributed mesh (an embedded nats-server, services as processes,
+a lean client for turns and their ``loop_end``), and what the ceiling benches
+(``bench/ceiling.py``, ``bench/turns_ceiling.py``) share: their command line and their
+load processes."""
 
 from __future__ import annotations
 
