@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from nats.js import JetStreamContext
 
-from bench.harness import cpu_seconds
+from bench.harness import bench_process, bound_unacked, ceiling_parser, servers_cpu
 from loopmesh.aio import run
 from loopmesh.cluster import NatsCluster
-from loopmesh.jetstream import Publisher, settled
+from loopmesh.jetstream import Publisher
 from loopmesh.nats import connect
 from loopmesh.provision import ensure_stream
 from loopmesh.server import NatsServer
@@ -43,7 +43,6 @@ from schemas import Subjects, encode
 from schemas.events import ContentDelta
 from schemas.streams import definitions
 
-ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 512  # events a publisher leaves unacked at most
 
 
@@ -71,10 +70,8 @@ async def publish(
                 waiting.append(await publisher.publish(subject, payload, headers))
             else:
                 await nc.publish(subject, payload, headers=headers)
-        if len(waiting) >= window:  # as the sink does: a bounded number unacked
-            await asyncio.gather(*(settled(f, 30) for f in waiting[: window // 2]))
-            del waiting[: window // 2]
-    await asyncio.gather(*(settled(f, 30) for f in waiting))
+        await bound_unacked(waiting, window)  # as the sink does: a bounded number unacked
+    await bound_unacked(waiting, 0)
     await publisher.close()
     await nc.close()
     return sent
@@ -99,12 +96,10 @@ async def measure(
             await ensure_stream(js, events, placement_wait_s=30)
     leaders = {(await js.stream_info(name)).cluster.leader for name in S.events_streams}  # type: ignore[union-attr]
     before = await stored(js, S)
-    cpu = sum(cpu_seconds(p) for p in pids)
+    cpu = servers_cpu(pids)
     started = time.perf_counter()
     procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
+        await bench_process(
             "bench.ceiling",
             "--publisher",
             str(i),
@@ -117,14 +112,12 @@ async def measure(
             "--partitions",
             str(partitions),
             *(["--each"] if each else []),
-            cwd=str(ROOT),
-            stdout=asyncio.subprocess.PIPE,
         )
         for i in range(args.publishers)
     ]
     outs = [await p.communicate() for p in procs]
     wall = time.perf_counter() - started
-    spent = sum(cpu_seconds(p) for p in pids) - cpu
+    spent = servers_cpu(pids) - cpu
     kept = await stored(js, S) - before
     for name in S.events_streams:  # the next count's streams take these subjects
         await js.delete_stream(name)
@@ -178,20 +171,8 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--publishers", type=int, default=2)
+    parser = ceiling_parser(__doc__, "[nats] partitions")
     parser.add_argument("--sessions", type=int, default=256)
-    parser.add_argument(
-        "--partitions",
-        type=lambda text: [int(n) for n in text.split(",")],
-        default=[1, 4],
-        help="comma-separated [nats] partitions counts to measure (default 1,4)",
-    )
-    parser.add_argument("--publisher", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--each", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.publisher is not None:

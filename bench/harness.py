@@ -1,10 +1,13 @@
 """What ``bench/distributed.py`` and ``bench/floor.py`` run on: the turns and settings
 both paths share, the load shape, the in-process engine, CPU meters read from
-``/proc``, and the distributed mesh (an embedded nats-server, services as processes,
-a lean client for turns and their ``loop_end``)."""
+``/proc``, the distributed mesh (an embedded nats-server, services as processes,
+a lean client for turns and their ``loop_end``), and what the ceiling benches
+(``bench/ceiling.py``, ``bench/turns_ceiling.py``) share: their command line and their
+load processes."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -32,6 +35,7 @@ from loopmesh.settings import NatsSettings  # noqa: E402
 from loopmesh.testing.durable import Proc, provision_short  # noqa: E402
 from schemas import Subjects, Turn, decode, encode  # noqa: E402
 from schemas.events import AnyEvent, LoopEnd  # noqa: E402
+from schemas.subjects import MAX_PARTITIONS  # noqa: E402
 
 S = Subjects()
 TENANT = "bench"
@@ -127,6 +131,72 @@ class CpuMeter:
         for name, seconds in spent.items():
             self.spent[name] = self.spent.get(name, 0.0) + seconds
         self.runs += 1
+
+
+# -- the ceiling benches: load processes of their own -----------------------------------
+
+
+def counts(text: str) -> list[int]:
+    """``--partitions 1,4``: comma-separated partition counts, each one a deployment may
+    have (1 to :data:`~schemas.subjects.MAX_PARTITIONS`)."""
+    try:
+        found = [int(n) for n in text.split(",")]
+    except ValueError:
+        found = []
+    if not found or not all(1 <= n <= MAX_PARTITIONS for n in found):
+        raise argparse.ArgumentTypeError(f"counts of 1 to {MAX_PARTITIONS}, not {text!r}")
+    return found
+
+
+def at_least_one(text: str) -> int:
+    """``--publishers 2``: a count of one or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a count of 1 or more, not {text!r}")
+    return int(text)
+
+
+def ceiling_parser(doc: str | None, counted: str) -> argparse.ArgumentParser:
+    """The ceiling benches' command line: ``--seconds``, ``--publishers``, ``--partitions``
+    (the ``counted`` setting's counts to measure), and the hidden ``--publisher`` and
+    ``--url`` that a bench gives the load processes it starts."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--publishers", type=at_least_one, default=2)
+    parser.add_argument(
+        "--partitions",
+        type=counts,
+        default=[1, 4],
+        help=f"comma-separated {counted} counts to measure (default 1,4)",
+    )
+    parser.add_argument("--publisher", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--url", default="", help=argparse.SUPPRESS)
+    return parser
+
+
+def servers_cpu(pids: list[int]) -> float:
+    """CPU seconds the servers ``pids`` have spent so far, all together."""
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+async def bench_process(module: str, *args: str, stdin: bool = False) -> asyncio.subprocess.Process:
+    """``python -m <module> <args>`` from the project's root, its stdout piped (and its
+    stdin, with ``stdin``): a bench's publishers and consumers run apart from it, so that
+    one Python process is not the limit."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, cwd=str(ROOT), stdout=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE if stdin else None,
+    )  # fmt: skip
+
+
+async def bound_unacked(waiting: list[asyncio.Future[Any]], window: int) -> None:
+    """A publisher's bounded window of acks: once ``waiting`` holds ``window`` of them,
+    wait for its older half (``window`` 0: for all of them)."""
+    if len(waiting) >= window:
+        half = window // 2 or len(waiting)
+        await asyncio.gather(*(settled(f, 30) for f in waiting[:half]))
+        del waiting[:half]
 
 
 # -- in-process ---------------------------------------------------------------------------
