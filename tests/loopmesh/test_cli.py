@@ -168,6 +168,39 @@ async def test_up_serves_provisioned_nats_until_sigint_and_leaves_no_process(tmp
     assert nats_server_pids(store) == []
 
 
+async def test_up_with_turn_partitions_starts_its_server_with_their_mappings(tmp_path):
+    """``[nats] turn_partitions = 2``: the embedded server routes each tenant's turns to
+    its partition's stream, and every service up starts passed its check of that."""
+    from loopmesh.turns import publish_turn
+    from schemas import Turn
+
+    store = tmp_path / "store"
+    free_ports = ("--port", "-1", "--monitor-port", "-1")
+    env = {"LOOPMESH_NATS__TURN_PARTITIONS": "2"}
+    proc, printed = await start_up("--store-dir", str(store), *free_ports, env=env)
+    try:
+        nc = await nats.connect(printed["nats"].split()[0])
+        try:
+            s = Subjects(turn_partitions=2)
+            streams = set()
+            for tenant in ("acme", "globex", "initech", "umbrella"):
+                turn = Turn(id="t1", tenant=tenant, session="s1", input="hi")
+                ack = await publish_turn(nc.jetstream(), s, turn)
+                assert ack.stream == s.turns_stream_of(tenant)
+                streams.add(ack.stream)
+            assert streams == set(s.turns_streams)
+        finally:
+            await nc.close()
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+
+
 async def test_up_with_a_nats_url_provisions_that_server_and_stops_on_sigterm(nats_server, nc):
     proc, printed = await start_up("--nats-url", nats_server.url)
     try:
