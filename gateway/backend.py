@@ -48,8 +48,8 @@ from schemas import (
 from schemas.agents import default_agent
 from schemas.audit import SessionErased
 from schemas.events import Event
+from schemas.keys import CONTROL_RECORDED_HEADER
 from schemas.schedules import ScheduleRun
-from schemas.subjects import CONTROL_RECORDED_HEADER
 
 from .connection import Connection
 

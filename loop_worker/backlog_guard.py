@@ -43,7 +43,7 @@ from loopmesh.jetstream import KV, Publisher, open_kv, retry
 from loopmesh.settings import TenantSettings
 from schemas import Subjects, Turn
 from schemas.admit import Refused, admit_turn
-from schemas.subjects import turn_admit_key
+from schemas.keys import turn_admit_key
 
 from .refusals import report
 

@@ -58,7 +58,7 @@ from schemas import (
     session_key,
 )
 from schemas.admit import Refused, admit_control
-from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
+from schemas.keys import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
 
 from . import refusals
 from .engine.control import TurnControl

@@ -6,7 +6,9 @@ is here, in the order it happens:
 
 1. **admit** — the subject vouches for the body (and, on its first delivery, the
    egress policy for its webhook), else it is refused and termed;
-   a turn delivered more than ``max_deliveries`` times is given up (poison);
+   a turn delivered more than ``max_deliveries`` times is given up (poison), and one
+   refused when it was published (its tenant past ``max_backlog``,
+   :mod:`.backlog_guard`) is dead-lettered unrun;
 2. **order** — no earlier turn of its session is left in the stream (the stream is a
    work queue: one still there has not finished);
 3. **lease** — the session's lease, so one worker runs the session at a time (with

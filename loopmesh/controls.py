@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from schemas import ApprovalDecision, Control, Subjects, encode, session_key
-from schemas.subjects import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
+from schemas.keys import CONTROL_RECORDED_HEADER, approval_key, turn_control_key
 
 from .retry import retry
 

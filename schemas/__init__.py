@@ -16,9 +16,10 @@ from .ids import (
     safe_token,
     turn_msg_id,
 )
+from .keys import catalog_key, session_key, session_meta_key
 from .messages import ChatMessage, PlanStep, SessionMeta, SessionSnapshot, ToolCall, TurnEnd
 from .streams import ConsumerDef, Definitions, KVDef, StreamDef, definitions, pool_consumer
-from .subjects import Subjects, catalog_key, session_key, session_meta_key
+from .subjects import Subjects
 from .types import AGENTS_SERVER, BUILTIN_SERVER, MEMORY_SERVER, SCHEMA_VERSION, Parent, Token
 from .webhook import WEBHOOK_EVENTS, Webhook
 from .wire import (

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from .ids import check_token
-from .subjects import session_key
+from .keys import session_key
 from .types import SCHEMA_VERSION, Priority, Timestamp, Token
 
 #: What a tick does while the schedule's previous run has not ended: ``skip`` it,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import zlib
 from dataclasses import dataclass
 from typing import Literal
 
 from .ids import InvalidIdError, check_token, safe_token
+from .keys import session_key
 from .types import Priority
 
 #: What each tenant's consumer on the turns stream is named with; the rest of the name
@@ -95,7 +95,7 @@ class Subjects:
         """Where a turn is published: ``<prefix>.turns.<tenant>.<session>``, with
         ``.batch`` after it for a batch turn (its tenant's batch lane)."""
         lane = f".{BATCH}" if priority == BATCH else ""
-        return f"{self.prefix}.turns.{_pair(tenant, session)}{lane}"
+        return f"{self.prefix}.turns.{session_key(tenant, session)}{lane}"
 
     def session_turns(self, tenant: str, session: str) -> tuple[str, str]:
         """Both lanes' subjects of a session's turns, interactive first: its turns in
@@ -116,7 +116,7 @@ class Subjects:
         )
 
     def control(self, tenant: str, session: str) -> str:
-        return f"{self.prefix}.control.{_pair(tenant, session)}"
+        return f"{self.prefix}.control.{session_key(tenant, session)}"
 
     # -- parsers: the tenant and session a subject names ------------------------------
 
@@ -481,51 +481,6 @@ class Subjects:
     @property
     def memory_bucket(self) -> str:
         return f"{self.prefix}-memory"
-
-
-@functools.lru_cache(maxsize=16_384)
-def _pair(tenant: str, session: str) -> str:  # a turn builds its session's key a dozen times
-    return f"{check_token(tenant, 'tenant')}.{check_token(session, 'session')}"
-
-
-def session_key(tenant: str, session: str) -> str:
-    """The KV key of a session: ``<tenant>.<session>``."""
-    return _pair(tenant, session)
-
-
-#: Set on a control message whose sender already recorded it in the control bucket.
-CONTROL_RECORDED_HEADER = "Loopmesh-Recorded"
-
-
-def session_meta_key(tenant: str, session: str) -> str:
-    """The sessions-bucket key of a session's metadata (title, labels: what a person set,
-    kept apart from the snapshot the loop workers write): ``<tenant>.<session>.meta``."""
-    return f"{_pair(tenant, session)}.meta"
-
-
-def approval_key(tenant: str, session: str, call_id: str) -> str:
-    """The control-bucket key of an approval decision:
-    ``<tenant>.<session>.approval.<call_id>`` (a cancel, pause or resume is recorded under
-    :func:`turn_control_key` when it names a turn, else :func:`session_key`)."""
-    return f"{_pair(tenant, session)}.approval.{check_token(call_id, 'call')}"
-
-
-def turn_admit_key(tenant: str, session: str, turn_id: str) -> str:
-    """The control-bucket key that says whether a turn of a tenant with ``[tenants]
-    max_backlog`` runs or was refused: ``<tenant>.<session>.admit.<turn_id>``
-    (:mod:`loop_worker.backlog_guard`)."""
-    return f"{_pair(tenant, session)}.admit.{check_token(turn_id, 'turn')}"
-
-
-def turn_control_key(tenant: str, session: str, turn_id: str) -> str:
-    """The control-bucket key of a cancel, pause or resume naming one turn:
-    ``<tenant>.<session>.turn.<turn_id>``, beside the session's own key, so that it
-    replaces neither another turn's nor a session-wide one."""
-    return f"{_pair(tenant, session)}.turn.{check_token(turn_id, 'turn')}"
-
-
-def catalog_key(server: str, tool: str) -> str:
-    return f"{check_token(server, 'server')}.{check_token(tool, 'tool')}"
 
 
 def _fnv1a(data: bytes) -> int:

@@ -3,7 +3,7 @@ import pytest
 
 from schemas import DecodeError, InvalidIdError, Subjects, Turn, call_id, decode, safe_token
 from schemas.ids import check_turn_msg_id, is_token, turn_msg_id
-from schemas.subjects import catalog_key, session_key
+from schemas.keys import catalog_key, session_key
 
 HOSTILE: list[object] = ["a.b", "*", ">", "a b", "", "x" * 65, "a\nb", "é", 5, None]
 
