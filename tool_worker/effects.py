@@ -50,8 +50,8 @@ class Effects:
 
     @classmethod
     async def open(cls, nc: Client, publisher: Publisher, subjects: Subjects) -> Effects:
-        bucket = subjects.effects_bucket
-        info = await nc.jetstream().stream_info(f"KV_{bucket}")
+        bucket = subjects.effects_bucket  # a worker starting while a node does waits for it
+        info = await retry(lambda: nc.jetstream().stream_info(f"KV_{bucket}"), "effects info")
         # A follower may answer a direct get before it has the record a crashed worker
         # wrote: on a replicated bucket the leader answers (docs/ARCHITECTURE.md).
         direct = bool(info.config.allow_direct) and not replicated(info)

@@ -76,16 +76,19 @@ def test_an_empty_catalog_says_so() -> None:
     assert "no tools in the catalog" in render([])
 
 
-async def test_a_catalog_opened_while_the_server_restarts_waits_for_it(
+async def test_a_catalog_and_effects_opened_while_the_server_restarts_wait_for_it(
     nats_server: NatsServer,
 ) -> None:
     """A tool worker starting while its server does (a node restarted, a rolling
-    upgrade): opening the catalog meets a closed connection for longer than a request's
-    timeout, and waits for the server instead of ending the worker."""
+    upgrade): opening the catalog, and the effect records, meets a closed connection for
+    longer than a request's timeout, and waits for the server instead of ending the
+    worker."""
     import nats
 
+    from loopmesh.jetstream import Publisher
     from loopmesh.testing.durable import provision_short
     from tool_worker.catalog import Catalog
+    from tool_worker.effects import Effects
 
     nc = await nats.connect(nats_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
     try:
@@ -99,5 +102,13 @@ async def test_a_catalog_opened_while_the_server_restarts_waits_for_it(
         await nats_server.start()
         catalog = await asyncio.wait_for(opened, 30)
         assert await catalog.publish() == 1
+        await nats_server.stop()  # and its effect records, the same
+        publisher = Publisher(nc)
+        effects = asyncio.create_task(Effects.open(nc, publisher, SUBJECTS))
+        await asyncio.sleep(6.0)  # past its request's timeout (nats-py's 5 s)
+        assert not effects.done()
+        await nats_server.start()
+        await asyncio.wait_for(effects, 30)
+        await publisher.close()
     finally:
         await nc.close()
